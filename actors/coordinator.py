@@ -1,0 +1,86 @@
+"""``CoordinatorActor``: the named Ray actor that hosts one cluster's coordinator.
+
+Protocol (Ray methods; the data path is ZMQ, see :mod:`raydp.coordinator_loop`):
+
+* ``endpoints()`` -> the three socket address lists;
+* ``run()`` serves until ``shutdown()``; the manager watches its ref, so a
+  coordinator death is seen at once;
+* ``wait_for_engines(n, timeout_s)`` -> True once ``n`` engines subscribed;
+* ``set_cluster(endpoints)`` / ``cluster()`` -> the cluster's endpoints, for
+  ``raydp.attach``;
+* ``state()`` -> wave, running flag, counts, dropped/broadcast counters;
+* ``shutdown()`` broadcasts Shutdown to engines and closes every socket.
+
+States: serving -> closed. Malformed socket input is logged and dropped; it
+never kills the actor.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import ray
+
+from raydp.coordinator_loop import CoordinatorLoop
+from raydp.coordinator_state import CoordinatorState
+from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints
+from raydp.logs import configure_component_logging
+from raydp.transport import SocketOptions, TransportKind
+
+
+class CoordinatorActor:
+    def __init__(
+        self,
+        engine_count: int,
+        stats_interval_s: float,
+        heartbeat_interval_s: float,
+        transport: TransportKind,
+        options: SocketOptions,
+        cluster_name: str,
+    ) -> None:
+        configure_component_logging(f"{cluster_name} coordinator")
+        state = CoordinatorState(engine_count, stats_interval_s, heartbeat_interval_s)
+        self._loop = CoordinatorLoop(
+            state,
+            options,
+            transport=transport,
+            node_id=ray.get_runtime_context().get_node_id(),
+            ipc_prefix=f"{cluster_name}-coordinator",
+        )
+        self._cluster: ClusterEndpoints | None = None
+        self._stopped = threading.Event()
+
+    def endpoints(self) -> CoordinatorEndpoints:
+        return self._loop.endpoints
+
+    def run(self) -> None:
+        try:
+            self._loop.run()
+        finally:
+            self._stopped.set()
+
+    def wait_for_engines(self, engine_count: int, timeout_s: float) -> bool:
+        return self._loop.wait_for_engines(engine_count, timeout_s)
+
+    def set_cluster(self, endpoints: ClusterEndpoints) -> None:
+        self._cluster = endpoints
+
+    def cluster(self) -> ClusterEndpoints | None:
+        return self._cluster
+
+    def state(self) -> dict[str, Any]:
+        s = self._loop.state
+        return {
+            "wave": s.wave,
+            "running": s.running,
+            "counts": [list(c) for c in s.counts],
+            "dropped": self._loop.dropped,
+            "broadcasts": self._loop.broadcasts,
+            "subscribed": sorted(self._loop.subscribed),
+        }
+
+    def shutdown(self) -> None:
+        self._loop.stop()
+        self._stopped.wait(timeout=2)
+        self._loop.close()

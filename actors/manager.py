@@ -1,0 +1,345 @@
+"""``ActorManager``: starts a cluster's actors, watches them, and tears them down.
+
+It plans placement, creates one placement group per rank (or validates the
+user's), starts the coordinator and the engine core actors, runs the startup
+handshake, and then watches every ``run()`` ref on a background thread with
+``ray.wait`` at a short timeout, so a death is reported within a fraction of a
+second as a typed :class:`~raydp.errors.ComponentDeadError`.
+
+Everything it creates is recorded in an ``_Owned`` object that ``close()``,
+garbage collection and interpreter exit all release; release is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import zmq
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from actors.coordinator import CoordinatorActor
+from actors.deaths import death_of
+from actors.engine import EngineCoreActor, probe_device_ids, socket_options
+from actors.owned import Owned
+from placement.groups import create_groups, validate_user_groups, wait_ready
+from placement.inventory import read_inventory
+from placement.planner import PlacementPlan, plan_placement
+from raydp.config import RaydpConfig
+from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
+from raydp.errors import (
+    ComponentDeadError,
+    CoordinatorDeadError,
+    DeathCause,
+    EngineDeadError,
+    StartupError,
+)
+from raydp.handshake import HandshakeResult, HandshakeServer
+from raydp.protocol import EngineAddresses, Init, ParallelConfig
+from raydp.transport import IpcDir, pick_address
+
+logger = logging.getLogger("raydp.manager")
+NAMESPACE = "raydp"
+WATCH_TIMEOUT_S = 0.05
+DeathListener = Callable[[ComponentDeadError], None]
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    """Where one rank lives: its group and node."""
+
+    rank: int
+    local_rank: int
+    node_id: str
+    group: PlacementGroup
+
+
+@dataclass
+class _Startup:
+    coordinator: Any = None
+    coordinator_endpoints: CoordinatorEndpoints | None = None
+    run_refs: dict[Any, int] = field(default_factory=dict)
+
+
+class ActorManager:
+    """Owns one raydp cluster's actors and groups; see the module docstring."""
+
+    def __init__(
+        self,
+        config: RaydpConfig,
+        *,
+        placement_groups: Sequence[PlacementGroup] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._user_groups = list(placement_groups) if placement_groups is not None else None
+        self._progress = progress
+        self._listeners: list[DeathListener] = []
+        self._owned = Owned()
+        self._finalizer = weakref.finalize(self, self._owned.release)
+        self.driver_node_id: str = ray.get_runtime_context().get_node_id()
+        self.slots: tuple[RankSlot, ...] = ()
+        self.endpoints: ClusterEndpoints | None = None
+        self.deaths: list[ComponentDeadError] = []
+
+    # ---- public ------------------------------------------------------------------
+
+    @property
+    def engines(self) -> tuple[Any, ...]:
+        """Engine actor handles by rank (read-only)."""
+        return tuple(self._owned.engines)
+
+    @property
+    def coordinator(self) -> Any:
+        return self._owned.coordinator
+
+    def on_death(self, listener: DeathListener) -> None:
+        self._listeners.append(listener)
+
+    def start(self) -> ClusterEndpoints:
+        """Create everything and wait for it; on any failure release it all and raise."""
+        try:
+            self.slots = self._place()
+            devices = self._probe_devices()
+            startup = _Startup()
+            self._start_coordinator(startup)
+            self._start_engines(startup, devices)
+            result = self._handshake(startup)
+            self._wait_coordinator(startup)
+        except BaseException:
+            self.close()
+            raise
+        self.endpoints = self._cluster_endpoints(startup, result)
+        self._owned.coordinator.set_cluster.remote(self.endpoints)
+        self._start_watcher(startup)
+        return self.endpoints
+
+    def close(self) -> None:
+        """Stop watching, shut the actors down, remove created groups. Idempotent."""
+        self._finalizer()
+
+    # ---- placement ---------------------------------------------------------------
+
+    def _place(self) -> tuple[RankSlot, ...]:
+        cfg = self.config
+        if self._user_groups is not None:
+            validate_user_groups(
+                self._user_groups, dp_size=cfg.dp_size, world_size=cfg.world_size, accelerator=cfg.accelerator
+            )
+            groups = self._user_groups
+            wait_ready(groups, cfg.placement_timeout_s)
+            return _slots_from_groups(groups)
+        plan = self._plan()
+        lifetime = "detached" if cfg.detached else None
+        groups = create_groups(plan, cfg.name, lifetime=lifetime)
+        self._owned.groups.extend(groups)
+        wait_ready(groups, cfg.placement_timeout_s)
+        return tuple(
+            RankSlot(r.rank, r.local_rank, r.node_id, g) for r, g in zip(plan.ranks, groups, strict=True)
+        )
+
+    def _plan(self) -> PlacementPlan:
+        cfg = self.config
+        return plan_placement(
+            read_inventory(cfg.accelerator),
+            dp_size=cfg.dp_size,
+            world_size=cfg.world_size,
+            dp_size_local=cfg.dp_size_local,
+            strategy=cfg.placement_strategy,
+            master_node_id=cfg.master_node_id or self.driver_node_id,
+            node_allowlist=cfg.node_allowlist,
+        )
+
+    def _probe_devices(self) -> list[tuple[str, ...]]:
+        """Ask each device bundle which device ids Ray gave it (none for CPU bundles)."""
+        cfg = self.config
+        if cfg.accelerator == "CPU":
+            return [() for _ in self.slots]
+        refs = [
+            [
+                probe_device_ids.options(
+                    **_device_request(cfg.accelerator),
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, i),
+                ).remote(cfg.accelerator)
+                for i in range(cfg.world_size)
+            ]
+            for slot in self.slots
+        ]
+        ids = ray.get([r for rank_refs in refs for r in rank_refs], timeout=cfg.startup_timeout_s)
+        per_rank = [ids[i * cfg.world_size : (i + 1) * cfg.world_size] for i in range(len(self.slots))]
+        return [tuple(d for bundle in rank for d in bundle) for rank in per_rank]
+
+    # ---- actors ---------------------------------------------------------------------
+
+    def _actor_options(self, name: str) -> dict[str, Any]:
+        opts: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "max_concurrency": 4}
+        if self.config.detached:
+            opts["lifetime"] = "detached"
+        return opts
+
+    def _start_coordinator(self, startup: _Startup) -> None:
+        cfg = self.config
+        actor = (
+            ray.remote(CoordinatorActor)
+            .options(
+                num_cpus=0,
+                scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+                    self.slots[0].node_id, soft=True
+                ),
+                **self._actor_options(f"{cfg.name}-coordinator"),
+            )
+            .remote(cfg.dp_size, cfg.stats_interval_s, cfg.heartbeat_interval_s, cfg.transport,
+                    socket_options(cfg), cfg.name)
+        )
+        self._owned.coordinator = actor
+        startup.coordinator = actor
+        startup.coordinator_endpoints = ray.get(actor.endpoints.remote(), timeout=cfg.startup_timeout_s)
+        startup.run_refs[actor.run.remote()] = -1
+
+    def _start_engines(self, startup: _Startup, devices: list[tuple[str, ...]]) -> None:
+        cfg = self.config
+        cls = ray.remote(EngineCoreActor)
+        for slot, device_ids in zip(self.slots, devices, strict=True):
+            actor = cls.options(
+                num_cpus=1,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, cfg.world_size),
+                **self._actor_options(f"{cfg.name}-dp{slot.rank}"),
+            ).remote(cfg, slot.rank, slot.local_rank, self.driver_node_id, device_ids)
+            self._owned.engines.append(actor)
+
+    def _handshake(self, startup: _Startup) -> HandshakeResult:
+        cfg = self.config
+        owned = self._owned
+        owned.ctx = zmq.Context()
+        owned.ipc_dir = IpcDir(f"{cfg.name}-frontend")
+        server = HandshakeServer(owned.ctx, socket_options(cfg), transport=cfg.transport, ipc_dir=owned.ipc_dir)
+        owned.handshake = server
+        for slot, actor in zip(self.slots, owned.engines, strict=True):
+            startup.run_refs[actor.run.remote(server.addresses, self.driver_node_id)] = slot.rank
+        dp_master = self._dp_master(startup)
+        try:
+            return server.run(
+                {s.rank: s.node_id == self.driver_node_id for s in self.slots},
+                lambda rank: self._init_for(rank, startup, dp_master),
+                cfg.config_hash(),
+                cfg.startup_timeout_s,
+                liveness=lambda: self._check_startup(startup),
+                progress=self._progress,
+            )
+        finally:
+            server.close()
+            owned.handshake = None
+
+    def _dp_master(self, startup: _Startup) -> str:
+        if not self.config.lockstep:
+            return ""
+        ref = self._owned.engines[0].dp_master.remote()
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while not ray.wait([ref], timeout=0.05)[0]:
+            self._check_startup(startup)
+            if time.monotonic() > deadline:
+                raise StartupError("rank 0 did not start in time to host the DP rendezvous")
+        return str(ray.get(ref))
+
+    def _init_for(self, rank: int, startup: _Startup, dp_master: str) -> Init:
+        cfg = self.config
+        coord = startup.coordinator_endpoints
+        assert coord is not None
+        same = self.slots[rank].node_id == coord.node_id
+        return Init(
+            EngineAddresses(pick_address(coord.collect, same_node=same), pick_address(coord.broadcast, same_node=same)),
+            ParallelConfig(cfg.dp_size, cfg.world_size, cfg.lockstep, cfg.allreduce_interval, dp_master,
+                           cfg.stats_interval_s),
+        )
+
+    def _check_startup(self, startup: _Startup) -> None:
+        done, _ = ray.wait(list(startup.run_refs), num_returns=1, timeout=0)
+        if not done:
+            return
+        rank = startup.run_refs[done[0]]
+        found = death_of(done[0])
+        cause, detail = found if found is not None else (DeathCause.EXITED, "run() returned during startup")
+        who = "the coordinator" if rank < 0 else f"engine rank {rank}"
+        raise StartupError(f"{who} failed during startup ({cause.value}):\n{detail}")
+
+    def _wait_coordinator(self, startup: _Startup) -> None:
+        ref = startup.coordinator.wait_for_engines.remote(self.config.dp_size, self.config.handshake_timeout_s)
+        while not ray.wait([ref], timeout=0.05)[0]:
+            self._check_startup(startup)
+        if not ray.get(ref):
+            raise StartupError("engines did not subscribe to the coordinator's broadcast in time")
+
+    def _cluster_endpoints(self, startup: _Startup, result: HandshakeResult) -> ClusterEndpoints:
+        assert startup.coordinator_endpoints is not None
+        engines = [
+            EngineEndpoint(s.rank, s.node_id, result.ready[s.rank].input_addresses) for s in self.slots
+        ]
+        return ClusterEndpoints(
+            self.config.name, engines, startup.coordinator_endpoints, self.config.lockstep, result.capacity
+        )
+
+    # ---- watching -------------------------------------------------------------------
+
+    def _start_watcher(self, startup: _Startup) -> None:
+        refs = dict(startup.run_refs)
+        thread = threading.Thread(
+            target=_watch, args=(refs, self._owned.stop, self._report), name="raydp-watcher", daemon=True
+        )
+        self._owned.watcher = thread
+        thread.start()
+
+    def _report(self, rank: int, cause: DeathCause, detail: str) -> None:
+        err: ComponentDeadError
+        if rank < 0:
+            err = CoordinatorDeadError("coordinator", self.slots[0].node_id, cause, detail)
+        else:
+            err = EngineDeadError(rank, self.slots[rank].node_id, cause, detail)
+        logger.error("%s", err)
+        self.deaths.append(err)
+        for listener in list(self._listeners):
+            try:
+                listener(err)
+            except Exception:
+                logger.exception("death listener failed")
+        if self.config.lockstep and rank >= 0:
+            # The collective is broken: the peers would wait in it forever.
+            self._owned.kill_engines(except_rank=rank)
+
+
+def _watch(refs: dict[Any, int], stop: threading.Event, report: Callable[[int, DeathCause, str], None]) -> None:
+    while refs and not stop.is_set():
+        done, _ = ray.wait(list(refs), num_returns=1, timeout=WATCH_TIMEOUT_S)
+        for ref in done:
+            rank = refs.pop(ref)
+            if stop.is_set():
+                return
+            found = death_of(ref)
+            cause, detail = found if found is not None else (DeathCause.EXITED, "run() returned")
+            report(rank, cause, detail)
+
+
+def _device_request(accelerator: str) -> dict[str, Any]:
+    """Ray wants GPUs asked for as ``num_gpus``, custom resources in ``resources``."""
+    if accelerator == "GPU":
+        return {"num_gpus": 1}
+    return {"resources": {accelerator: 1}}
+
+
+def _slots_from_groups(groups: Sequence[PlacementGroup]) -> tuple[RankSlot, ...]:
+    from ray.util.placement_group import placement_group_table
+
+    nodes = [placement_group_table(g)["bundles_to_node_id"] for g in groups]
+    slots, per_node = [], dict[str, int]()
+    for rank, (group, bundle_nodes) in enumerate(zip(groups, nodes, strict=True)):
+        node = bundle_nodes[max(bundle_nodes)]
+        local = per_node.get(node, 0)
+        per_node[node] = local + 1
+        slots.append(RankSlot(rank, local, node, group))
+    return tuple(slots)

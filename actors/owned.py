@@ -1,0 +1,77 @@
+"""What a cluster created and must release: released once, by close, GC or exit."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import zmq
+from ray.util.placement_group import PlacementGroup
+
+from placement.groups import remove_groups
+from raydp.handshake import HandshakeServer
+from raydp.transport import IpcDir
+
+logger = logging.getLogger("raydp.manager")
+GRACE_S = 3.0
+
+
+@dataclass
+class Owned:
+    """Holds no reference to the manager, so its release can run from a finalizer."""
+
+    coordinator: Any = None
+    engines: list[Any] = field(default_factory=list)
+    groups: list[PlacementGroup] = field(default_factory=list)
+    handshake: HandshakeServer | None = None
+    ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+    ipc_dir: IpcDir | None = None
+    watcher: threading.Thread | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    released: bool = False
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.stop.set()
+        if self.watcher is not None and self.watcher is not threading.current_thread():
+            self.watcher.join(timeout=2)
+        if ray.is_initialized():
+            self._stop_actors()
+            remove_groups(self.groups)
+        self.groups.clear()
+        if self.handshake is not None:
+            self.handshake.close()
+        if self.ctx is not None:
+            self.ctx.destroy(linger=0)
+        if self.ipc_dir is not None:
+            self.ipc_dir.remove()
+
+    def _stop_actors(self) -> None:
+        """Ask politely (engines clean up their sockets), then kill what is left."""
+        actors = [a for a in [self.coordinator, *self.engines] if a is not None]
+        refs = [a.shutdown.remote() for a in actors]
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=GRACE_S)
+        except Exception:  # a dead actor's ref raises; it is being killed anyway
+            pass
+        for actor in actors:
+            _kill(actor)
+        self.engines.clear()
+        self.coordinator = None
+
+    def kill_engines(self, except_rank: int) -> None:
+        for rank, actor in enumerate(self.engines):
+            if rank != except_rank:
+                _kill(actor)
+
+
+def _kill(actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception as exc:  # already dead, or Ray is going down
+        logger.debug("kill failed: %r", exc)

@@ -1,0 +1,80 @@
+"""raydp: data-parallel engine cores on Ray.
+
+Start a cluster with :func:`launch`, join one with :func:`attach`, send work
+with ``cluster.client()``. Every error raydp raises derives from
+:class:`RaydpError` (see :mod:`raydp.errors`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from raydp.config import RaydpConfig
+from raydp.errors import (
+    ClusterClosedError,
+    ComponentDeadError,
+    ConfigError,
+    CoordinatorDeadError,
+    DeathCause,
+    EngineDeadError,
+    HandshakeError,
+    PlacementError,
+    PlacementTimeoutError,
+    ProcessDeadError,
+    ProtocolError,
+    RaydpError,
+    RequestError,
+    StartupError,
+)
+
+if TYPE_CHECKING:
+    from raydp.client import AsyncClient, Client
+    from raydp.engine import EchoEngine, EngineContext, EngineCore
+    from raydp.launch import Cluster, attach, launch
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "Cluster",
+    "ClusterClosedError",
+    "ComponentDeadError",
+    "ConfigError",
+    "CoordinatorDeadError",
+    "DeathCause",
+    "EchoEngine",
+    "EngineContext",
+    "EngineCore",
+    "EngineDeadError",
+    "HandshakeError",
+    "PlacementError",
+    "PlacementTimeoutError",
+    "ProcessDeadError",
+    "ProtocolError",
+    "RaydpConfig",
+    "RaydpError",
+    "RequestError",
+    "StartupError",
+    "attach",
+    "launch",
+]
+
+# Ray and torch are heavy: import the modules that need them on first use.
+_LAZY = {
+    "AsyncClient": "raydp.client",
+    "Client": "raydp.client",
+    "Cluster": "raydp.launch",
+    "attach": "raydp.launch",
+    "launch": "raydp.launch",
+    "EchoEngine": "raydp.engine",
+    "EngineContext": "raydp.engine",
+    "EngineCore": "raydp.engine",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'raydp' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

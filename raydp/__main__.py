@@ -1,0 +1,3 @@
+from raydp.cli import main
+
+raise SystemExit(main())

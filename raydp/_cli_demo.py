@@ -1,0 +1,109 @@
+"""``raydp demo``: DP=2 on an embedded local Ray, a few hundred requests, a summary."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from collections import Counter
+from typing import Any
+
+ENGINES = {"tiny-lm": "raydp.tiny_lm:TinyLMEngine", "echo": "raydp.engine:EchoEngine"}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="run DP ranks on a local (or given) Ray cluster and push requests through them",
+        description="Launch a data-parallel cluster of the reference engine, send requests "
+        "through the load-balancing client, print a per-rank summary and shut down cleanly.",
+    )
+    p.add_argument("--dp-size", type=int, default=2, help="data-parallel ranks to launch (default 2)")
+    p.add_argument("--requests", type=int, default=300, help="requests to send (default 300)")
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request (default 16)")
+    p.add_argument("--prompt-len", type=int, default=8, help="prompt length in tokens (default 8)")
+    p.add_argument("--engine", choices=sorted(ENGINES), default="tiny-lm",
+                   help="engine core: the torch reference LM, or the echo engine (default tiny-lm)")
+    p.add_argument("--lockstep", action="store_true", help="run ranks in request waves (expert-parallel style)")
+    p.add_argument("--accelerator", default="GPU",
+                   help="Ray resource of one device bundle (default GPU; CPU on a cluster with no devices)")
+    p.add_argument("--local-gpus", type=int, default=4,
+                   help="logical GPUs declared when a local Ray is started (default 4; none need exist)")
+    p.add_argument("--address", default=None,
+                   help="Ray address to join (default: the ambient cluster, else start a local one)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import ray
+
+    from raydp.launch import launch
+
+    started_ray = _start_ray(args)
+    try:
+        with launch(
+            name=f"demo-{os.getpid()}",
+            dp_size=args.dp_size,
+            engine=ENGINES[args.engine],
+            lockstep=args.lockstep,
+            accelerator=args.accelerator,
+            progress=not args.no_progress,
+        ) as cluster:
+            print(f"launched {cluster.dp_size} ranks, capacity {cluster.capacity}")
+            summary = _drive(cluster, args)
+            _print_summary(cluster, summary)
+    finally:
+        if started_ray:
+            ray.shutdown()
+    return 0
+
+
+def _start_ray(args: argparse.Namespace) -> bool:
+    """Join a cluster if there is one; else start a local Ray with logical GPUs."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if args.address is not None:
+        ray.init(address=args.address)
+        return True
+    try:
+        ray.init(address="auto")
+    except ConnectionError:
+        cpus = max(os.cpu_count() or 1, args.dp_size + 1)
+        ray.init(num_cpus=cpus, num_gpus=args.local_gpus, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+    return True
+
+
+def _drive(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    rng = random.Random(0)
+    client = cluster.client()
+    start = time.perf_counter()
+    handles = [
+        client.submit([rng.randrange(256) for _ in range(args.prompt_len)], args.max_tokens)
+        for _ in range(args.requests)
+    ]
+    per_rank: Counter[int] = Counter()
+    tokens = 0
+    for handle in tqdm(handles, desc="requests", unit="req", disable=args.no_progress):
+        tokens += len(handle.result(timeout=120))
+        per_rank[handle.rank] += 1
+    elapsed = time.perf_counter() - start
+    return {"per_rank": per_rank, "tokens": tokens, "elapsed": elapsed, "requests": len(handles)}
+
+
+def _print_summary(cluster: Any, s: dict[str, Any]) -> None:
+    elapsed = s["elapsed"]
+    print(f"\n{'rank':>4}  {'node':<10} {'requests':>8}  {'share':>6}  {'req/s':>8}")
+    for ep in cluster.endpoints.engines:
+        n = s["per_rank"][ep.rank]
+        print(f"{ep.rank:>4}  {ep.node_id[:8]:<10} {n:>8}  {n / s['requests']:>6.0%}  {n / elapsed:>8.1f}")
+    print(
+        f"total: {s['requests']} requests, {s['tokens']} tokens in {elapsed:.2f}s "
+        f"({s['requests'] / elapsed:.1f} req/s, {s['tokens'] / elapsed:.0f} tok/s)"
+    )

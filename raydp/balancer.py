@@ -1,0 +1,74 @@
+"""Which rank gets the next request: pure logic, no sockets.
+
+The score of a rank is ``4 * waiting + running`` from the latest coordinator
+snapshot, plus what this client sent it since that snapshot (scaled by
+``client_count``, on the assumption that peer front-ends send alike). Counting
+sends since the snapshot is what keeps a burst from all landing on the rank
+that looked idle a moment ago; the snapshot alone is always stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from raydp.errors import ConfigError
+from raydp.protocol import StatsSnapshot
+
+WAITING_WEIGHT = 4
+
+
+class LoadBalancer:
+    """Least-loaded choice over ``engine_count`` ranks, tracking this client's sends."""
+
+    def __init__(self, engine_count: int, client_count: int = 1) -> None:
+        if engine_count < 1:
+            raise ConfigError(f"engine_count={engine_count}: must be >= 1")
+        if client_count < 1:
+            raise ConfigError(f"client_count={client_count}: must be >= 1")
+        self.engine_count = engine_count
+        self.client_count = client_count
+        self._snapshot_scores = [0] * engine_count
+        self._since_snapshot = [0] * engine_count
+        self._in_flight = [0] * engine_count
+        self.wave = 0
+        self.running = False
+
+    def choose(self, dead: Collection[int] = ()) -> int:
+        """The least-loaded live rank (ties: fewest of ours in flight, then lowest rank)."""
+        best: tuple[int, int, int] | None = None
+        for rank in range(self.engine_count):
+            if rank in dead:
+                continue
+            key = (self.score(rank), self._in_flight[rank], rank)
+            if best is None or key < best:
+                best = key
+        if best is None:
+            raise ConfigError("no live engine to send to: every rank is dead")
+        return best[2]
+
+    def score(self, rank: int) -> int:
+        return self._snapshot_scores[rank] + WAITING_WEIGHT * self._since_snapshot[rank]
+
+    def on_sent(self, rank: int) -> None:
+        self._since_snapshot[rank] += self.client_count
+        self._in_flight[rank] += 1
+
+    def on_finished(self, rank: int) -> None:
+        self._in_flight[rank] = max(0, self._in_flight[rank] - 1)
+
+    def in_flight(self, rank: int) -> int:
+        return self._in_flight[rank]
+
+    def on_snapshot(self, snap: StatsSnapshot) -> None:
+        """Adopt the coordinator's latest view (one publisher: snapshots arrive in order)."""
+        self.wave, self.running = snap.wave, snap.running
+        for rank, (waiting, running) in enumerate(snap.counts[: self.engine_count]):
+            self._snapshot_scores[rank] = WAITING_WEIGHT * waiting + running
+        self._since_snapshot = [0] * self.engine_count
+
+    def note_first_request(self) -> bool:
+        """True when this send starts a wave (the coordinator must be told)."""
+        if self.running:
+            return False
+        self.running = True
+        return True

@@ -1,0 +1,38 @@
+"""The ``raydp`` command line: ``raydp demo``, ``raydp plan``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from raydp import _cli_demo
+from raydp.errors import RaydpError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="raydp", description="Data-parallel engine cores on a Ray cluster."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _cli_demo.add_parser(sub)
+    try:
+        from raydp import _cli_plan
+    except ImportError:  # pragma: no cover - the plan command ships with placement
+        pass
+    else:
+        _cli_plan.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except RaydpError as exc:
+        print(f"raydp {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"raydp {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return code

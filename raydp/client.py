@@ -1,0 +1,411 @@
+"""The front-end client: spreads requests over the ranks and demultiplexes outputs.
+
+A :class:`Client` is usable from a driver, a notebook, a Ray Job or an API
+server process. It owns one IO thread, which alone touches its ZMQ sockets:
+
+* one DEALER per engine (connected to the engine's input ROUTER; the engine
+  answers on the same socket);
+* a SUB on the coordinator's publish socket (load snapshots, wave, running);
+* a PUSH to the coordinator's collect socket (``FirstRequest`` when the
+  cluster is paused);
+* an inproc PAIR that user threads ring after queueing a command.
+
+The rank for a request is picked on the IO thread at send time
+(:class:`~raydp.balancer.LoadBalancer`); an explicit ``rank`` pins it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import zmq
+
+from raydp.balancer import LoadBalancer
+from raydp.endpoints import ClusterEndpoints
+from raydp.errors import (
+    ClusterClosedError,
+    ConfigError,
+    EngineDeadError,
+    ProtocolError,
+    RaydpError,
+    RequestError,
+)
+from raydp.protocol import (
+    Abort,
+    FirstRequest,
+    Output,
+    Request,
+    RequestType,
+    StatsSnapshot,
+    UtilityCall,
+    encode,
+    output_decoder,
+    snapshot_decoder,
+)
+from raydp.requests import Listener, RequestHandle, RequestState
+from raydp.transport import SocketOptions, make_socket, pick_address
+
+logger = logging.getLogger("raydp.client")
+Command = Callable[[], None]
+
+
+class Client:
+    """Send requests to a running cluster; see the module docstring."""
+
+    def __init__(
+        self,
+        endpoints: ClusterEndpoints,
+        *,
+        node_id: str | None = None,
+        client_index: int = 0,
+        client_count: int = 1,
+        options: SocketOptions | None = None,
+    ) -> None:
+        if not 0 <= client_index < client_count:
+            raise ConfigError(f"client_index={client_index}: must be in [0, client_count={client_count})")
+        self.endpoints = endpoints
+        self.client_index, self.client_count = client_index, client_count
+        self._balancer = LoadBalancer(len(endpoints.engines), client_count)
+        self._requests: dict[str, RequestState] = {}
+        self._calls: dict[int, Future[Any]] = {}
+        self._call_ids = itertools.count(1)
+        self._dead: dict[int, EngineDeadError] = {}
+        self._commands: collections.deque[Command] = collections.deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._last_snapshot: StatsSnapshot | None = None
+        self._io = _ClientSockets(endpoints, node_id, options or SocketOptions())
+        self._thread = threading.Thread(target=self._io_loop, name="raydp-client-io", daemon=True)
+        self._thread.start()
+
+    # ---- public API (any thread) --------------------------------------------------
+
+    def submit(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int = 16,
+        *,
+        rank: int | None = None,
+        request_id: str | None = None,
+        retryable: bool = False,
+    ) -> RequestHandle:
+        """Send one request; returns at once with a handle to wait on or stream."""
+        request = self._make_request(prompt_token_ids, max_tokens, rank, request_id)
+        handle = RequestHandle(request.request_id)
+        self._submit(request, rank, handle._on_item, retryable, handle)
+        return handle
+
+    def generate(
+        self, prompt_token_ids: Sequence[int], max_tokens: int = 16, *, timeout: float | None = 60.0, **kw: Any
+    ) -> list[int]:
+        """Send one request and wait for all its tokens."""
+        return self.submit(prompt_token_ids, max_tokens, **kw).result(timeout)
+
+    def abort(self, request_id: str) -> None:
+        """Abort an in-flight request; its handle fails with ``finish_reason='abort'``."""
+        self._enqueue(lambda: self._do_abort(request_id))
+
+    def call_utility(self, rank: int, method: str, *args: Any, timeout: float = 30.0) -> Any:
+        """Call ``method(*args)`` on rank ``rank``'s engine core; msgpack-native args only."""
+        self._check_rank(rank)
+        future: Future[Any] = Future()
+        self._enqueue(lambda: self._do_call(rank, method, list(args), future))
+        return future.result(timeout)
+
+    def snapshot(self) -> StatsSnapshot | None:
+        """The latest (counts, wave, running) published by the coordinator."""
+        return self._last_snapshot
+
+    def mark_dead(self, error: EngineDeadError) -> None:
+        """Fail (or retry elsewhere) the requests on a dead rank; stop routing to it."""
+        self._enqueue(lambda: self._do_mark_dead(error), allow_closed=True)
+
+    def close(self) -> None:
+        """Fail what is in flight with ClusterClosedError, stop the IO thread, close sockets."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._io.ring()
+        self._thread.join(timeout=5)
+        self._io.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- validation -------------------------------------------------------------------
+
+    def _make_request(
+        self, prompt: Sequence[int], max_tokens: int, rank: int | None, request_id: str | None
+    ) -> Request:
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ConfigError(f"max_tokens={max_tokens!r}: must be an int >= 1")
+        tokens = list(prompt)
+        if not all(isinstance(t, int) and t >= 0 for t in tokens):
+            raise ConfigError(f"prompt_token_ids={tokens[:8]!r}...: must be non-negative ints")
+        if rank is not None:
+            self._check_rank(rank)
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
+            raise ConfigError(f"request_id={request_id!r}: must be a non-empty str")
+        rid = request_id or uuid.uuid4().hex
+        return Request(rid, tokens, max_tokens, arrival_time=time.time())
+
+    def _check_rank(self, rank: int) -> None:
+        n = len(self.endpoints.engines)
+        if not isinstance(rank, int) or not 0 <= rank < n:
+            raise ConfigError(f"rank={rank!r}: must be an int in [0, {n})")
+
+    def _submit(
+        self, request: Request, rank: int | None, listener: Listener, retryable: bool, handle: RequestHandle | None = None
+    ) -> None:
+        def command() -> None:
+            self._do_submit(request, rank, listener, retryable, handle)
+
+        self._enqueue(command)
+
+    def _enqueue(self, command: Command, allow_closed: bool = False) -> None:
+        with self._lock:
+            if self._closed and not allow_closed:
+                raise ClusterClosedError("the client is closed")
+            self._commands.append(command)
+            self._io.ring()
+
+    # ---- IO thread --------------------------------------------------------------------
+
+    def _io_loop(self) -> None:
+        try:
+            while not self._closed:
+                for sock in self._io.poll(100):
+                    self._on_readable(sock)
+                self._run_commands()
+        except Exception:
+            logger.exception("client IO thread crashed")
+        finally:
+            self._run_commands()
+            self._fail_everything(ClusterClosedError("the client was closed"))
+
+    def _run_commands(self) -> None:
+        while self._commands:
+            command = self._commands.popleft()
+            try:
+                command()
+            except RaydpError as exc:
+                logger.warning("client command failed: %s", exc)
+
+    def _on_readable(self, sock: zmq.Socket[bytes]) -> None:
+        io = self._io
+        if sock is io.wake:
+            io.drain_wake()
+        elif sock is io.stats:
+            while frames := io.recv_nowait(sock):
+                self._on_snapshot(frames[-1])
+        else:
+            while frames := io.recv_nowait(sock):
+                self._on_output_batch(frames[-1])
+
+    def _on_snapshot(self, body: bytes) -> None:
+        try:
+            snap = snapshot_decoder(body)
+        except ProtocolError as exc:
+            logger.warning("client: dropped malformed stats message: %s", exc)
+            return
+        self._balancer.on_snapshot(snap)
+        self._last_snapshot = snap
+
+    def _on_output_batch(self, body: bytes) -> None:
+        try:
+            batch = output_decoder(body)
+        except ProtocolError as exc:
+            logger.warning("client: dropped malformed output message: %s", exc)
+            return
+        for out in batch.outputs:
+            self._deliver(out)
+        if batch.utility is not None:
+            future = self._calls.pop(batch.utility.call_id, None)
+            if future is not None and batch.utility.error is not None:
+                future.set_exception(RaydpError(f"utility call failed: {batch.utility.error}"))
+            elif future is not None:
+                future.set_result(batch.utility.result)
+
+    def _deliver(self, out: Output) -> None:
+        state = self._requests.get(out.request_id)
+        if state is None:
+            return  # aborted, or failed over; late outputs are expected
+        if out.finished:
+            del self._requests[out.request_id]
+            self._balancer.on_finished(state.rank)
+        state.deliver(out)
+
+    def _do_submit(
+        self, request: Request, pinned: int | None, listener: Listener, retryable: bool, handle: RequestHandle | None
+    ) -> None:
+        rid = request.request_id
+        if rid in self._requests:
+            listener(ConfigError(f"request_id={rid!r}: already in flight"))
+            return
+        if pinned is not None and pinned in self._dead:
+            listener(self._dead[pinned])
+            return
+        try:
+            rank = pinned if pinned is not None else self._balancer.choose(self._dead)
+        except ConfigError as exc:
+            listener(next(iter(self._dead.values()), exc))
+            return
+        self._send_request(RequestState(request, rank, listener, retryable))
+        if handle is not None:
+            handle.rank = rank
+
+    def _send_request(self, state: RequestState) -> None:
+        request, rank = state.request, state.rank
+        request.wave = self._balancer.wave
+        if self.endpoints.lockstep and self._balancer.note_first_request():
+            self._io.to_coordinator(FirstRequest(rank=rank, wave=request.wave))
+        self._requests[request.request_id] = state
+        self._balancer.on_sent(rank)
+        self._io.send_input(rank, RequestType.ADD, encode(request))
+
+    def _do_abort(self, request_id: str) -> None:
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return
+        self._balancer.on_finished(state.rank)
+        if state.rank not in self._dead:
+            self._io.send_input(state.rank, RequestType.ABORT, encode(Abort([request_id])))
+        state.deliver(Output(request_id, [], True, "abort"))
+
+    def _do_call(self, rank: int, method: str, args: list[Any], future: Future[Any]) -> None:
+        if rank in self._dead:
+            future.set_exception(self._dead[rank])
+            return
+        call_id = next(self._call_ids)
+        self._calls[call_id] = future
+        self._io.send_input(rank, RequestType.UTILITY, encode(UtilityCall(call_id, method, args)))
+
+    def _do_mark_dead(self, error: EngineDeadError) -> None:
+        self._dead[error.rank] = error
+        for rid, state in list(self._requests.items()):
+            if state.rank != error.rank:
+                continue
+            del self._requests[rid]
+            self._balancer.on_finished(state.rank)
+            if state.retryable and not state.got_output and len(self._dead) < len(self.endpoints.engines):
+                state.rank = self._balancer.choose(self._dead)
+                self._send_request(state)
+            else:
+                state.deliver(error)
+
+    def _fail_everything(self, error: RaydpError) -> None:
+        for state in self._requests.values():
+            state.deliver(error)
+        self._requests.clear()
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(error)
+        self._calls.clear()
+
+
+class _ClientSockets:
+    """The client's sockets; used only from the IO thread (``ring`` excepted)."""
+
+    def __init__(self, endpoints: ClusterEndpoints, node_id: str | None, opts: SocketOptions) -> None:
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.identity = b"c" + secrets.token_bytes(7)
+        self.engines: list[zmq.Socket[bytes]] = []
+        for ep in endpoints.engines:
+            sock = make_socket(self.ctx, zmq.DEALER, opts, identity=self.identity)
+            sock.connect(pick_address(ep.input_addresses, same_node=ep.node_id == node_id))
+            self.engines.append(sock)
+        coord = endpoints.coordinator
+        same = coord.node_id == node_id
+        self.stats = make_socket(self.ctx, zmq.SUB, opts)
+        self.stats.setsockopt(zmq.SUBSCRIBE, b"")
+        self.stats.connect(pick_address(coord.publish, same_node=same))
+        self.collect = make_socket(self.ctx, zmq.PUSH, opts)
+        self.collect.connect(pick_address(coord.collect, same_node=same))
+        wake_address = f"inproc://raydp-client-wake-{self.identity.hex()}"
+        self.wake = self.ctx.socket(zmq.PAIR)
+        self.wake.bind(wake_address)
+        self._bell = self.ctx.socket(zmq.PAIR)
+        self._bell.connect(wake_address)
+        self.poller = zmq.Poller()
+        for sock in (*self.engines, self.stats, self.wake):
+            self.poller.register(sock, zmq.POLLIN)
+
+    def poll(self, timeout_ms: int) -> list[zmq.Socket[bytes]]:
+        return [sock for sock, _ in self.poller.poll(timeout_ms)]
+
+    def ring(self) -> None:
+        """Wake the IO thread (callers hold the client's lock)."""
+        try:
+            self._bell.send(b"", flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the IO thread has plenty of rings to read already
+
+    def drain_wake(self) -> None:
+        while self.recv_nowait(self.wake):
+            pass
+
+    @staticmethod
+    def recv_nowait(sock: zmq.Socket[bytes]) -> list[bytes] | None:
+        try:
+            return sock.recv_multipart(flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+
+    def send_input(self, rank: int, tag: RequestType, body: bytes) -> None:
+        self.engines[rank].send_multipart([tag.value, body], copy=False)
+
+    def to_coordinator(self, msg: Any) -> None:
+        self.collect.send(encode(msg), copy=False)
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
+class AsyncClient:
+    """asyncio front-end over a :class:`Client` (for API servers)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int = 16, **kw: Any) -> list[int]:
+        tokens: list[int] = []
+        async for chunk in self.stream(prompt_token_ids, max_tokens, **kw):
+            tokens.extend(chunk)
+        return tokens
+
+    async def stream(
+        self, prompt_token_ids: Sequence[int], max_tokens: int = 16, **kw: Any
+    ) -> AsyncIterator[list[int]]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Output | RaydpError] = asyncio.Queue()
+
+        def listener(item: Output | RaydpError) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        c = self.client
+        request = c._make_request(prompt_token_ids, max_tokens, kw.get("rank"), kw.get("request_id"))
+        c._submit(request, kw.get("rank"), listener, bool(kw.get("retryable", False)))
+        while True:
+            item = await queue.get()
+            if not isinstance(item, Output):
+                raise item
+            if item.error is not None:
+                raise RequestError(item.request_id, item.error)
+            if item.token_ids:
+                yield list(item.token_ids)
+            if item.finished:
+                return

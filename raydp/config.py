@@ -1,0 +1,125 @@
+"""Validated configuration for a raydp cluster.
+
+:class:`RaydpConfig` is validated once, at the public boundary. Fields can be
+set from ``RAYDP_<FIELD>`` environment variables (pydantic-settings style:
+keyword arguments win over the environment, the environment over defaults).
+Every validation failure is a :class:`~raydp.errors.ConfigError` whose message
+names the field, the value given and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from raydp.errors import ConfigError
+
+PlacementStrategy = Literal["strict", "fill", "span"]
+TransportKind = Literal["auto", "ipc", "tcp"]
+ENV_PREFIX = "RAYDP_"
+_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,40}$"
+
+
+class RaydpConfig(BaseModel):
+    """Everything that shapes one raydp cluster.
+
+    ``world_size`` (devices per rank) is ``tensor_parallel_size *
+    pipeline_parallel_size``. Time values are in seconds.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    name: str = Field("raydp", pattern=_NAME_PATTERN, description="cluster name; prefixes actors and groups")
+    dp_size: int = Field(1, ge=1, le=4096, description="number of data-parallel ranks")
+    dp_size_local: int | None = Field(None, ge=1, description="ranks on the master node (default: as many as fit)")
+    tensor_parallel_size: int = Field(1, ge=1, le=1024)
+    pipeline_parallel_size: int = Field(1, ge=1, le=1024)
+    accelerator: str = Field("GPU", min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_:.-]*$", description="Ray resource of one device bundle")
+    placement_strategy: PlacementStrategy = "fill"
+    node_allowlist: tuple[str, ...] | None = Field(None, description="node ids (or unique prefixes) that may host ranks")
+    master_node_id: str | None = Field(None, description="node id (or unique prefix) of the master; default the driver's")
+    engine: str = Field("raydp.engine:EchoEngine", pattern=r"^[\w.]+:[\w.]+$", description="engine core class as 'module:Class'")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    lockstep: bool = Field(False, description="run ranks in request waves (expert-parallel engines)")
+    allreduce_interval: int = Field(32, ge=1, le=1_000_000, description="steps between 'unfinished work' all-reduces")
+    stats_interval_s: float = Field(0.1, gt=0, le=60)
+    heartbeat_interval_s: float = Field(1.0, gt=0, le=600)
+    placement_timeout_s: float = Field(60.0, gt=0)
+    startup_timeout_s: float = Field(120.0, gt=0)
+    handshake_timeout_s: float = Field(60.0, gt=0)
+    max_restarts: int = Field(0, ge=0, description="restarts allowed per rank (dense mode)")
+    transport: TransportKind = "auto"
+    max_message_bytes: int = Field(64 << 20, ge=1 << 16, description="largest socket message accepted")
+    high_water_mark: int = Field(100_000, ge=1)
+    detached: bool = Field(False, description="actors outlive the launching driver (for attach)")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @model_validator(mode="after")
+    def _check_local_size(self) -> RaydpConfig:
+        if self.dp_size_local is not None and self.dp_size_local > self.dp_size:
+            raise ValueError(
+                f"dp_size_local={self.dp_size_local} must be <= dp_size={self.dp_size}"
+            )
+        return self
+
+    def config_hash(self) -> str:
+        """A hash of the fields every rank must agree on (checked in the handshake)."""
+        keys = ("name", "dp_size", "tensor_parallel_size", "pipeline_parallel_size",
+                "engine", "engine_kwargs", "lockstep", "allreduce_interval")
+        blob = json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @classmethod
+    def create(cls, env: Mapping[str, str] | None = None, **fields: Any) -> RaydpConfig:
+        """Build a config from keyword fields over ``RAYDP_*`` environment values."""
+        merged = {**env_fields(os.environ if env is None else env), **fields}
+        try:
+            return cls(**merged)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc)) from None
+
+
+def env_fields(env: Mapping[str, str]) -> dict[str, Any]:
+    """Pick ``RAYDP_<FIELD>`` values out of ``env`` (strings; pydantic coerces them)."""
+    out: dict[str, Any] = {}
+    for name in RaydpConfig.model_fields:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is None:
+            continue
+        if name == "node_allowlist":
+            out[name] = tuple(p.strip() for p in raw.split(",") if p.strip())
+        elif name == "engine_kwargs":
+            out[name] = _parse_json(name, raw)
+        else:
+            out[name] = raw
+    return out
+
+
+def _parse_json(name: str, raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        raise ConfigError(
+            f"{ENV_PREFIX}{name.upper()}={raw!r}: expected a JSON object"
+        ) from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem: ``field=value: what is allowed``."""
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "config"
+        given = err.get("input")
+        if err["type"] == "value_error":
+            lines.append(f"{field}: {err['msg'].removeprefix('Value error, ')}")
+        else:
+            lines.append(f"{field}={given!r}: {err['msg']}")
+    return "invalid raydp config: " + "; ".join(lines)

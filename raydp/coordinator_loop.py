@@ -1,0 +1,137 @@
+"""The coordinator's socket loop around :class:`~raydp.coordinator_state.CoordinatorState`.
+
+Sockets (all bound by the coordinator):
+
+* ``publish`` PUB -> clients' SUB: a :class:`~raydp.protocol.StatsSnapshot`
+  at most every stats interval when something changed, a heartbeat otherwise;
+* ``collect`` PULL <- engines' and clients' PUSH: ``EngineStats``,
+  ``WaveComplete``, ``StartWave``, ``FirstRequest``, ``ScaleEngines``;
+* ``broadcast`` XPUB -> engines' SUB: ``[topic, StartDPWave | Shutdown]``.
+  Verbose, so every engine's subscription to its presence topic is seen and
+  :meth:`CoordinatorLoop.wait_for_engines` knows who is listening.
+
+Malformed input is logged and dropped; nothing a peer sends can stop the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import zmq
+
+from raydp.coordinator_state import CoordinatorState
+from raydp.endpoints import CoordinatorEndpoints
+from raydp.errors import ProtocolError
+from raydp.protocol import BROADCAST_TOPIC, Shutdown, StartDPWave, coordinator_decoder, encode, presence_topic
+from raydp.transport import IpcDir, SocketOptions, TransportKind, bind_endpoints, make_socket
+
+logger = logging.getLogger("raydp.coordinator")
+_PRESENCE = presence_topic(0)[:-2]
+
+
+class CoordinatorLoop:
+    """Binds the three sockets at construction; :meth:`run` serves until :meth:`stop`."""
+
+    def __init__(
+        self,
+        state: CoordinatorState,
+        opts: SocketOptions,
+        *,
+        transport: TransportKind,
+        node_id: str,
+        ip: str | None = None,
+        ipc_prefix: str = "coordinator",
+    ) -> None:
+        self.state = state
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.ipc_dir = IpcDir(ipc_prefix) if transport != "tcp" else None
+        self.publish = make_socket(self.ctx, zmq.PUB, opts)
+        self.collect = make_socket(self.ctx, zmq.PULL, opts)
+        self.broadcast = make_socket(self.ctx, zmq.XPUB, opts)
+        self.broadcast.setsockopt(zmq.XPUB_VERBOSE, 1)
+        bind = {"transport": transport, "ipc_dir": self.ipc_dir, "ip": ip}
+        self.endpoints = CoordinatorEndpoints(
+            node_id=node_id,
+            publish=bind_endpoints(self.publish, "publish", **bind),  # type: ignore[arg-type]
+            collect=bind_endpoints(self.collect, "collect", **bind),  # type: ignore[arg-type]
+            broadcast=bind_endpoints(self.broadcast, "broadcast", **bind),  # type: ignore[arg-type]
+        )
+        self.subscribed: set[int] = set()
+        self._subscribed_changed = threading.Condition()
+        self._stop = threading.Event()
+        self.dropped = 0
+        self.broadcasts = 0
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.collect, zmq.POLLIN)
+        poller.register(self.broadcast, zmq.POLLIN)
+        while not self._stop.is_set():
+            timeout_ms = min(100, 1000 * self.state.next_deadline(time.monotonic()))
+            for sock, _ in poller.poll(timeout_ms):
+                if sock is self.collect:
+                    self._drain_collect()
+                else:
+                    self._drain_subscriptions()
+            snap = self.state.due_snapshot(time.monotonic())
+            if snap is not None:
+                self.publish.send(encode(snap))
+
+    def _drain_collect(self) -> None:
+        while True:
+            try:
+                body = self.collect.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = coordinator_decoder(body)
+            except ProtocolError as exc:
+                self._drop(str(exc))
+                continue
+            wave = self.state.handle(msg)
+            if wave is not None:
+                self._broadcast(wave)
+
+    def _drain_subscriptions(self) -> None:
+        while True:
+            try:
+                frame = self.broadcast.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frame) != len(_PRESENCE) + 3 or frame[1:-2] != _PRESENCE:
+                continue  # the broadcast-topic subscription, or noise
+            rank = int.from_bytes(frame[-2:], "little")
+            with self._subscribed_changed:
+                (self.subscribed.add if frame[0] == 1 else self.subscribed.discard)(rank)
+                self._subscribed_changed.notify_all()
+
+    def _broadcast(self, msg: StartDPWave | Shutdown) -> None:
+        self.broadcasts += 1
+        self.broadcast.send_multipart([BROADCAST_TOPIC, encode(msg)])
+
+    def _drop(self, why: str) -> None:
+        self.dropped += 1
+        logger.warning("coordinator: dropped malformed message: %s", why)
+
+    def wait_for_engines(self, ranks: int, timeout_s: float) -> bool:
+        """Block until ``ranks`` engines have subscribed to the broadcast socket."""
+        with self._subscribed_changed:
+            return self._subscribed_changed.wait_for(
+                lambda: len(self.subscribed) >= ranks, timeout=timeout_s
+            )
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        """Tell engines to leave, then close every socket and the IPC directory."""
+        self.stop()
+        try:
+            self._broadcast(Shutdown())
+        except zmq.ZMQError:
+            pass
+        self.ctx.destroy(linger=100)
+        if self.ipc_dir is not None:
+            self.ipc_dir.remove()

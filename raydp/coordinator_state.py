@@ -1,0 +1,110 @@
+"""The coordinator's state machine: per-rank load, the wave, the running flag.
+
+Pure logic, no Ray and no sockets. :class:`CoordinatorState` takes the messages
+of :mod:`raydp.protocol` addressed to the coordinator and returns the
+``StartDPWave`` broadcast to send, if any; :meth:`CoordinatorState.due_snapshot`
+decides when to publish to clients (at most once per stats interval when
+something changed, a heartbeat otherwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from raydp.protocol import (
+    EngineStats,
+    FirstRequest,
+    ScaleEngines,
+    StartDPWave,
+    StartWave,
+    StatsSnapshot,
+    ToCoordinator,
+    WaveComplete,
+)
+
+
+@dataclass
+class CoordinatorState:
+    """Load and wave bookkeeping for ``engine_count`` ranks."""
+
+    engine_count: int
+    stats_interval_s: float = 0.1
+    heartbeat_interval_s: float = 1.0
+    wave: int = 0
+    running: bool = False
+    counts: list[list[int]] = field(default_factory=list)
+    changed: bool = True
+    _last_publish: float = float("-inf")
+    _seq: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [[0, 0] for _ in range(self.engine_count)]
+
+    def handle(self, msg: ToCoordinator) -> StartDPWave | None:
+        """Apply one message; return the broadcast it calls for, if any."""
+        if isinstance(msg, EngineStats):
+            return self._on_stats(msg)
+        if isinstance(msg, FirstRequest):
+            return self._on_first_request(msg)
+        if isinstance(msg, WaveComplete):
+            return self._on_wave_complete(msg)
+        if isinstance(msg, StartWave):
+            return self._on_start_wave(msg)
+        return self._on_scale(msg)
+
+    def _on_stats(self, msg: EngineStats) -> None:
+        if 0 <= msg.rank < self.engine_count:
+            new = [max(0, msg.waiting), max(0, msg.running)]
+            if self.counts[msg.rank] != new:
+                self.counts[msg.rank] = new
+                self.changed = True
+        return None
+
+    def _on_first_request(self, msg: FirstRequest) -> StartDPWave | None:
+        if self.running:
+            return None
+        # A stale sender's target may be paused in a later wave: wake everyone.
+        exclude = msg.rank if msg.wave >= self.wave else -1
+        self.running = True
+        self.changed = True
+        return StartDPWave(wave=self.wave, exclude=exclude)
+
+    def _on_wave_complete(self, msg: WaveComplete) -> None:
+        if msg.wave >= self.wave:
+            self.wave = msg.wave + 1
+            self.running = False
+            self.changed = True
+        return None
+
+    def _on_start_wave(self, msg: StartWave) -> StartDPWave | None:
+        if msg.wave > self.wave or (msg.wave == self.wave and not self.running):
+            self.wave = msg.wave
+            self.running = True
+            self.changed = True
+            return StartDPWave(wave=msg.wave, exclude=msg.rank)
+        return None
+
+    def _on_scale(self, msg: ScaleEngines) -> None:
+        n = max(0, msg.engine_count)
+        self.counts = (self.counts + [[0, 0] for _ in range(n)])[:n]
+        self.engine_count = n
+        self.changed = True
+        return None
+
+    def due_snapshot(self, now: float) -> StatsSnapshot | None:
+        """The snapshot to publish at ``now``, or None if it is not time yet."""
+        since = now - self._last_publish
+        if not ((self.changed and since >= self.stats_interval_s) or since >= self.heartbeat_interval_s):
+            return None
+        self._last_publish = now
+        self.changed = False
+        self._seq += 1
+        return StatsSnapshot(
+            counts=[(w, r) for w, r in self.counts], wave=self.wave, running=self.running, seq=self._seq
+        )
+
+    def next_deadline(self, now: float) -> float:
+        """Seconds until :meth:`due_snapshot` may return something."""
+        wait = self.stats_interval_s if self.changed else self.heartbeat_interval_s
+        return max(0.0, self._last_publish + wait - now)

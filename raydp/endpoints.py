@@ -1,0 +1,28 @@
+"""Where a running cluster's sockets are: handed to clients through Ray, never over ZMQ."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class EngineEndpoint(msgspec.Struct, frozen=True):
+    rank: int
+    node_id: str
+    input_addresses: list[str]
+
+
+class CoordinatorEndpoints(msgspec.Struct, frozen=True):
+    node_id: str
+    publish: list[str]
+    collect: list[str]
+    broadcast: list[str]
+
+
+class ClusterEndpoints(msgspec.Struct, frozen=True):
+    """Everything a client needs to talk to a cluster."""
+
+    name: str
+    engines: list[EngineEndpoint]
+    coordinator: CoordinatorEndpoints
+    lockstep: bool
+    capacity: int = 0

@@ -1,0 +1,179 @@
+"""The engine core interface users implement, and the built-in :class:`EchoEngine`.
+
+An engine core is a stateful step loop that owns its rank's devices. raydp
+calls it from one thread only: requests and aborts arrive between steps,
+``step()`` advances every running request by one iteration and returns what it
+produced. Implementations need not be thread-safe.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from raydp.errors import ConfigError
+from raydp.protocol import Output, Request
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What an engine core learns about its place in the cluster at construction."""
+
+    rank: int
+    local_rank: int
+    dp_size: int
+    world_size: int
+    node_id: str
+    device_ids: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class EngineCore(Protocol):
+    """What raydp needs from a user's engine core.
+
+    Constructed as ``cls(context, **engine_kwargs)``. Optional extras:
+    ``capacity() -> int`` (summed by the handshake, e.g. KV blocks; 0 if absent)
+    and ``barrier_collective(group)`` to take part in lockstep collectives.
+    """
+
+    def add_request(self, request: Request) -> None: ...
+
+    def abort(self, request_ids: Sequence[str]) -> None: ...
+
+    def step(self) -> list[Output]: ...
+
+    def has_unfinished(self) -> bool: ...
+
+    def load(self) -> tuple[int, int]:
+        """``(waiting, running)`` request counts, published for load balancing."""
+        ...
+
+    def execute_dummy_batch(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def load_engine_class(path: str) -> type[EngineCore]:
+    """Import ``'package.module:Class'`` and check it looks like an engine core."""
+    module_name, _, attr = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"engine={path!r}: cannot import it ({exc})") from None
+    missing = [m for m in ("add_request", "abort", "step", "has_unfinished", "load",
+                           "execute_dummy_batch", "shutdown") if not hasattr(obj, m)]
+    if not isinstance(obj, type) or missing:
+        raise ConfigError(f"engine={path!r}: not an engine core class (missing {missing})")
+    return obj
+
+
+def engine_path(engine: str | type) -> str:
+    """The ``module:Class`` path of an engine given as a path or a class."""
+    if isinstance(engine, str):
+        return engine
+    return f"{engine.__module__}:{engine.__qualname__}"
+
+
+class EchoEngine:
+    """Echoes each prompt back one token per step, ``max_tokens`` tokens in all.
+
+    ``max_running`` bounds the running batch (the rest waits), so load numbers
+    mean what they do in a real inference engine. ``step_delay_s`` makes each
+    step sleep, to stand in for device time in tests and benchmarks. With
+    ``collective=True`` every step and dummy batch all-reduces a tensor over
+    the DP group, as an expert-parallel forward pass does: a rank missing from
+    a step would hang its peers.
+    """
+
+    def __init__(
+        self,
+        context: EngineContext,
+        max_running: int = 256,
+        step_delay_s: float = 0.0,
+        collective: bool = False,
+    ) -> None:
+        self.context = context
+        self.max_running = max_running
+        self.step_delay_s = step_delay_s
+        self.collective = collective
+        self._dp_group: Any = None
+        self.collectives = 0
+        self._waiting: OrderedDict[str, Request] = OrderedDict()
+        self._running: dict[str, tuple[Request, int]] = {}
+        self.steps = 0
+        self.dummy_steps = 0
+
+    def capacity(self) -> int:
+        return self.max_running
+
+    def add_request(self, request: Request) -> None:
+        self._waiting[request.request_id] = request
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        for rid in request_ids:
+            self._waiting.pop(rid, None)
+            self._running.pop(rid, None)
+
+    def attach_dp_group(self, group: Any) -> None:
+        """Called by the engine loop in lockstep mode with the DP process group."""
+        self._dp_group = group
+
+    def _forward(self) -> None:
+        if self.step_delay_s:
+            _sleep(self.step_delay_s)
+        if self.collective and self._dp_group is not None:
+            import torch
+            import torch.distributed as dist
+
+            dist.all_reduce(torch.ones(1), group=self._dp_group)
+            self.collectives += 1
+
+    def step(self) -> list[Output]:
+        self._admit()
+        self.steps += 1
+        self._forward()
+        outputs = []
+        for rid, (req, done) in list(self._running.items()):
+            prompt = req.prompt_token_ids or [0]
+            token = prompt[done % len(prompt)]
+            finished = done + 1 >= req.max_tokens
+            outputs.append(Output(rid, [token], finished, "length" if finished else None))
+            if finished:
+                del self._running[rid]
+            else:
+                self._running[rid] = (req, done + 1)
+        return outputs
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.max_running:
+            rid, req = self._waiting.popitem(last=False)
+            self._running[rid] = (req, 0)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def load(self) -> tuple[int, int]:
+        return len(self._waiting), len(self._running)
+
+    def execute_dummy_batch(self) -> None:
+        self.dummy_steps += 1
+        self._forward()
+
+    def shutdown(self) -> None:
+        self._waiting.clear()
+        self._running.clear()
+
+    def stats(self) -> dict[str, int]:
+        """Counters for tests and the demo summary (called as a utility)."""
+        return {"steps": self.steps, "dummy_steps": self.dummy_steps, "collectives": self.collectives}
+
+
+def _sleep(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)

@@ -1,0 +1,136 @@
+"""The raydp exception tree.
+
+Every error raydp raises on purpose derives from :class:`RaydpError`, so
+``except raydp.RaydpError`` catches all of them and nothing else::
+
+    RaydpError
+    ├── ConfigError            bad input at a public entry point (also a ValueError)
+    ├── PlacementError         the plan does not fit the cluster
+    │   └── PlacementTimeoutError  placement groups did not become ready in time
+    ├── ProtocolError          a socket message could not be decoded
+    ├── HandshakeError         an engine broke the startup handshake
+    ├── StartupError           a component failed or timed out while starting
+    ├── ComponentDeadError     a running component died (names it, its node, the cause)
+    │   ├── EngineDeadError    ... an engine core rank
+    │   ├── CoordinatorDeadError
+    │   └── ProcessDeadError   ... a local process (mp backend, API server)
+    ├── RequestError           one request failed on its engine
+    └── ClusterClosedError     the cluster handle was used after ``close()``
+
+Errors that describe a component death carry structured fields (``rank``,
+``node_id``, ``cause``) so callers can react without parsing messages.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class RaydpError(Exception):
+    """Base class of every error raydp raises on purpose."""
+
+
+class ConfigError(RaydpError, ValueError):
+    """Invalid input: the message names the field, the value given and what is allowed."""
+
+
+class PlacementError(RaydpError):
+    """The requested DP layout cannot be placed on the cluster's nodes."""
+
+
+class PlacementTimeoutError(PlacementError):
+    """Placement groups did not become ready before the timeout."""
+
+
+class ProtocolError(RaydpError):
+    """A message on a socket was malformed, of the wrong type, or too large."""
+
+
+class HandshakeError(RaydpError):
+    """An engine broke the startup handshake (unknown or duplicate rank, bad order...)."""
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class StartupError(RaydpError):
+    """A component failed, or timed out, while starting."""
+
+
+class DeathCause(str, Enum):
+    """Why a component died, as far as Ray or the OS can tell."""
+
+    KILLED = "killed"
+    PROCESS_DIED = "process died"
+    NODE_DIED = "node died"
+    OWNER_DIED = "owner died"
+    INIT_FAILED = "init failed"
+    ENGINE_ERROR = "engine error"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+
+
+class ComponentDeadError(RaydpError):
+    """A running component died. ``detail`` keeps the raw cause text."""
+
+    component: str = "component"
+
+    def __init__(
+        self,
+        name: str,
+        node_id: str | None,
+        cause: DeathCause,
+        detail: str = "",
+    ) -> None:
+        node = (node_id or "?")[:12]
+        msg = f"{self.component} {name} on node {node} died: {cause.value}"
+        if detail:
+            msg += f" ({detail.strip().splitlines()[-1][:300]})"
+        super().__init__(msg)
+        self.name = name
+        self.node_id = node_id
+        self.cause = cause
+        self.detail = detail
+
+
+class EngineDeadError(ComponentDeadError):
+    """An engine core rank died; in-flight requests on it fail with this error."""
+
+    component = "engine"
+
+    def __init__(
+        self, rank: int, node_id: str | None, cause: DeathCause, detail: str = ""
+    ) -> None:
+        super().__init__(f"rank {rank}", node_id, cause, detail)
+        self.rank = rank
+
+
+class CoordinatorDeadError(ComponentDeadError):
+    """The coordinator actor died."""
+
+    component = "coordinator"
+
+
+class ProcessDeadError(ComponentDeadError):
+    """A local process (mp-backend engine or API server) exited."""
+
+    component = "process"
+
+    def __init__(self, name: str, exitcode: int | None, node_id: str | None = None) -> None:
+        cause = DeathCause.KILLED if (exitcode or 0) < 0 else DeathCause.EXITED
+        super().__init__(name, node_id, cause, f"exit code {exitcode}")
+        self.exitcode = exitcode
+
+
+class RequestError(RaydpError):
+    """A request failed inside its engine; the message carries the engine's reason."""
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(f"request {request_id!r} failed: {reason}")
+        self.request_id = request_id
+        self.reason = reason
+
+
+class ClusterClosedError(RaydpError):
+    """The cluster or client was used after ``close()``."""

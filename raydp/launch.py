@@ -1,0 +1,212 @@
+"""``launch`` and ``attach``: the public way to get a running cluster handle."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from raydp.config import RaydpConfig
+from raydp.endpoints import ClusterEndpoints
+from raydp.engine import engine_path
+from raydp.errors import ClusterClosedError, ComponentDeadError, ConfigError, EngineDeadError
+
+logger = logging.getLogger("raydp")
+
+
+class Cluster:
+    """A running raydp cluster: make clients, watch for deaths, close.
+
+    ``close()`` is idempotent and also runs at interpreter exit. Clients made
+    by :meth:`client` are told of dead ranks at once (their in-flight requests
+    on that rank fail with :class:`~raydp.errors.EngineDeadError`).
+    """
+
+    def __init__(self, manager: Any, endpoints: ClusterEndpoints, *, owns_actors: bool = True) -> None:
+        from raydp.client import Client
+
+        self._manager = manager
+        self.endpoints = endpoints
+        self.config: RaydpConfig | None = manager.config if manager is not None else None
+        self._clients: list[Client] = []
+        self._lock = threading.Lock()
+        self._dead = threading.Condition(self._lock)
+        self._deaths: list[ComponentDeadError] = []
+        self._closed = False
+        self._owns_actors = owns_actors
+        if manager is not None:
+            manager.on_death(self._on_death)
+
+    @property
+    def name(self) -> str:
+        return self.endpoints.name
+
+    @property
+    def dp_size(self) -> int:
+        return len(self.endpoints.engines)
+
+    @property
+    def capacity(self) -> int:
+        """The engines' summed capacity, as reported in the handshake."""
+        return self.endpoints.capacity
+
+    def client(self, *, client_index: int = 0, client_count: int = 1) -> Any:
+        """A new :class:`~raydp.client.Client` wired to this cluster."""
+        import ray
+
+        from raydp.client import Client
+
+        with self._lock:
+            if self._closed:
+                raise ClusterClosedError(f"cluster {self.name!r} is closed")
+            node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+            client = Client(self.endpoints, node_id=node, client_index=client_index, client_count=client_count)
+            for err in self._deaths:
+                if isinstance(err, EngineDeadError):
+                    client.mark_dead(err)
+            self._clients.append(client)
+            return client
+
+    def _on_death(self, err: ComponentDeadError) -> None:
+        with self._lock:
+            self._deaths.append(err)
+            clients = list(self._clients)
+            self._dead.notify_all()
+        if isinstance(err, EngineDeadError):
+            for client in clients:
+                client.mark_dead(err)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until a component dies, then raise its error; Ctrl-C closes the cluster.
+
+        Returns None if ``timeout`` passes with everything alive.
+        """
+        try:
+            with self._dead:
+                self._dead.wait_for(lambda: bool(self._deaths) or self._closed, timeout)
+                if self._deaths:
+                    raise self._deaths[0]
+        except KeyboardInterrupt:
+            self.close()
+            raise
+
+    @property
+    def deaths(self) -> list[ComponentDeadError]:
+        with self._lock:
+            return list(self._deaths)
+
+    def coordinator_state(self) -> dict[str, Any]:
+        """The coordinator's wave, running flag and counts (for tests and operators)."""
+        import ray
+
+        return dict(ray.get(self._coordinator().state.remote(), timeout=30))
+
+    def _coordinator(self) -> Any:
+        import ray
+
+        if self._manager is not None:
+            return self._manager.coordinator
+        return ray.get_actor(f"{self.name}-coordinator", namespace="raydp")
+
+    def close(self) -> None:
+        """Close every client, then (if this handle launched them) the actors and groups."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            clients, self._clients = self._clients, []
+            self._dead.notify_all()
+        for client in clients:
+            client.close()
+        if self._manager is not None and self._owns_actors:
+            self._manager.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def launch(
+    config: RaydpConfig | None = None,
+    *,
+    engine: str | type | None = None,
+    placement_groups: Sequence[Any] | None = None,
+    address: str | None = None,
+    progress: bool | None = None,
+    **fields: Any,
+) -> Cluster:
+    """Start a DP cluster on Ray (starting or joining Ray as needed) and return its handle.
+
+    Either pass a :class:`RaydpConfig`, or its fields as keywords (validated,
+    with ``RAYDP_*`` environment overrides). ``engine`` is an engine core class
+    or ``'module:Class'`` path; ``placement_groups`` are user-made groups, one
+    per rank, used instead of planning.
+    """
+    if config is not None and fields:
+        raise ConfigError(f"pass either config or fields, not both (got fields {sorted(fields)})")
+    if engine is not None:
+        fields["engine"] = engine_path(engine)
+    if config is None:
+        config = RaydpConfig.create(**fields)
+    elif engine is not None:
+        config = config.model_copy(update={"engine": fields["engine"]})
+    ensure_ray(address)
+    from actors.manager import ActorManager
+
+    manager = ActorManager(config, placement_groups=placement_groups, progress=_progress_bar(progress, config))
+    endpoints = manager.start()
+    return Cluster(manager, endpoints)
+
+
+def attach(name: str, *, address: str | None = None) -> Cluster:
+    """A handle to a cluster launched elsewhere (e.g. ``detached=True``) by its name.
+
+    ``close()`` on it closes only its clients, never the cluster's actors.
+    """
+    ensure_ray(address)
+    import ray
+
+    try:
+        coordinator = ray.get_actor(f"{name}-coordinator", namespace="raydp")
+    except ValueError:
+        raise ConfigError(f"name={name!r}: no raydp cluster of that name is running") from None
+    endpoints = ray.get(coordinator.cluster.remote(), timeout=30)
+    if endpoints is None:
+        raise ConfigError(f"name={name!r}: the cluster is still starting")
+    return Cluster(None, endpoints, owns_actors=False)
+
+
+def ensure_ray(address: str | None) -> None:
+    """Join the given Ray cluster, or the ambient one, or start a local one."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address is not None:
+        ray.init(address=address, log_to_driver=True)
+        return
+    try:
+        ray.init(address="auto", log_to_driver=True)
+    except ConnectionError:
+        ray.init(log_to_driver=True)
+
+
+def _progress_bar(enabled: bool | None, config: RaydpConfig) -> Any:
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(total=config.dp_size, desc=f"{config.name}: ranks ready", unit="rank", leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return update

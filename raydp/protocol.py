@@ -1,0 +1,263 @@
+"""Every message that crosses a raydp socket, and the reused codecs for them.
+
+Framing per socket:
+
+* engine input (client DEALER -> engine ROUTER): two frames, ``[tag, body]``,
+  where ``tag`` is one byte from :class:`RequestType`;
+* engine output (engine ROUTER -> client DEALER): one :class:`OutputBatch`;
+* coordinator collect (engines and clients PUSH -> PULL): one :data:`ToCoordinator`;
+* coordinator publish (PUB -> client SUB): one :class:`StatsSnapshot`;
+* coordinator broadcast (XPUB -> engine SUB): ``[topic, body]`` with a
+  :data:`ToEngines` body;
+* handshake (engine DEALER -> front-end ROUTER): one :data:`HandshakeMessage`.
+
+Only msgpack crosses a socket, never pickle. Decoding anything else raises
+:class:`~raydp.errors.ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Final, Generic, TypeVar, Union
+
+import msgspec
+
+from raydp.errors import ProtocolError
+
+
+class RequestType(bytes, enum.Enum):
+    """One-byte tags on engine input frames."""
+
+    ADD = b"\x00"
+    ABORT = b"\x01"
+    UTILITY = b"\x02"
+
+
+class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, forbid_unknown_fields=True):
+    """Base of every wire message: compact positional encoding."""
+
+
+# ---- client -> engine ------------------------------------------------------------
+
+
+class Request(_Msg, gc=False):
+    """A request for one engine. ``wave`` is the sender's view of the current wave."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int = 16
+    wave: int = 0
+    arrival_time: float = 0.0
+
+
+class Abort(_Msg):
+    request_ids: list[str]
+
+
+class UtilityCall(_Msg):
+    """Call a method of the user's engine by name; arguments must be msgpack-native."""
+
+    call_id: int
+    method: str
+    args: list[Any] = []
+
+
+# ---- engine -> client -------------------------------------------------------------
+
+
+class Output(_Msg, gc=False):
+    """New tokens of one request. ``error`` set means the request failed."""
+
+    request_id: str
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class UtilityResult(_Msg):
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
+class OutputBatch(_Msg):
+    """What one engine step produced for one client."""
+
+    rank: int
+    outputs: list[Output] = []
+    utility: UtilityResult | None = None
+
+
+# ---- engines and clients -> coordinator ---------------------------------------------
+
+
+class EngineStats(_Msg, tag=1):
+    """An engine's load, sent when it changed."""
+
+    rank: int
+    waiting: int
+    running: int
+
+
+class WaveComplete(_Msg, tag=2):
+    """Rank 0: every rank paused at the end of ``wave``."""
+
+    rank: int
+    wave: int
+
+
+class StartWave(_Msg, tag=3):
+    """An engine got a request for a finished wave while paused and started ``wave``."""
+
+    rank: int
+    wave: int
+
+
+class FirstRequest(_Msg, tag=4):
+    """A client sent the first request of a paused cluster to ``rank`` at ``wave``."""
+
+    rank: int
+    wave: int
+
+
+class ScaleEngines(_Msg, tag=5):
+    """The engine count changed (scale up or down)."""
+
+    engine_count: int
+
+
+ToCoordinator = Union[EngineStats, WaveComplete, StartWave, FirstRequest, ScaleEngines]
+
+# ---- coordinator -> clients / engines ---------------------------------------------------
+
+
+class StatsSnapshot(_Msg):
+    """Published to clients: per-rank ``[waiting, running]``, the wave, the running flag."""
+
+    counts: list[tuple[int, int]]
+    wave: int
+    running: bool
+    seq: int = 0
+
+
+class StartDPWave(_Msg, tag=1):
+    """Wake every paused engine except ``exclude`` (-1: nobody) into ``wave``."""
+
+    wave: int
+    exclude: int = -1
+
+
+class Shutdown(_Msg, tag=2):
+    """Ask engines to leave their loop."""
+
+
+ToEngines = Union[StartDPWave, Shutdown]
+BROADCAST_TOPIC: Final = b"all"
+
+
+def presence_topic(rank: int) -> bytes:
+    """The per-rank topic an engine subscribes to so the coordinator can count it."""
+    return b"\xffrank" + rank.to_bytes(2, "little")
+
+
+# ---- handshake -------------------------------------------------------------------------
+
+
+class Hello(_Msg, tag=1):
+    local: bool
+    headless: bool = False
+
+
+class EngineAddresses(_Msg):
+    """Where an engine connects for coordination."""
+
+    coordinator_collect: str
+    coordinator_broadcast: str
+
+
+class ParallelConfig(_Msg):
+    dp_size: int
+    world_size: int
+    lockstep: bool
+    allreduce_interval: int
+    dp_master: str = ""
+    stats_interval_s: float = 0.1
+
+
+class Init(_Msg, tag=2):
+    addresses: EngineAddresses
+    parallel: ParallelConfig
+
+
+class Ready(_Msg, tag=3):
+    capacity: int
+    config_hash: str
+    input_addresses: list[str]
+
+
+class Reject(_Msg, tag=4):
+    """The front-end refused this engine; ``reason`` says why."""
+
+    reason: str
+
+
+HandshakeMessage = Union[Hello, Init, Ready, Reject]
+
+# ---- codecs ------------------------------------------------------------------------------
+
+T = TypeVar("T")
+_encoder: Final = msgspec.msgpack.Encoder()
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    """Encode any wire message (one shared encoder)."""
+    return _encoder.encode(msg)
+
+
+class Decoder(Generic[T]):
+    """A typed, reused decoder that raises :class:`ProtocolError` on bad input."""
+
+    __slots__ = ("_decoder", "_what")
+
+    def __init__(self, type: Any, what: str) -> None:
+        self._decoder: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(type)
+        self._what = what
+
+    def __call__(self, data: bytes | memoryview) -> T:
+        try:
+            return self._decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ProtocolError(f"bad {self._what} message: {exc}") from None
+
+
+request_decoder: Final = Decoder[Request](Request, "request")
+abort_decoder: Final = Decoder[Abort](Abort, "abort")
+utility_decoder: Final = Decoder[UtilityCall](UtilityCall, "utility")
+output_decoder: Final = Decoder[OutputBatch](OutputBatch, "output")
+coordinator_decoder: Final = Decoder[ToCoordinator](ToCoordinator, "coordinator")
+snapshot_decoder: Final = Decoder[StatsSnapshot](StatsSnapshot, "stats")
+engine_broadcast_decoder: Final = Decoder[ToEngines](ToEngines, "broadcast")
+handshake_decoder: Final = Decoder[HandshakeMessage](HandshakeMessage, "handshake")
+
+
+def decode_input(tag: bytes, body: bytes) -> Request | Abort | UtilityCall:
+    """Decode one engine-input message by its one-byte tag."""
+    if tag == RequestType.ADD.value:
+        return request_decoder(body)
+    if tag == RequestType.ABORT.value:
+        return abort_decoder(body)
+    if tag == RequestType.UTILITY.value:
+        return utility_decoder(body)
+    raise ProtocolError(f"unknown request type tag {tag!r}; allowed: 0x00, 0x01, 0x02")
+
+
+def rank_identity(rank: int) -> bytes:
+    """The handshake DEALER identity of an engine: its rank, 2 bytes little endian."""
+    return rank.to_bytes(2, "little")
+
+
+def identity_rank(identity: bytes) -> int:
+    if len(identity) != 2:
+        raise ProtocolError(f"engine identity must be 2 bytes, got {len(identity)}")
+    return int.from_bytes(identity, "little")

@@ -1,0 +1,122 @@
+"""A small torch transformer LM: raydp's reference engine core.
+
+Real enough to exercise what an inference engine does each step (batch the
+running requests, run a forward pass on the rank's device, sample greedily,
+stream tokens, admit waiting requests when slots free up), small enough to run
+on a laptop CPU. Weights are seeded, not trained: the point is the compute and
+the scheduling, not the text.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from raydp.engine import EngineContext
+from raydp.protocol import Output, Request
+
+
+class TinyTransformer(nn.Module):
+    """A decoder-only transformer with learned positions and a causal mask."""
+
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, max_len: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(max_len, dim)
+        layer = nn.TransformerEncoderLayer(dim, heads, dim * 4, dropout=0.0, batch_first=True)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        positions = torch.arange(length, device=tokens.device)
+        mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+        hidden = self.blocks(self.embed(tokens) + self.pos(positions), mask=mask, is_causal=True)
+        logits: torch.Tensor = self.head(hidden[:, -1])
+        return logits
+
+
+class TinyLMEngine:
+    """Greedy decoding over a batch of at most ``max_running`` sequences."""
+
+    def __init__(
+        self,
+        context: EngineContext,
+        vocab: int = 256,
+        dim: int = 64,
+        layers: int = 2,
+        heads: int = 4,
+        max_len: int = 128,
+        max_running: int = 32,
+        seed: int = 0,
+    ) -> None:
+        torch.manual_seed(seed)
+        torch.set_num_threads(int(os.environ.get("RAYDP_TORCH_THREADS", "1")))
+        self.context = context
+        self.device = torch.device("cuda" if torch.cuda.is_available() and context.device_ids else "cpu")
+        self.model = TinyTransformer(vocab, dim, layers, heads, max_len).to(self.device).eval()
+        self.vocab, self.max_len, self.max_running = vocab, max_len, max_running
+        self._waiting: OrderedDict[str, Request] = OrderedDict()
+        self._running: dict[str, tuple[list[int], int, int]] = {}
+
+    def capacity(self) -> int:
+        return self.max_running * self.max_len
+
+    def add_request(self, request: Request) -> None:
+        self._waiting[request.request_id] = request
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        for rid in request_ids:
+            self._waiting.pop(rid, None)
+            self._running.pop(rid, None)
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.max_running:
+            rid, req = self._waiting.popitem(last=False)
+            prompt = [t % self.vocab for t in req.prompt_token_ids] or [0]
+            budget = max(1, min(req.max_tokens, self.max_len - len(prompt)))
+            self._running[rid] = (prompt[-(self.max_len - 1):], 0, budget)
+
+    @torch.inference_mode()
+    def step(self) -> list[Output]:
+        self._admit()
+        if not self._running:
+            return []
+        ids = list(self._running)
+        seqs = [self._running[r][0] for r in ids]
+        width = max(len(s) for s in seqs)
+        # Left-pad so the last position is every sequence's newest token.
+        batch = torch.tensor([[0] * (width - len(s)) + s for s in seqs], device=self.device)
+        next_tokens = self.model(batch).argmax(dim=-1).tolist()
+        return [self._advance(rid, tok) for rid, tok in zip(ids, next_tokens, strict=True)]
+
+    def _advance(self, rid: str, token: int) -> Output:
+        seq, produced, budget = self._running[rid]
+        produced += 1
+        if produced >= budget:
+            del self._running[rid]
+            return Output(rid, [token], True, "length")
+        self._running[rid] = (seq + [token], produced, budget)
+        return Output(rid, [token])
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def load(self) -> tuple[int, int]:
+        return len(self._waiting), len(self._running)
+
+    @torch.inference_mode()
+    def execute_dummy_batch(self) -> None:
+        self.model(torch.zeros((1, 1), dtype=torch.long, device=self.device))
+
+    def shutdown(self) -> None:
+        self._waiting.clear()
+        self._running.clear()
+
+    def stats(self) -> dict[str, Any]:
+        return {"device": str(self.device), "params": sum(p.numel() for p in self.model.parameters())}

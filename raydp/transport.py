@@ -1,0 +1,128 @@
+"""ZeroMQ socket factory and address choice.
+
+Every socket raydp opens comes from :func:`make_socket`, which sets linger, the
+high-water marks and the maximum message size, so no socket can hang
+``close()``, grow without bound or be made to allocate a huge message.
+
+Addresses: a binder listens on an IPC path inside a per-cluster 0700
+directory (same-node peers) and, unless the transport is ``ipc``, on TCP at
+the node's own IP (other nodes). A connector picks IPC when it runs on the
+binder's node and TCP otherwise (:func:`pick_address`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import zmq
+
+from raydp.errors import ConfigError
+
+DEFAULT_LINGER_MS = 0
+TransportKind = Literal["auto", "ipc", "tcp"]
+
+
+@dataclass(frozen=True)
+class SocketOptions:
+    """The limits every raydp socket carries."""
+
+    high_water_mark: int = 100_000
+    max_message_bytes: int = 64 << 20
+    linger_ms: int = DEFAULT_LINGER_MS
+
+
+def make_socket(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    kind: int,
+    opts: SocketOptions,
+    *,
+    identity: bytes | None = None,
+) -> zmq.Socket[bytes]:
+    """A socket of ``kind`` with linger, HWMs and MAXMSGSIZE set."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, opts.linger_ms)
+    sock.setsockopt(zmq.SNDHWM, opts.high_water_mark)
+    sock.setsockopt(zmq.RCVHWM, opts.high_water_mark)
+    sock.setsockopt(zmq.MAXMSGSIZE, opts.max_message_bytes)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    if kind == zmq.ROUTER:
+        # Unroutable sends raise instead of vanishing, so a lost peer is noticed.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    return sock
+
+
+def node_ip() -> str:
+    """This node's own IP (the one Ray uses), falling back to the hostname's."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.util.get_node_ip_address())
+    except ImportError:  # pragma: no cover - ray is a hard dependency
+        pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class IpcDir:
+    """A private (0700) directory for one component's IPC socket files."""
+
+    def __init__(self, prefix: str) -> None:
+        root = Path(tempfile.gettempdir()) / f"raydp-{os.getuid()}"
+        root.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(root, 0o700)
+        self.path = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=root))
+        os.chmod(self.path, 0o700)
+
+    def address(self, name: str) -> str:
+        return f"ipc://{self.path / name}"
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def bind_endpoints(
+    sock: zmq.Socket[bytes],
+    name: str,
+    *,
+    transport: TransportKind,
+    ipc_dir: IpcDir | None,
+    ip: str | None = None,
+) -> list[str]:
+    """Bind ``sock`` on IPC and/or TCP as ``transport`` asks; return the addresses."""
+    addresses: list[str] = []
+    if transport in ("auto", "ipc"):
+        if ipc_dir is None:
+            raise ConfigError(f"transport={transport!r} needs an IPC directory")
+        address = ipc_dir.address(f"{name}-{secrets.token_hex(4)}")
+        sock.bind(address)
+        addresses.append(address)
+    if transport in ("auto", "tcp"):
+        host = ip or node_ip()
+        port = sock.bind_to_random_port(f"tcp://{host}")
+        addresses.append(f"tcp://{host}:{port}")
+    return addresses
+
+
+def pick_address(addresses: list[str], *, same_node: bool) -> str:
+    """IPC for a same-node peer when offered, else the first TCP address."""
+    ipc = [a for a in addresses if a.startswith("ipc://")]
+    tcp = [a for a in addresses if a.startswith("tcp://")]
+    if same_node and ipc:
+        return ipc[0]
+    if tcp:
+        return tcp[0]
+    if ipc:
+        return ipc[0]
+    raise ConfigError(f"addresses={addresses!r}: need at least one ipc:// or tcp:// address")
+

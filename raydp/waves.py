@@ -1,0 +1,71 @@
+"""Engine-side request-wave bookkeeping for lockstep (expert-parallel) ranks.
+
+Pure logic, no sockets and no collectives: the engine loop feeds it events and
+acts on what it returns. The rules (DESIGN.md section 4, "Request waves"):
+
+* all ranks share a global state, *running* or *paused*; ``wave`` counts the
+  running -> paused transitions and never goes backwards;
+* a running rank steps every loop turn, with a dummy batch when it has no work,
+  so no peer is left alone in a collective;
+* every ``interval`` steps of a wave the ranks all-reduce "has unfinished
+  work"; when nobody has any, every rank pauses and moves to ``wave + 1``;
+* a request stamped with an older wave reaching a paused rank restarts the
+  cluster: the rank reports ``StartWave`` so the coordinator wakes the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineWaves:
+    """One rank's view of the wave state machine."""
+
+    rank: int
+    interval: int = 32
+    wave: int = 0
+    running: bool = False
+    steps: int = 0
+
+    def on_request(self, request_wave: int) -> int | None:
+        """Note a request's wave; return a wave to report as ``StartWave``, else None."""
+        if request_wave > self.wave:
+            self.wave = request_wave
+            return None
+        if request_wave < self.wave and not self.running:
+            return self.wave
+        return None
+
+    def on_start_wave(self, wave: int, exclude: int) -> bool:
+        """Handle START_DP_WAVE; return True when this rank starts running."""
+        # A late broadcast for a wave this rank already finished is stale:
+        # waves never go backwards. ``exclude`` needs no special case here, the
+        # excluded rank already has work and steps anyway.
+        del exclude
+        if wave < self.wave:
+            return False
+        self.wave = wave
+        started = not self.running
+        self.running = True
+        return started
+
+    def should_step(self, has_local_work: bool) -> bool:
+        """Whether the loop should step now (else it waits for input)."""
+        return has_local_work or self.running
+
+    def after_step(self) -> bool:
+        """Count one step of this wave; True when this step ends with an all-reduce."""
+        self.running = True
+        self.steps += 1
+        return self.steps % self.interval == 0
+
+    def on_allreduce(self, global_unfinished: bool) -> int | None:
+        """Apply the all-reduce result; return the completed wave if all ranks pause."""
+        if global_unfinished:
+            return None
+        completed = self.wave
+        self.running = False
+        self.wave += 1
+        self.steps = 0
+        return completed

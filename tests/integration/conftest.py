@@ -1,0 +1,58 @@
+"""Shared real Ray clusters for the integration tests.
+
+Starting a multi-node ``ray.cluster_utils.Cluster`` costs ~10 s on a 2-core
+machine, so one cluster of a given shape is kept for as many tests as want
+that shape; asking for another shape (or a fresh one) shuts the old one down.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+Shape = tuple[int, ...]  # logical GPUs per node, head first
+
+
+class ClusterPool:
+    def __init__(self) -> None:
+        self.cluster: Cluster | None = None
+        self.shape: Shape | None = None
+
+    def get(self, shape: Shape, *, fresh: bool = False, cpus_per_node: int = 4) -> Cluster:
+        if self.cluster is not None and self.shape == shape and not fresh:
+            return self.cluster
+        self.shutdown()
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": cpus_per_node, "num_gpus": shape[0]},
+        )
+        for gpus in shape[1:]:
+            cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus)
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        self.cluster, self.shape = cluster, shape
+        return cluster
+
+    def shutdown(self) -> None:
+        if self.cluster is not None:
+            ray.shutdown()
+            self.cluster.shutdown()
+        self.cluster = self.shape = None
+
+
+@pytest.fixture(scope="session")
+def cluster_pool() -> Iterator[ClusterPool]:
+    pool = ClusterPool()
+    yield pool
+    pool.shutdown()
+
+
+@pytest.fixture(scope="module")
+def two_nodes(cluster_pool: ClusterPool) -> Cluster:
+    """Two nodes of 4 logical GPUs each, sharing one IP."""
+    return cluster_pool.get((4, 4))

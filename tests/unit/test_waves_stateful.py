@@ -1,0 +1,421 @@
+"""Stateful model check of request waves: lockstep ranks + coordinator + clients.
+
+The model wires the real pure logic (:class:`raydp.waves.EngineWaves` per rank,
+:class:`raydp.coordinator_state.CoordinatorState`) together the way the engine
+loop, the coordinator actor and the clients do, with every message encoded
+with :mod:`raydp.protocol` and carried on an explicit FIFO channel per
+sender/receiver pair. Hypothesis picks which channel delivers next (so messages
+of different senders interleave arbitrarily and snapshots reach clients late),
+which rank takes a loop turn, and when clients send requests.
+
+The periodic all-reduce is a barrier: a rank whose step ends with the
+all-reduce blocks (it cannot read input) until every rank is blocked in it;
+then each rank applies the MAX of their "has unfinished work" flags.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from raydp.coordinator_state import CoordinatorState
+from raydp.protocol import (
+    EngineStats,
+    FirstRequest,
+    Request,
+    RequestType,
+    StartDPWave,
+    StartWave,
+    WaveComplete,
+    coordinator_decoder,
+    decode_input,
+    encode,
+    engine_broadcast_decoder,
+    snapshot_decoder,
+)
+from raydp.waves import EngineWaves
+
+MAX_DRAIN_ACTIONS = 10_000
+
+# Channel keys (FIFO per sender -> receiver pair):
+#   ("req", c, r)    client c -> engine r (engine input ROUTER)
+#   ("bcast", r)     coordinator -> engine r (broadcast SUB)
+#   ("c2coord", c)   client c -> coordinator (PUSH)
+#   ("e2coord", r)   engine r -> coordinator (PUSH)
+#   ("snap", c)      coordinator -> client c (stats PUB)
+Key = tuple
+
+
+@dataclass
+class Rank:
+    waves: EngineWaves
+    queue: dict[str, int] = field(default_factory=dict)  # request id -> steps of work left
+    blocked: bool = False  # waiting in the all-reduce
+    unfinished: bool = False  # what it contributed to the all-reduce
+    last_stats: tuple[int, int] = (0, 0)
+
+
+@dataclass
+class Client:
+    wave: int = 0  # from the latest snapshot
+    running: bool = False  # snapshot's flag, set locally when it sends FirstRequest
+    seq: int = 0
+
+
+class WaveSystem(RuleBasedStateMachine):
+    """2-4 lockstep ranks, one coordinator, 1-2 clients, reordering channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ranks: list[Rank] = []
+        self.clients: list[Client] = []
+        self.channels: dict[Key, deque[bytes]] = {}
+        self.coord = CoordinatorState(engine_count=0)
+        self.clock = 0.0
+        self.sent: set[str] = set()
+        self.finished: set[str] = set()
+        self.next_id = 0
+        self.ignore_excluded = False
+        self.seen_rank_waves: list[int] = []
+        self.seen_coord_wave = 0
+        self.seen_client_waves: list[int] = []
+
+    # ---- setup -------------------------------------------------------------------
+
+    @initialize(
+        n_ranks=st.integers(2, 4),
+        n_clients=st.integers(1, 2),
+        interval=st.integers(1, 3),
+        ignore_excluded=st.booleans(),
+    )
+    def setup(self, n_ranks: int, n_clients: int, interval: int, ignore_excluded: bool) -> None:
+        self.ranks = [Rank(EngineWaves(rank=r, interval=interval)) for r in range(n_ranks)]
+        self.clients = [Client() for _ in range(n_clients)]
+        # Binary-exact intervals so the model's clock arithmetic has no rounding.
+        self.coord = CoordinatorState(engine_count=n_ranks, stats_interval_s=0.125, heartbeat_interval_s=1.0)
+        # "Those whose rank == exclude may ignore it": check both engine choices.
+        self.ignore_excluded = ignore_excluded
+        keys: list[Key] = []
+        keys += [("req", c, r) for c in range(n_clients) for r in range(n_ranks)]
+        keys += [("bcast", r) for r in range(n_ranks)]
+        keys += [("c2coord", c) for c in range(n_clients)]
+        keys += [("e2coord", r) for r in range(n_ranks)]
+        keys += [("snap", c) for c in range(n_clients)]
+        self.channels = {k: deque() for k in keys}
+        self.seen_rank_waves = [0] * n_ranks
+        self.seen_client_waves = [0] * n_clients
+
+    # ---- model mechanics ---------------------------------------------------------------
+
+    def _push(self, key: Key, data: bytes) -> None:
+        self.channels[key].append(data)
+
+    def _deliverable(self) -> list[Key]:
+        """Non-empty channels whose receiver can read now (a blocked rank cannot)."""
+        out = []
+        for key, q in self.channels.items():
+            if not q:
+                continue
+            if key[0] in ("req", "bcast") and self.ranks[key[-1]].blocked:
+                continue
+            out.append(key)
+        return out
+
+    def _steppable(self) -> list[int]:
+        return [
+            r for r, rk in enumerate(self.ranks)
+            if not rk.blocked and rk.waves.should_step(bool(rk.queue))
+        ]
+
+    def _deliver(self, key: Key) -> None:
+        data = self.channels[key].popleft()
+        kind = key[0]
+        if kind == "req":
+            r = key[2]
+            req = decode_input(RequestType.ADD.value, data)
+            assert isinstance(req, Request)
+            start = self.ranks[r].waves.on_request(req.wave)
+            if start is not None:
+                self._push(("e2coord", r), encode(StartWave(rank=r, wave=start)))
+            self.ranks[r].queue[req.request_id] = req.max_tokens
+        elif kind == "bcast":
+            r = key[1]
+            msg = engine_broadcast_decoder(data)
+            assert isinstance(msg, StartDPWave)
+            if not (self.ignore_excluded and msg.exclude == r):
+                self.ranks[r].waves.on_start_wave(msg.wave, msg.exclude)
+        elif kind in ("c2coord", "e2coord"):
+            out = self.coord.handle(coordinator_decoder(data))
+            if out is not None:
+                body = encode(out)
+                for r in range(len(self.ranks)):
+                    self._push(("bcast", r), body)
+        else:
+            c = key[1]
+            snap = snapshot_decoder(data)
+            client = self.clients[c]
+            assert snap.seq > client.seq, f"client {c} got snapshot seq {snap.seq} after {client.seq}"
+            client.seq = snap.seq
+            client.wave = snap.wave
+            client.running = snap.running
+
+    def _turn(self, r: int) -> None:
+        """One engine loop turn after input was read: step (real or dummy), maybe all-reduce."""
+        rk = self.ranks[r]
+        assert not rk.blocked and rk.waves.should_step(bool(rk.queue))
+        for rid in list(rk.queue):
+            rk.queue[rid] -= 1
+            if rk.queue[rid] <= 0:
+                del rk.queue[rid]
+                self.finished.add(rid)
+        stats = (0, len(rk.queue))
+        if stats != rk.last_stats:
+            rk.last_stats = stats
+            self._push(("e2coord", r), encode(EngineStats(rank=r, waiting=stats[0], running=stats[1])))
+        if rk.waves.after_step():
+            rk.blocked = True
+            rk.unfinished = bool(rk.queue)
+            self._resolve_collective()
+
+    def _resolve_collective(self) -> None:
+        if not all(rk.blocked for rk in self.ranks):
+            return
+        global_unfinished = max(rk.unfinished for rk in self.ranks)
+        before = [rk.waves.wave for rk in self.ranks]
+        completed = []
+        for rk in self.ranks:
+            rk.blocked = False
+            completed.append(rk.waves.on_allreduce(global_unfinished))
+        assert len(set(completed)) == 1, (
+            f"ranks disagree on the completed wave after one all-reduce: {completed} (waves {before})"
+        )
+        if completed[0] is not None:
+            self._push(("e2coord", 0), encode(WaveComplete(rank=0, wave=completed[0])))
+
+    def _describe(self) -> str:
+        ranks = ", ".join(
+            f"r{r}(wave={rk.waves.wave} running={rk.waves.running} steps={rk.waves.steps} "
+            f"blocked={rk.blocked} queue={dict(rk.queue)})"
+            for r, rk in enumerate(self.ranks)
+        )
+        pending = {k: len(q) for k, q in self.channels.items() if q}
+        return (
+            f"{ranks}; coordinator(wave={self.coord.wave} running={self.coord.running}); "
+            f"in flight={pending}; unfinished requests={sorted(self.sent - self.finished)}"
+        )
+
+    def _drain(self, pick) -> None:  # type: ignore[no-untyped-def]
+        """Deliver and step until nothing can happen; fail if it never settles."""
+        for _ in range(MAX_DRAIN_ACTIONS):
+            actions = [("deliver", k) for k in self._deliverable()]
+            actions += [("turn", r) for r in self._steppable()]
+            if not actions:
+                break
+            what, arg = pick(actions)
+            if what == "deliver":
+                self._deliver(arg)
+            else:
+                self._turn(arg)
+        else:
+            raise AssertionError(
+                f"no quiescence after {MAX_DRAIN_ACTIONS} actions (ranks keep stepping): {self._describe()}"
+            )
+        self._check_quiescent()
+
+    def _check_quiescent(self) -> None:
+        state = self._describe()
+        blocked = [r for r, rk in enumerate(self.ranks) if rk.blocked]
+        assert not blocked, f"deadlock: ranks {blocked} wait in the all-reduce, the others are paused: {state}"
+        assert all(not q for q in self.channels.values()), f"undelivered messages: {state}"
+        assert self.sent == self.finished, f"stranded requests {sorted(self.sent - self.finished)}: {state}"
+        assert all(not rk.waves.running for rk in self.ranks), f"idle ranks still running: {state}"
+        waves = {rk.waves.wave for rk in self.ranks}
+        assert len(waves) == 1, f"idle ranks disagree on the wave: {state}"
+        assert self.coord.wave == waves.pop(), f"coordinator wave differs from the engines': {state}"
+        assert not self.coord.running, f"coordinator thinks an idle cluster runs: {state}"
+
+    # ---- rules -------------------------------------------------------------------------
+
+    @rule(data=st.data(), work=st.integers(1, 4))
+    def client_sends_request(self, data: st.DataObject, work: int) -> None:
+        c = data.draw(st.integers(0, len(self.clients) - 1), label="client")
+        r = data.draw(st.integers(0, len(self.ranks) - 1), label="rank")
+        client = self.clients[c]
+        rid = f"req-{self.next_id}"
+        self.next_id += 1
+        req = Request(request_id=rid, prompt_token_ids=[1, 2], max_tokens=work, wave=client.wave)
+        self.sent.add(rid)
+        if not client.running:
+            client.running = True
+            self._push(("c2coord", c), encode(FirstRequest(rank=r, wave=client.wave)))
+        self._push(("req", c, r), encode(req))
+
+    @precondition(lambda self: bool(self._deliverable()))
+    @rule(data=st.data())
+    def deliver_one(self, data: st.DataObject) -> None:
+        keys = self._deliverable()
+        self._deliver(data.draw(st.sampled_from(keys), label="channel"))
+
+    @precondition(lambda self: bool(self._steppable()))
+    @rule(data=st.data())
+    def engine_turn(self, data: st.DataObject) -> None:
+        self._turn(data.draw(st.sampled_from(self._steppable()), label="rank"))
+
+    @rule(dt=st.sampled_from([0.0, 0.0625, 0.125, 1.0]))
+    def coordinator_publishes(self, dt: float) -> None:
+        self.clock += dt
+        snap = self.coord.due_snapshot(self.clock)
+        if dt >= self.coord.heartbeat_interval_s:
+            assert snap is not None, "no heartbeat snapshot after a full heartbeat interval"
+        if snap is not None:
+            body = encode(snap)
+            for c in range(len(self.clients)):
+                self._push(("snap", c), body)
+
+    @rule(seed=st.integers(0, 2**32 - 1))
+    def drain_to_quiescence(self, seed: int) -> None:
+        rng = random.Random(seed)
+        self._drain(rng.choice)
+
+    # ---- invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def waves_never_go_backwards(self) -> None:
+        for r, rk in enumerate(self.ranks):
+            assert rk.waves.wave >= self.seen_rank_waves[r], (
+                f"rank {r} wave went back from {self.seen_rank_waves[r]} to {rk.waves.wave}"
+            )
+            self.seen_rank_waves[r] = rk.waves.wave
+        assert self.coord.wave >= self.seen_coord_wave, (
+            f"coordinator wave went back from {self.seen_coord_wave} to {self.coord.wave}"
+        )
+        self.seen_coord_wave = self.coord.wave
+        for c, client in enumerate(self.clients):
+            assert client.wave >= self.seen_client_waves[c], (
+                f"client {c} snapshot wave went back from {self.seen_client_waves[c]} to {client.wave}"
+            )
+            self.seen_client_waves[c] = client.wave
+
+    @invariant()
+    def no_rank_stuck_in_collective(self) -> None:
+        """With nothing in flight, a rank in the all-reduce means a paused peer never joins."""
+        if any(self.channels.values()) or not any(rk.blocked for rk in self.ranks):
+            return
+        idle = [r for r, rk in enumerate(self.ranks) if not rk.blocked and r not in self._steppable()]
+        assert not idle, f"ranks {idle} paused while others wait in the all-reduce: {self._describe()}"
+
+    @invariant()
+    def requests_are_accounted_for(self) -> None:
+        queued = {rid for rk in self.ranks for rid in rk.queue}
+        assert queued <= self.sent - self.finished
+        assert self.finished <= self.sent
+
+    def teardown(self) -> None:
+        # Skip when a rule already failed: let that failure be the one reported.
+        if not self.ranks or sys.exc_info()[1] is not None:
+            return
+        # Round-robin fair scheduler: deliver everything readable, then one turn per rank.
+        for _ in range(MAX_DRAIN_ACTIONS):
+            keys = self._deliverable()
+            steppable = self._steppable()
+            if not keys and not steppable:
+                break
+            for key in keys:
+                while self.channels[key] and not (key[0] in ("req", "bcast") and self.ranks[key[-1]].blocked):
+                    self._deliver(key)
+            for r in steppable:
+                if not self.ranks[r].blocked and self.ranks[r].waves.should_step(bool(self.ranks[r].queue)):
+                    self._turn(r)
+        else:
+            raise AssertionError(f"no quiescence in teardown: {self._describe()}")
+        self._check_quiescent()
+
+
+STATEFUL_SETTINGS = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+@pytest.mark.timeout(120)
+def test_waves_stateful() -> None:
+    run_state_machine_as_test(WaveSystem, settings=STATEFUL_SETTINGS)
+
+
+# ---- deterministic scenarios the random search must also cover ----------------------------
+
+
+def _system(n_ranks: int = 2, interval: int = 2, ignore_excluded: bool = False) -> WaveSystem:
+    s = WaveSystem()
+    s.setup(n_ranks=n_ranks, n_clients=1, interval=interval, ignore_excluded=ignore_excluded)
+    return s
+
+
+def _deliver_all(s: WaveSystem, kind: str) -> None:
+    for key in list(s.channels):
+        if key[0] == kind:
+            while s.channels[key]:
+                s._deliver(key)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ignore_excluded", [False, True])
+def test_cold_start_with_requests_to_one_rank(ignore_excluded: bool) -> None:
+    s = _system(n_ranks=3, ignore_excluded=ignore_excluded)
+    for _ in range(3):
+        s.client_sends_request(_FixedData([0, 1]), work=2)
+    # The first request tells the coordinator; the next ones see running=True locally.
+    assert [coordinator_decoder(b) for b in s.channels[("c2coord", 0)]] == [FirstRequest(rank=1, wave=0)]
+    _deliver_all(s, "req")
+    assert s._steppable() == [1]  # only the target has work; the others wait for the broadcast
+    s._turn(1)
+    s._turn(1)
+    assert s.ranks[1].blocked  # rank 1 sits in the all-reduce until the others join
+    _deliver_all(s, "c2coord")
+    assert [engine_broadcast_decoder(b) for b in s.channels[("bcast", 0)]] == [StartDPWave(wave=0, exclude=1)]
+    s._drain(lambda actions: actions[0])
+    assert s.coord.wave == 1 and all(rk.waves.wave == 1 for rk in s.ranks)
+
+
+@pytest.mark.timeout(60)
+def test_stale_request_to_paused_cluster_restarts_everyone() -> None:
+    s = _system(n_ranks=2)
+    s.client_sends_request(_FixedData([0, 0]), work=1)
+    s._drain(lambda actions: actions[0])  # wave 0 runs and completes
+    assert s.coord.wave == 1
+    # The client never saw a snapshot: it still believes wave 0 is running.
+    s.client_sends_request(_FixedData([0, 1]), work=1)
+    assert not s.channels[("c2coord", 0)]
+    _deliver_all(s, "req")
+    assert [coordinator_decoder(b) for b in s.channels[("e2coord", 1)]] == [StartWave(rank=1, wave=1)]
+    _deliver_all(s, "e2coord")
+    assert [engine_broadcast_decoder(b) for b in s.channels[("bcast", 0)]] == [StartDPWave(wave=1, exclude=1)]
+    s._drain(lambda actions: actions[-1])
+    assert s.coord.wave == 2
+
+
+class _FixedData:
+    """Stands in for ``st.data()`` in direct rule calls: returns fixed values in order."""
+
+    def __init__(self, values: list[int]) -> None:
+        self._values = list(values)
+
+    def draw(self, strategy: object, label: str | None = None) -> int:
+        del strategy, label
+        return self._values.pop(0)
