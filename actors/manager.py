@@ -82,7 +82,7 @@ class ActorManager:
         self._user_groups = list(placement_groups) if placement_groups is not None else None
         self._progress = progress
         self._listeners: list[DeathListener] = []
-        self._owned = Owned()
+        self._owned = Owned(name=config.name)
         self._finalizer = weakref.finalize(self, self._owned.release)
         self.driver_node_id: str = ray.get_runtime_context().get_node_id()
         self.slots: tuple[RankSlot, ...] = ()
@@ -107,6 +107,7 @@ class ActorManager:
         """Create everything and wait for it; on any failure release it all and raise."""
         try:
             self.slots = self._place()
+            self._owned.nodes.update(s.node_id for s in self.slots)
             devices = self._probe_devices()
             startup = _Startup()
             self._start_coordinator(startup)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import ray
 import zmq
 from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from placement.groups import remove_groups
 from raydp.handshake import HandshakeServer
@@ -30,6 +32,8 @@ class Owned:
     ctx: zmq.Context[zmq.Socket[bytes]] | None = None
     ipc_dir: IpcDir | None = None
     watcher: threading.Thread | None = None
+    name: str = ""
+    nodes: set[str] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
     released: bool = False
 
@@ -43,6 +47,7 @@ class Owned:
         if ray.is_initialized():
             self._stop_actors()
             remove_groups(self.groups)
+            self._sweep_socket_dirs()
         self.groups.clear()
         if self.handshake is not None:
             self.handshake.close()
@@ -64,10 +69,36 @@ class Owned:
         self.engines.clear()
         self.coordinator = None
 
+    def _sweep_socket_dirs(self) -> None:
+        """Killed actors cannot remove their IPC directories: do it on each node."""
+        if not self.name:
+            return
+        here = ray.get_runtime_context().get_node_id()
+        refs = [
+            remove_ipc_dirs.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            ).remote(self.name)
+            for node in self.nodes - {here}
+        ]
+        remove_ipc_dirs_here(self.name)
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=GRACE_S)
+
     def kill_engines(self, except_rank: int) -> None:
         for rank, actor in enumerate(self.engines):
             if rank != except_rank:
                 _kill(actor)
+
+
+def remove_ipc_dirs_here(cluster_name: str) -> None:
+    for prefix in ("-dp", "-coordinator", "-frontend"):
+        for path in IpcDir.root().glob(f"{cluster_name}{prefix}*"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@ray.remote(num_cpus=0)
+def remove_ipc_dirs(cluster_name: str) -> None:
+    remove_ipc_dirs_here(cluster_name)
 
 
 def _kill(actor: Any) -> None:

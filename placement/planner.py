@@ -22,6 +22,7 @@ arguments raise :class:`ConfigError`.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -130,6 +131,7 @@ class _Ctx:
     req: _Request
     candidates: list[NodeInfo] = field(default_factory=list)
     fits: dict[str, int] = field(default_factory=dict)
+    _others: list[NodeInfo] | None = None
 
     def __post_init__(self) -> None:
         allowed = self.req.allowed
@@ -144,8 +146,10 @@ class _Ctx:
 
     def others(self) -> list[NodeInfo]:
         """Non-master candidates, most ranks fitting first, then by node id."""
-        rest = [n for n in self.candidates if n.node_id != self.req.master]
-        return sorted(rest, key=lambda n: (-self.fits[n.node_id], n.node_id))
+        if self._others is None:
+            rest = [n for n in self.candidates if n.node_id != self.req.master]
+            self._others = sorted(rest, key=lambda n: (-self.fits[n.node_id], n.node_id))
+        return self._others
 
     def master_fit(self) -> int:
         m = self.master
@@ -348,6 +352,14 @@ def _can_lead(node: NodeInfo) -> bool:
 
 
 def _span(ctx: _Ctx) -> _Layout:
+    layout = _span_ranks(ctx, ctx.req.dp_size)
+    if len(layout) < ctx.req.dp_size:
+        raise _InfeasibleError(f"only {len(layout)} of {ctx.req.dp_size} spanning ranks fit")
+    return layout
+
+
+def _span_ranks(ctx: _Ctx, limit: int) -> _Layout:
+    """Up to ``limit`` spanning ranks, master-led first; greedy, so a prefix for any limit."""
     req = ctx.req
     pool = [n for n in ctx.candidates if not span_usable(n, req.world_size)]
     layout: _Layout = []
@@ -365,16 +377,21 @@ def _span(ctx: _Ctx) -> _Layout:
     # Bigger nodes first: fewer nodes per rank.
     for devices in sorted({n.devices for n in pool}, reverse=True):
         same = sorted((n for n in pool if n.devices == devices), key=lambda n: n.node_id)
-        while len(layout) < req.dp_size:
-            leads = [n for n in same if _can_lead(n)]
-            group = _span_group(leads[0], same, req.world_size) if leads else None
-            if group is None:
-                break
-            layout.append(group)
-            same = [n for n in same if n.node_id not in group]
-    if len(layout) < req.dp_size:
-        raise _InfeasibleError(f"only {len(layout)} of {req.dp_size} spanning ranks fit")
-    return layout[: req.dp_size]
+        layout += _span_same_size(same, req.world_size // devices, limit - len(layout))
+    return layout[:limit]
+
+
+def _span_same_size(nodes: list[NodeInfo], k: int, limit: int) -> _Layout:
+    """Ranks of ``k`` nodes each from equally sized ``nodes`` (sorted by id)."""
+    leads = deque(n for n in nodes if _can_lead(n))
+    # Followers come from nodes that cannot lead first, saving leaders for later ranks.
+    rest = deque(n for n in nodes if not _can_lead(n))
+    layout: _Layout = []
+    while len(layout) < limit and leads and len(leads) + len(rest) >= k:
+        lead = leads.popleft()
+        followers = [(rest or leads).popleft() for _ in range(k - 1)]
+        layout.append((lead.node_id, *(n.node_id for n in followers)))
+    return layout
 
 
 def _span_group(lead: NodeInfo, pool: list[NodeInfo], world_size: int) -> tuple[str, ...] | None:
@@ -525,8 +542,14 @@ def _suggestions(inv: Inventory, req: _Request) -> list[str]:
 
 def _largest_fitting_dp(inv: Inventory, req: _Request) -> int | None:
     ctx = _Ctx(inv, req)
-    # No layout holds more ranks than single-node fits (or, spanning, usable nodes).
-    bound = len(ctx.candidates) if req.strategy == "span" else sum(ctx.fits.values())
+    if req.strategy == "span":
+        try:
+            most = len(_span_ranks(ctx, req.dp_size - 1))
+        except _InfeasibleError:
+            return None
+        return most or None
+    # No layout holds more ranks than single-node fits.
+    bound = sum(ctx.fits.values())
     local = req.dp_size_local
     for dp in range(min(req.dp_size - 1, bound), 0, -1):
         if local is not None and (local > dp or (req.strategy == "strict" and dp % local)):

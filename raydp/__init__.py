@@ -30,7 +30,7 @@ from raydp.errors import (
 if TYPE_CHECKING:
     from raydp.client import AsyncClient, Client
     from raydp.engine import EchoEngine, EngineContext, EngineCore
-    from raydp.launch import Cluster, attach, launch
+    from raydp.cluster import Cluster, attach, launch
 
 __all__ = [
     "AsyncClient",
@@ -62,9 +62,9 @@ __all__ = [
 _LAZY = {
     "AsyncClient": "raydp.client",
     "Client": "raydp.client",
-    "Cluster": "raydp.launch",
-    "attach": "raydp.launch",
-    "launch": "raydp.launch",
+    "Cluster": "raydp.cluster",
+    "attach": "raydp.cluster",
+    "launch": "raydp.cluster",
     "EchoEngine": "raydp.engine",
     "EngineContext": "raydp.engine",
     "EngineCore": "raydp.engine",

@@ -39,7 +39,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import ray
 
-    from raydp.launch import launch
+    from raydp.cluster import launch
 
     started_ray = _start_ray(args)
     try:

@@ -78,11 +78,16 @@ class IpcDir:
     """A private (0700) directory for one component's IPC socket files."""
 
     def __init__(self, prefix: str) -> None:
-        root = Path(tempfile.gettempdir()) / f"raydp-{os.getuid()}"
+        root = self.root()
         root.mkdir(mode=0o700, exist_ok=True)
         os.chmod(root, 0o700)
         self.path = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=root))
         os.chmod(self.path, 0o700)
+
+    @staticmethod
+    def root() -> Path:
+        """The per-user parent of every raydp IPC directory on this node."""
+        return Path(tempfile.gettempdir()) / f"raydp-{os.getuid()}"
 
     def address(self, name: str) -> str:
         return f"ipc://{self.path / name}"

@@ -4,25 +4,45 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from ray.util.state import list_actors, list_placement_groups
 
+T = TypeVar("T")
+
+
+def _retry(fn: Callable[[], T], attempts: int = 5) -> T:
+    """The state API goes through the dashboard, which may lag on a busy 2-core box."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except ConnectionError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1 + attempt)
+    raise AssertionError("unreachable")
+
 
 def live_actors(name: str) -> list[str]:
-    return [
-        a.name
-        for a in list_actors(filters=[("state", "!=", "DEAD")], raise_on_missing_output=False)
-        if a.name and a.name.startswith(f"{name}-")
-    ]
+    actors = _retry(lambda: list_actors(filters=[("state", "!=", "DEAD")], raise_on_missing_output=False))
+    return [a.name for a in actors if a.name and a.name.startswith(f"{name}-")]
 
 
 def live_groups(name: str) -> list[str]:
-    return [
-        g.name
-        for g in list_placement_groups(raise_on_missing_output=False)
-        if g.name.startswith(f"{name}-") and g.state != "REMOVED"
-    ]
+    groups = _retry(lambda: list_placement_groups(raise_on_missing_output=False))
+    return [g.name for g in groups if g.name.startswith(f"{name}-") and g.state != "REMOVED"]
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return bool(predicate())
 
 
 def socket_dirs(name: str) -> list[Path]:

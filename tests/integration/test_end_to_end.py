@@ -8,16 +8,7 @@ import pytest
 import ray
 
 import raydp
-from tests.integration.helpers import live_actors, live_groups, socket_dirs
-
-
-def wait_until(predicate, timeout: float = 15.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
+from tests.integration.helpers import live_actors, live_groups, socket_dirs, wait_until
 
 
 @pytest.mark.timeout(180)

@@ -275,6 +275,22 @@ class WaveSystem(RuleBasedStateMachine):
     def engine_turn(self, data: st.DataObject) -> None:
         self._turn(data.draw(st.sampled_from(self._steppable()), label="rank"))
 
+    @precondition(lambda self: bool(self._deliverable()))
+    @rule(data=st.data())
+    def deliver_channel(self, data: st.DataObject) -> None:
+        """Deliver everything one sender has in flight to one receiver, in order."""
+        key = data.draw(st.sampled_from(self._deliverable()), label="channel")
+        while key in self._deliverable():
+            self._deliver(key)
+
+    @precondition(lambda self: bool(self._steppable()))
+    @rule()
+    def every_rank_turns(self) -> None:
+        """One loop turn of every rank that can step (a lockstep tick)."""
+        for r in self._steppable():
+            if r in self._steppable():
+                self._turn(r)
+
     @rule(dt=st.sampled_from([0.0, 0.0625, 0.125, 1.0]))
     def coordinator_publishes(self, dt: float) -> None:
         self.clock += dt
@@ -286,10 +302,21 @@ class WaveSystem(RuleBasedStateMachine):
             for c in range(len(self.clients)):
                 self._push(("snap", c), body)
 
-    @rule(seed=st.integers(0, 2**32 - 1))
-    def drain_to_quiescence(self, seed: int) -> None:
+    @rule(seed=st.integers(0, 2**32 - 1), slow_share=st.sampled_from([0.0, 0.3, 0.6]))
+    def drain_to_quiescence(self, seed: int, slow_share: float) -> None:
+        """Run a random fair scheduler to quiescence, then check the idle-cluster invariants.
+
+        A ``slow_share`` of the channels deliver only when nothing else can
+        happen: long delays of one sender are what stale-wave races need.
+        """
         rng = random.Random(seed)
-        self._drain(rng.choice)
+        slow_keys = {k for k in self.channels if rng.random() < slow_share}
+
+        def pick(actions: list[tuple[str, object]]) -> tuple[str, object]:
+            fast = [a for a in actions if a[1] not in slow_keys]
+            return rng.choice(fast or actions)
+
+        self._drain(pick)
 
     # ---- invariants ----------------------------------------------------------------------
 
@@ -361,10 +388,25 @@ def test_waves_stateful() -> None:
 # ---- deterministic scenarios the random search must also cover ----------------------------
 
 
-def _system(n_ranks: int = 2, interval: int = 2, ignore_excluded: bool = False) -> WaveSystem:
+def _system(
+    n_ranks: int = 2, interval: int = 2, ignore_excluded: bool = False, n_clients: int = 1
+) -> WaveSystem:
     s = WaveSystem()
-    s.setup(n_ranks=n_ranks, n_clients=1, interval=interval, ignore_excluded=ignore_excluded)
+    s.setup(n_ranks=n_ranks, n_clients=n_clients, interval=interval, ignore_excluded=ignore_excluded)
     return s
+
+
+def _run_holding_back(s: WaveSystem, held: Key) -> None:
+    """Deliver and step (first action first) until only the ``held`` channel could move."""
+    for _ in range(MAX_DRAIN_ACTIONS):
+        keys = [k for k in s._deliverable() if k != held]
+        if keys:
+            s._deliver(keys[0])
+        elif s._steppable():
+            s._turn(s._steppable()[0])
+        else:
+            return
+    raise AssertionError(f"no progress: {s._describe()}")
 
 
 def _deliver_all(s: WaveSystem, kind: str) -> None:
@@ -407,6 +449,25 @@ def test_stale_request_to_paused_cluster_restarts_everyone() -> None:
     _deliver_all(s, "e2coord")
     assert [engine_broadcast_decoder(b) for b in s.channels[("bcast", 0)]] == [StartDPWave(wave=1, exclude=1)]
     s._drain(lambda actions: actions[-1])
+    assert s.coord.wave == 2
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ignore_excluded", [False, True])
+def test_first_request_arriving_after_its_wave_ended_wakes_every_rank(ignore_excluded: bool) -> None:
+    s = _system(n_ranks=3, n_clients=2, ignore_excluded=ignore_excluded)
+    s.client_sends_request(_FixedData([0, 0]), work=1)  # FirstRequest(0, 0)
+    s.client_sends_request(_FixedData([1, 1]), work=1)  # FirstRequest(1, 0), held back below
+    # Client 0's FirstRequest starts wave 0; client 1's request reaches rank 1 and
+    # is served in that wave, which then ends, all before client 1's FirstRequest lands.
+    _run_holding_back(s, ("c2coord", 1))
+    assert s.finished == {"req-0", "req-1"}
+    assert (s.coord.wave, s.coord.running) == (1, False)
+    assert all(rk.waves.wave == 1 and not rk.waves.running for rk in s.ranks)
+    _deliver_all(s, "c2coord")
+    # The FirstRequest is stale now: rank 1 has no work left, so nobody may be excluded.
+    assert [engine_broadcast_decoder(b) for b in s.channels[("bcast", 1)]] == [StartDPWave(wave=1, exclude=-1)]
+    s._drain(lambda actions: actions[0])
     assert s.coord.wave == 2
 
 

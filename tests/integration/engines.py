@@ -1,0 +1,16 @@
+"""Engine cores that misbehave on purpose, for failure tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raydp.engine import EchoEngine, EngineContext
+
+
+class BrokenConstructorEngine(EchoEngine):
+    """Raises in ``__init__`` on one rank, as a bad model load would."""
+
+    def __init__(self, context: EngineContext, bad_rank: int = 0, **kw: Any) -> None:
+        if context.rank == bad_rank:
+            raise RuntimeError(f"cannot load weights on rank {context.rank}: checksum mismatch")
+        super().__init__(context, **kw)

@@ -1,0 +1,75 @@
+"""Deaths are reported at once, naming the rank, the node and the cause."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+
+import raydp
+from raydp.errors import DeathCause, EngineDeadError, StartupError
+from tests.integration.helpers import live_actors, live_groups, socket_dirs, wait_until
+
+
+@pytest.mark.timeout(180)
+def test_dp4_handshake_sums_capacity_and_a_killed_rank_is_reported_fast(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    cluster = raydp.launch(
+        name="kill",
+        dp_size=4,
+        dp_size_local=2,
+        engine_kwargs={"max_running": 64, "step_delay_s": 0.01},
+        progress=False,
+    )
+    try:
+        assert cluster.capacity == 4 * 64
+        nodes = [ep.node_id for ep in cluster.endpoints.engines]
+        assert nodes[0] == nodes[1] != nodes[2] == nodes[3], "two ranks per node, master first"
+        client = cluster.client()
+        in_flight = [client.submit([1, 2], max_tokens=10_000, rank=2) for _ in range(3)]
+        elsewhere = client.submit([3], max_tokens=5, rank=0)
+        assert elsewhere.result(timeout=30) == [3] * 5
+        victim = cluster._manager.engines[2]
+        killed_at = time.monotonic()
+        ray.kill(victim, no_restart=True)
+        with pytest.raises(EngineDeadError) as info:
+            cluster.wait(timeout=10)
+        latency = time.monotonic() - killed_at
+        print(f"\nEngineDeadError after {latency * 1000:.0f} ms")
+        err = info.value
+        assert err.rank == 2
+        assert err.cause is DeathCause.KILLED
+        assert err.node_id == cluster.endpoints.engines[2].node_id
+        assert latency < 5.0
+        for handle in in_flight:
+            with pytest.raises(EngineDeadError, match="rank 2"):
+                handle.result(timeout=5)
+        # The other ranks keep serving; new work avoids the dead one.
+        later = [client.submit([4], max_tokens=2) for _ in range(20)]
+        assert all(h.result(timeout=30) == [4, 4] for h in later)
+        assert 2 not in {h.rank for h in later}
+    finally:
+        cluster.close()
+    assert wait_until(lambda: not live_actors("kill"))
+    assert live_groups("kill") == []
+    assert socket_dirs("kill") == []
+
+
+@pytest.mark.timeout(180)
+def test_engine_constructor_error_fails_launch_with_its_traceback(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(StartupError) as info:
+        raydp.launch(
+            name="broken",
+            dp_size=2,
+            engine="tests.integration.engines:BrokenConstructorEngine",
+            engine_kwargs={"bad_rank": 1},
+            startup_timeout_s=60,
+            progress=False,
+        )
+    text = str(info.value)
+    assert "rank 1" in text
+    assert "checksum mismatch" in text
+    assert "tests/integration/engines.py" in text, "the traceback's frames are shown"
+    assert wait_until(lambda: not live_actors("broken"))
+    assert live_groups("broken") == []
+    assert socket_dirs("broken") == []
