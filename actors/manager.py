@@ -27,7 +27,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.coordinator import CoordinatorActor
 from actors.deaths import death_of
-from actors.engine import EngineCoreActor, probe_device_ids, socket_options
+from actors.engine import EngineCoreActor, probe_device_ids
+from raydp.engine_host import socket_options
 from actors.owned import Owned
 from placement.groups import create_groups, validate_user_groups, wait_ready
 from placement.inventory import read_inventory
@@ -99,6 +100,10 @@ class ActorManager:
     @property
     def coordinator(self) -> Any:
         return self._owned.coordinator
+
+    def coordinator_state(self) -> dict[str, Any]:
+        """The coordinator's wave, running flag and counts."""
+        return dict(ray.get(self._owned.coordinator.state.remote(), timeout=30))
 
     def on_death(self, listener: DeathListener) -> None:
         self._listeners.append(listener)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +14,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from placement.groups import remove_groups
 from raydp.handshake import HandshakeServer
-from raydp.transport import IpcDir
+from raydp.transport import IpcDir, remove_cluster_ipc_dirs
 
 logger = logging.getLogger("raydp.manager")
 GRACE_S = 3.0
@@ -80,7 +79,7 @@ class Owned:
             ).remote(self.name)
             for node in self.nodes - {here}
         ]
-        remove_ipc_dirs_here(self.name)
+        remove_cluster_ipc_dirs(self.name)
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=GRACE_S)
 
@@ -90,15 +89,9 @@ class Owned:
                 _kill(actor)
 
 
-def remove_ipc_dirs_here(cluster_name: str) -> None:
-    for prefix in ("-dp", "-coordinator", "-frontend"):
-        for path in IpcDir.root().glob(f"{cluster_name}{prefix}*"):
-            shutil.rmtree(path, ignore_errors=True)
-
-
 @ray.remote(num_cpus=0)
 def remove_ipc_dirs(cluster_name: str) -> None:
-    remove_ipc_dirs_here(cluster_name)
+    remove_cluster_ipc_dirs(cluster_name)
 
 
 def _kill(actor: Any) -> None:

@@ -1,4 +1,4 @@
-"""The ``raydp`` command line: ``raydp demo``, ``raydp plan``."""
+"""The ``raydp`` command line: ``raydp demo``, ``raydp serve``, ``raydp plan``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from raydp import _cli_demo
+from raydp import _cli_demo, _cli_serve
 from raydp.errors import RaydpError
 
 
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _cli_demo.add_parser(sub)
+    _cli_serve.add_parser(sub)
     try:
         from raydp import _cli_plan
     except ImportError:  # pragma: no cover - the plan command ships with placement

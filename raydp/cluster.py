@@ -31,6 +31,7 @@ class Cluster:
         self.endpoints = endpoints
         self.config: RaydpConfig | None = manager.config if manager is not None else None
         self._clients: list[Client] = []
+        self._api_servers: list[Any] = []
         self._lock = threading.Lock()
         self._dead = threading.Condition(self._lock)
         self._deaths: list[ComponentDeadError] = []
@@ -54,20 +55,34 @@ class Cluster:
 
     def client(self, *, client_index: int = 0, client_count: int = 1) -> Any:
         """A new :class:`~raydp.client.Client` wired to this cluster."""
-        import ray
-
         from raydp.client import Client
 
         with self._lock:
             if self._closed:
                 raise ClusterClosedError(f"cluster {self.name!r} is closed")
-            node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-            client = Client(self.endpoints, node_id=node, client_index=client_index, client_count=client_count)
+            client = Client(self.endpoints, node_id=_node_id(), client_index=client_index, client_count=client_count)
             for err in self._deaths:
                 if isinstance(err, EngineDeadError):
                     client.mark_dead(err)
             self._clients.append(client)
             return client
+
+    def serve_api(self, count: int = 1, *, host: str = "127.0.0.1", port: int = 0) -> Any:
+        """Start ``count`` HTTP API server processes sharing one socket on ``host:port``.
+
+        They are watched like the engines (a death makes :meth:`wait` raise)
+        and closed with the cluster. Returns the manager; its ``url`` says where.
+        """
+        from raydp.api_procs import APIServerProcessManager
+
+        with self._lock:
+            if self._closed:
+                raise ClusterClosedError(f"cluster {self.name!r} is closed")
+        servers = APIServerProcessManager(self.endpoints, count, host=host, port=port, node_id=_node_id())
+        servers.on_death(self._on_death)
+        with self._lock:
+            self._api_servers.append(servers)
+        return servers
 
     def _on_death(self, err: ComponentDeadError) -> None:
         with self._lock:
@@ -99,16 +114,12 @@ class Cluster:
 
     def coordinator_state(self) -> dict[str, Any]:
         """The coordinator's wave, running flag and counts (for tests and operators)."""
-        import ray
-
-        return dict(ray.get(self._coordinator().state.remote(), timeout=30))
-
-    def _coordinator(self) -> Any:
-        import ray
-
         if self._manager is not None:
-            return self._manager.coordinator
-        return ray.get_actor(f"{self.name}-coordinator", namespace="raydp")
+            return dict(self._manager.coordinator_state())
+        import ray
+
+        coordinator = ray.get_actor(f"{self.name}-coordinator", namespace="raydp")
+        return dict(ray.get(coordinator.state.remote(), timeout=30))
 
     def close(self) -> None:
         """Close every client, then (if this handle launched them) the actors and groups."""
@@ -117,7 +128,10 @@ class Cluster:
                 return
             self._closed = True
             clients, self._clients = self._clients, []
+            servers, self._api_servers = self._api_servers, []
             self._dead.notify_all()
+        for server in servers:
+            server.close()
         for client in clients:
             client.close()
         if self._manager is not None and self._owns_actors:
@@ -130,6 +144,13 @@ class Cluster:
         self.close()
 
 
+def _node_id() -> str | None:
+    """This process's Ray node id, if it is connected to Ray."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
 def launch(
     config: RaydpConfig | None = None,
     *,
@@ -137,15 +158,20 @@ def launch(
     placement_groups: Sequence[Any] | None = None,
     address: str | None = None,
     progress: bool | None = None,
+    backend: str = "ray",
     **fields: Any,
 ) -> Cluster:
-    """Start a DP cluster on Ray (starting or joining Ray as needed) and return its handle.
+    """Start a DP cluster and return its handle.
 
     Either pass a :class:`RaydpConfig`, or its fields as keywords (validated,
     with ``RAYDP_*`` environment overrides). ``engine`` is an engine core class
     or ``'module:Class'`` path; ``placement_groups`` are user-made groups, one
-    per rank, used instead of planning.
+    per rank, used instead of planning. ``backend="ray"`` (the default) joins
+    the Ray cluster at ``address`` (or the ambient one, or starts a local
+    one); ``backend="mp"`` runs the ranks as local processes without Ray.
     """
+    if backend not in ("ray", "mp"):
+        raise ConfigError(f"backend={backend!r}: must be 'ray' or 'mp'")
     if config is not None and fields:
         raise ConfigError(f"pass either config or fields, not both (got fields {sorted(fields)})")
     if engine is not None:
@@ -154,10 +180,19 @@ def launch(
         config = RaydpConfig.create(**fields)
     elif engine is not None:
         config = config.model_copy(update={"engine": fields["engine"]})
-    ensure_ray(address)
-    from actors.manager import ActorManager
+    bar = _progress_bar(progress, config)
+    manager: Any
+    if backend == "mp":
+        if placement_groups is not None:
+            raise ConfigError("placement_groups: only the 'ray' backend uses placement groups")
+        from raydp.procs import CoreEngineProcManager
 
-    manager = ActorManager(config, placement_groups=placement_groups, progress=_progress_bar(progress, config))
+        manager = CoreEngineProcManager(config, progress=bar)
+    else:
+        ensure_ray(address)
+        from actors.manager import ActorManager
+
+        manager = ActorManager(config, placement_groups=placement_groups, progress=bar)
     endpoints = manager.start()
     return Cluster(manager, endpoints)
 

@@ -103,6 +103,7 @@ class EchoEngine:
         self.collective = collective
         self._dp_group: Any = None
         self.collectives = 0
+        self.last_work_step = 0
         self._waiting: OrderedDict[str, Request] = OrderedDict()
         self._running: dict[str, tuple[Request, int]] = {}
         self.steps = 0
@@ -136,6 +137,7 @@ class EchoEngine:
     def step(self) -> list[Output]:
         self._admit()
         self.steps += 1
+        self.last_work_step = self.steps + self.dummy_steps
         self._forward()
         outputs = []
         for rid, (req, done) in list(self._running.items()):
@@ -170,7 +172,12 @@ class EchoEngine:
 
     def stats(self) -> dict[str, int]:
         """Counters for tests and the demo summary (called as a utility)."""
-        return {"steps": self.steps, "dummy_steps": self.dummy_steps, "collectives": self.collectives}
+        return {
+            "steps": self.steps,
+            "dummy_steps": self.dummy_steps,
+            "collectives": self.collectives,
+            "last_work_step": self.last_work_step,
+        }
 
 
 def _sleep(seconds: float) -> None:

@@ -119,8 +119,20 @@ class ProcessDeadError(ComponentDeadError):
 
     def __init__(self, name: str, exitcode: int | None, node_id: str | None = None) -> None:
         cause = DeathCause.KILLED if (exitcode or 0) < 0 else DeathCause.EXITED
-        super().__init__(name, node_id, cause, f"exit code {exitcode}")
+        super().__init__(name, node_id, cause, describe_exit(exitcode))
         self.exitcode = exitcode
+
+
+def describe_exit(code: int | None) -> str:
+    """'exit code 3', or 'exit code -9 (SIGKILL)' for a death by signal."""
+    if code is not None and code < 0:
+        import signal
+
+        try:
+            return f"exit code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"exit code {code}"
 
 
 class RequestError(RaydpError):

@@ -96,6 +96,13 @@ class IpcDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def remove_cluster_ipc_dirs(cluster_name: str) -> None:
+    """Remove this node's IPC directories of a cluster (a killed process leaves its own)."""
+    for role in ("-dp", "-coordinator", "-frontend"):
+        for path in IpcDir.root().glob(f"{cluster_name}{role}*"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def bind_endpoints(
     sock: zmq.Socket[bytes],
     name: str,

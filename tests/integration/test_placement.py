@@ -3,6 +3,10 @@
 No Ray mocks: inventory, plans, placement groups and the ``raydp plan`` command
 run against ``ray.cluster_utils.Cluster`` nodes, which all share one IP, so
 these tests also check that nodes are told apart by node id.
+
+Group states are read from the GCS (``placement_group_table``), not through
+``ray.util.state``: that API goes through the dashboard, which does not start
+when another Ray cluster on the same host already holds the dashboard port.
 """
 
 from __future__ import annotations
@@ -17,10 +21,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import ray
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
-from ray.util.state import list_placement_groups
 
 from placement import (
     Inventory,
@@ -63,8 +65,17 @@ def wait_for(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
 
 
 def group_states(prefix: str) -> dict[str, str]:
-    groups = list_placement_groups(raise_on_missing_output=False, limit=10_000)
-    return {g.name: g.state for g in groups if g.name.startswith(prefix + "-")}
+    """name -> state of every group (removed ones included) whose name starts with prefix-."""
+    table = placement_group_table().values()
+    return {t["name"]: t["state"] for t in table if t["name"].startswith(prefix + "-")}
+
+
+def is_detached(group: PlacementGroup) -> bool:
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    raw = state._connect_and_get_accessor().get_placement_group_info(group.id)
+    return bool(gcs_pb2.PlacementGroupTableData.FromString(raw).is_detached)
 
 
 def all_removed(prefix: str) -> bool:
@@ -195,9 +206,7 @@ def test_existing_names_are_refused_and_lifetime_passes_through(inventory: Inven
     groups = create_groups(plan, "plt-named", lifetime="detached")
     try:
         wait_ready(groups, 30)
-        detail = list_placement_groups(filters=[("name", "=", "plt-named-dp0")], detail=True,
-                                       raise_on_missing_output=False)
-        assert [g.is_detached for g in detail] == [True]
+        assert is_detached(groups[0])
         with pytest.raises(ConfigError, match="'plt-named-dp0' already exists"):
             create_groups(plan, "plt-named")
         with pytest.raises(ConfigError, match="lifetime='forever'"):
@@ -218,7 +227,7 @@ def plan_args(*argv: str) -> argparse.Namespace:
 def test_plan_command_prints_the_table_and_creates_nothing(
     inventory: Inventory, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    before = len(list_placement_groups(raise_on_missing_output=False, limit=10_000))
+    before = len(placement_group_table())
     head = inventory.nodes[0]
     assert _cli_plan.run(plan_args("--dp-size", "5", "--world-size", "2", "--master", head.node_id[:8])) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -229,20 +238,21 @@ def test_plan_command_prints_the_table_and_creates_nothing(
     assert _cli_plan.run(plan_args("--dp-size", "2", "--world-size", "4", "--json",
                                    "--master", head.node_id)) == 0
     data: dict[str, Any] = json.loads(capsys.readouterr().out)
-    assert [r["node_id"] for r in data["ranks"]][0] == head.node_id and data["dp_size_local"] == 1
+    assert data["ranks"][0]["node_id"] == head.node_id and data["dp_size_local"] == 1
 
     assert _cli_plan.run(plan_args("--dp-size", "9", "--world-size", "2")) == 2
     err = capsys.readouterr().err
     assert "dp_size=9 x world_size=2" in err and "dp_size=5 would fit" in err
     assert _cli_plan.run(plan_args("--dp-size", "1", "--master", "zzzz")) == 2
     assert "master_node_id='zzzz' matches no alive node" in capsys.readouterr().err
-    assert len(list_placement_groups(raise_on_missing_output=False, limit=10_000)) == before
+    assert len(placement_group_table()) == before
 
 
 def test_plan_command_in_a_subprocess_uses_ray_address(cluster: Cluster) -> None:
     env = {**os.environ, "RAY_ADDRESS": cluster.address}
+    argv = ["plan", "--dp-size", "3", "--world-size", "2", "--strategy", "strict"]
     out = subprocess.run(
-        [sys.executable, "-m", "raydp", "plan", "--dp-size", "3", "--world-size", "2", "--strategy", "strict"],
+        [sys.executable, "-m", "raydp", *argv],
         capture_output=True, text=True, env=env, timeout=120, check=False,
     )
     assert out.returncode == 0, out.stderr

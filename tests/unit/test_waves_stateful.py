@@ -239,7 +239,7 @@ class WaveSystem(RuleBasedStateMachine):
     def _check_quiescent(self) -> None:
         state = self._describe()
         blocked = [r for r, rk in enumerate(self.ranks) if rk.blocked]
-        assert not blocked, f"deadlock: ranks {blocked} wait in the all-reduce, the others are paused: {state}"
+        assert not blocked, f"deadlock: ranks {blocked} wait in the all-reduce, the rest are paused: {state}"
         assert all(not q for q in self.channels.values()), f"undelivered messages: {state}"
         assert self.sent == self.finished, f"stranded requests {sorted(self.sent - self.finished)}: {state}"
         assert all(not rk.waves.running for rk in self.ranks), f"idle ranks still running: {state}"
@@ -466,7 +466,8 @@ def test_first_request_arriving_after_its_wave_ended_wakes_every_rank(ignore_exc
     assert all(rk.waves.wave == 1 and not rk.waves.running for rk in s.ranks)
     _deliver_all(s, "c2coord")
     # The FirstRequest is stale now: rank 1 has no work left, so nobody may be excluded.
-    assert [engine_broadcast_decoder(b) for b in s.channels[("bcast", 1)]] == [StartDPWave(wave=1, exclude=-1)]
+    broadcasts = [engine_broadcast_decoder(b) for b in s.channels[("bcast", 1)]]
+    assert broadcasts == [StartDPWave(wave=1, exclude=-1)]
     s._drain(lambda actions: actions[0])
     assert s.coord.wave == 2
 

@@ -1,0 +1,106 @@
+"""``APIServerProcessManager``: N API server processes sharing one listening socket."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import socket
+import threading
+import weakref
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+
+from raydp.endpoints import ClusterEndpoints
+from raydp.errors import ComponentDeadError, ConfigError, ProcessDeadError
+from raydp.procs import Proc, shutdown, watch_parent
+
+logger = logging.getLogger("raydp.api")
+
+
+def _api_main(
+    sock: socket.socket,
+    endpoints: ClusterEndpoints,
+    index: int,
+    count: int,
+    node_id: str | None,
+    death_pipe: Connection,
+) -> None:
+    from raydp.api_server import serve_forever
+    from raydp.logs import configure_component_logging
+
+    configure_component_logging(f"{endpoints.name} api{index}/{count}")
+    pid = os.getpid()
+
+    def stop(*_: object) -> None:
+        os.kill(pid, signal.SIGINT)  # asyncio.run turns SIGINT into a clean cancel
+
+    signal.signal(signal.SIGTERM, stop)
+    watch_parent(death_pipe, stop)
+    try:
+        serve_forever(sock, endpoints, index, count, node_id)
+    except KeyboardInterrupt:
+        pass
+
+
+class APIServerProcessManager:
+    """Binds ``host:port`` once and spawns ``count`` servers that all accept on it."""
+
+    def __init__(
+        self,
+        endpoints: ClusterEndpoints,
+        count: int,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        node_id: str | None = None,
+    ) -> None:
+        if count < 1:
+            raise ConfigError(f"api_servers={count}: must be >= 1")
+        self._sock = socket.create_server((host, port), reuse_port=False, backlog=1024)
+        self.address: tuple[str, int] = self._sock.getsockname()[:2]
+        ctx = mp.get_context("spawn")
+        self.procs: list[Proc] = []
+        for index in range(count):
+            reader, writer = ctx.Pipe(duplex=False)
+            process = ctx.Process(
+                target=_api_main, args=(self._sock, endpoints, index, count, node_id, reader),
+                name=f"{endpoints.name}-api{index}", daemon=True,
+            )
+            process.start()
+            reader.close()
+            self.procs.append(Proc(process.name, process, None, writer))
+        self._listeners: list[Callable[[ComponentDeadError], None]] = []
+        self._stop = threading.Event()
+        self._finalizer = weakref.finalize(self, _release, self.procs, self._sock, self._stop)
+        threading.Thread(target=self._watch, name="raydp-api-watcher", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address[0]}:{self.address[1]}"
+
+    def on_death(self, listener: Callable[[ComponentDeadError], None]) -> None:
+        self._listeners.append(listener)
+
+    def _watch(self) -> None:
+        alive = {p.process.sentinel: p for p in self.procs}
+        while alive and not self._stop.is_set():
+            for sentinel in wait(list(alive), timeout=0.05):
+                proc = alive.pop(sentinel)  # type: ignore[call-overload]
+                if self._stop.is_set():
+                    return
+                proc.process.join(timeout=1)
+                err = ProcessDeadError(f"API server {proc.name} (pid {proc.process.pid})", proc.process.exitcode)
+                logger.error("%s", err)
+                for listener in list(self._listeners):
+                    listener(err)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _release(procs: list[Proc], sock: socket.socket, stop: threading.Event) -> None:
+    stop.set()
+    shutdown(procs)
+    sock.close()

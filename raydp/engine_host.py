@@ -1,0 +1,133 @@
+"""Hosts one rank's engine core in any process: a Ray actor or a local process.
+
+:class:`EngineHost` builds the user's engine core, does the handshake, and runs
+the :class:`~raydp.engine_loop.EngineLoop` until shutdown. It knows nothing of
+Ray: ``actors/engine.py`` wraps it in a Ray actor, :mod:`raydp.procs` in a
+spawned process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import zmq
+
+from raydp.collective import GlooDPGroup, free_port
+from raydp.config import RaydpConfig
+from raydp.engine import EngineContext, load_engine_class
+from raydp.engine_loop import EngineLoop, EngineSockets
+from raydp.handshake import engine_handshake
+from raydp.logs import configure_component_logging
+from raydp.protocol import Init, Ready
+from raydp.transport import IpcDir, SocketOptions, bind_endpoints, make_socket, node_ip, pick_address
+from raydp.waves import EngineWaves
+
+# Environment variables that restrict a process to some devices, per Ray resource.
+VISIBILITY_ENV = {
+    "GPU": "CUDA_VISIBLE_DEVICES",
+    "TPU": "TPU_VISIBLE_CHIPS",
+    "neuron_cores": "NEURON_RT_VISIBLE_CORES",
+}
+
+
+def socket_options(config: RaydpConfig) -> SocketOptions:
+    return SocketOptions(high_water_mark=config.high_water_mark, max_message_bytes=config.max_message_bytes)
+
+
+class EngineHost:
+    """One rank: constructed -> handshaking -> running -> stopped."""
+
+    def __init__(
+        self,
+        config: RaydpConfig,
+        rank: int,
+        local_rank: int,
+        node_id: str,
+        frontend_node_id: str,
+        device_ids: tuple[str, ...] = (),
+    ) -> None:
+        self.config, self.rank, self.node_id = config, rank, node_id
+        self.local = node_id == frontend_node_id
+        self.tag = f"{config.name} dp{rank} lr{local_rank} node {node_id[:8]}"
+        configure_component_logging(self.tag)
+        set_device_visibility(config.accelerator, device_ids)
+        context = EngineContext(rank, local_rank, config.dp_size, config.world_size, node_id, device_ids)
+        self.engine = load_engine_class(config.engine)(context, **config.engine_kwargs)
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.ipc_dir = IpcDir(f"{config.name}-dp{rank}")
+        self._wake_address = f"inproc://raydp-engine-wake-{rank}"
+        self._loop: EngineLoop | None = None
+        self._stopping = threading.Event()
+
+    def dp_master(self) -> str:
+        """``ip:port`` for the gloo rendezvous (asked of rank 0)."""
+        ip = node_ip()
+        return f"{ip}:{free_port(ip)}"
+
+    def run(self, handshake_addresses: list[str], frontend_node_id: str) -> None:
+        """Handshake, then serve until Shutdown; raises what the engine raised."""
+        opts = socket_options(self.config)
+        input_sock = make_socket(self.ctx, zmq.ROUTER, opts)
+        try:
+            addresses = bind_endpoints(input_sock, "input", transport=self.config.transport, ipc_dir=self.ipc_dir)
+
+            def make_ready(_: Init) -> Ready:
+                capacity = int(getattr(self.engine, "capacity", lambda: 0)())
+                return Ready(capacity, self.config.config_hash(), addresses)
+
+            init = engine_handshake(
+                self.ctx,
+                opts,
+                pick_address(handshake_addresses, same_node=self.node_id == frontend_node_id),
+                self.rank,
+                local=self.local,
+                make_ready=make_ready,
+                timeout_s=self.config.handshake_timeout_s,
+            )
+            self._serve(init, input_sock, opts)
+        finally:
+            input_sock.close(linger=0)
+            self.engine.shutdown()
+            self.ipc_dir.remove()
+
+    def _serve(self, init: Init, input_sock: zmq.Socket[bytes], opts: SocketOptions) -> None:
+        collect = make_socket(self.ctx, zmq.PUSH, opts)
+        collect.connect(init.addresses.coordinator_collect)
+        broadcast = make_socket(self.ctx, zmq.SUB, opts)
+        broadcast.connect(init.addresses.coordinator_broadcast)
+        sockets = EngineSockets(self.ctx, input_sock, collect, broadcast, self._wake_address, self.rank)
+        parallel = init.parallel
+        collective = GlooDPGroup(parallel.dp_master, self.rank, parallel.dp_size) if parallel.lockstep else None
+        waves = EngineWaves(self.rank, parallel.allreduce_interval) if parallel.lockstep else None
+        attach = getattr(self.engine, "attach_dp_group", None)
+        if collective is not None and attach is not None:
+            attach(collective.group)
+        self._loop = EngineLoop(
+            self.engine, self.rank, sockets, waves=waves, collective=collective,
+            stats_interval_s=parallel.stats_interval_s,
+        )
+        try:
+            if not self._stopping.is_set():
+                self._loop.run()
+        finally:
+            sockets.close()
+            if collective is not None:
+                collective.close()
+
+    def shutdown(self) -> None:
+        """Stop the loop from another thread (wakes it if it is idle)."""
+        self._stopping.set()
+        if self._loop is None:
+            return
+        self._loop.stop()
+        bell = self.ctx.socket(zmq.PAIR)
+        bell.connect(self._wake_address)
+        bell.send(b"")
+        bell.close(linger=100)
+
+
+def set_device_visibility(accelerator: str, device_ids: tuple[str, ...]) -> None:
+    env = VISIBILITY_ENV.get(accelerator)
+    if env is not None and device_ids:
+        os.environ[env] = ",".join(device_ids)

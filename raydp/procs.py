@@ -1,0 +1,316 @@
+"""The multiprocessing backend: engines and the coordinator as local processes.
+
+For runs without a Ray cluster. :class:`CoreEngineProcManager` offers the same
+surface as the Ray ``ActorManager`` (``start``, ``on_death``, ``close``,
+``coordinator_state``), so :class:`~raydp.cluster.Cluster` works unchanged:
+the same handshake, the same sockets, liveness from process sentinels.
+
+Child processes are spawned (no forked Ray or ZMQ state). Each holds the read
+end of a parent-death pipe: when the parent dies the pipe closes and the child
+shuts down. SIGTERM and SIGINT stop a child's loop cleanly; :func:`shutdown`
+terminates, waits out a grace period, then kills the whole process tree.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import signal
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import zmq
+
+from raydp.config import RaydpConfig
+from raydp.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.errors import (
+    ComponentDeadError,
+    DeathCause,
+    EngineDeadError,
+    ProcessDeadError,
+    StartupError,
+    describe_exit,
+)
+from raydp.handshake import HandshakeServer
+from raydp.protocol import EngineAddresses, Init, ParallelConfig
+from raydp.transport import IpcDir, remove_cluster_ipc_dirs
+
+logger = logging.getLogger("raydp.procs")
+LOCAL_NODE = "local"
+GRACE_S = 5.0
+WATCH_TIMEOUT_S = 0.05
+DeathListener = Callable[[ComponentDeadError], None]
+
+
+@dataclass
+class Proc:
+    """A child process and what to call it in errors."""
+
+    name: str
+    process: BaseProcess
+    rank: int | None = None
+    death_pipe: Connection | None = None
+
+
+def shutdown(procs: Sequence[Proc], grace_s: float = GRACE_S) -> None:
+    """Terminate, wait up to ``grace_s``, then kill every survivor and its children."""
+    alive = [p for p in procs if p.process.is_alive()]
+    for p in alive:
+        p.process.terminate()
+    wait([p.process.sentinel for p in alive], timeout=grace_s)
+    for p in alive:
+        if p.process.is_alive():
+            _kill_tree(p.process.pid)
+        p.process.join(timeout=grace_s)
+    for p in procs:
+        if p.death_pipe is not None:
+            p.death_pipe.close()
+
+
+def _kill_tree(pid: int | None) -> None:
+    if pid is None:
+        return
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        victims = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in victims:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def watch_parent(death_pipe: Connection, on_parent_death: Callable[[], None]) -> None:
+    """In a child: call ``on_parent_death`` once the parent's end of the pipe closes."""
+
+    def watcher() -> None:
+        try:
+            death_pipe.recv()
+        except (EOFError, OSError):
+            pass
+        on_parent_death()
+
+    threading.Thread(target=watcher, name="raydp-parent-watch", daemon=True).start()
+
+
+def on_stop_signals(stop: Callable[[], None]) -> None:
+    def handler(signum: int, frame: Any) -> None:
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _engine_main(config: RaydpConfig, rank: int, addresses: list[str], death_pipe: Connection) -> None:
+    from raydp.engine_host import EngineHost
+
+    host = EngineHost(config, rank, rank, LOCAL_NODE, LOCAL_NODE)
+    on_stop_signals(host.shutdown)
+    watch_parent(death_pipe, host.shutdown)
+    host.run(addresses, LOCAL_NODE)
+
+
+def _coordinator_main(config: RaydpConfig, conn: Connection, death_pipe: Connection) -> None:
+    from raydp.coordinator_loop import CoordinatorLoop
+    from raydp.coordinator_state import CoordinatorState
+    from raydp.engine_host import socket_options
+    from raydp.logs import configure_component_logging
+
+    configure_component_logging(f"{config.name} coordinator")
+    state = CoordinatorState(config.dp_size, config.stats_interval_s, config.heartbeat_interval_s)
+    loop = CoordinatorLoop(state, socket_options(config), transport="ipc", node_id=LOCAL_NODE,
+                           ipc_prefix=f"{config.name}-coordinator")
+    on_stop_signals(loop.stop)
+    watch_parent(death_pipe, loop.stop)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    conn.send(loop.endpoints)
+    _serve_coordinator_commands(loop, conn, thread)
+    loop.close()
+
+
+def _serve_coordinator_commands(loop: Any, conn: Connection, thread: threading.Thread) -> None:
+    while thread.is_alive():
+        if not conn.poll(0.1):
+            continue
+        try:
+            command, *args = conn.recv()
+        except EOFError:
+            return
+        if command == "wait_for_engines":
+            conn.send(loop.wait_for_engines(*args))
+        elif command == "state":
+            s = loop.state
+            conn.send({"wave": s.wave, "running": s.running, "counts": [list(c) for c in s.counts],
+                       "dropped": loop.dropped, "broadcasts": loop.broadcasts})
+        elif command == "shutdown":
+            loop.stop()
+            thread.join(timeout=2)
+            return
+
+
+@dataclass
+class _Owned:
+    procs: list[Proc] = field(default_factory=list)
+    conn: Connection | None = None
+    ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+    ipc_dir: IpcDir | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    released: bool = False
+    name: str = ""
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.stop.set()
+        if self.conn is not None:
+            try:
+                self.conn.send(("shutdown",))
+            except (OSError, ValueError):
+                pass
+        shutdown(self.procs)
+        if self.name:
+            remove_cluster_ipc_dirs(self.name)
+        if self.conn is not None:
+            self.conn.close()
+        if self.ctx is not None:
+            self.ctx.destroy(linger=0)
+        if self.ipc_dir is not None:
+            self.ipc_dir.remove()
+
+
+class CoreEngineProcManager:
+    """Engines (and the coordinator) as spawned local processes; see the module docstring."""
+
+    def __init__(self, config: RaydpConfig, *, progress: Callable[[int, int], None] | None = None) -> None:
+        if config.transport == "tcp":
+            config = config.model_copy(update={"transport": "ipc"})
+        self.config = config
+        self._progress = progress
+        self._listeners: list[DeathListener] = []
+        self._owned = _Owned(name=config.name)
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, self._owned.release)
+        self._mp = mp.get_context("spawn")
+        self.deaths: list[ComponentDeadError] = []
+
+    @property
+    def procs(self) -> tuple[Proc, ...]:
+        return tuple(self._owned.procs)
+
+    def on_death(self, listener: DeathListener) -> None:
+        self._listeners.append(listener)
+
+    def start(self) -> ClusterEndpoints:
+        try:
+            coordinator = self._start_coordinator()
+            endpoints = self._start_engines(coordinator)
+        except BaseException:
+            self.close()
+            raise
+        threading.Thread(target=self._watch, name="raydp-proc-watcher", daemon=True).start()
+        return endpoints
+
+    def _spawn(self, name: str, target: Callable[..., None], *args: Any, rank: int | None = None) -> Proc:
+        reader, writer = self._mp.Pipe(duplex=False)
+        process = self._mp.Process(target=target, args=(*args, reader), name=name, daemon=True)
+        process.start()
+        reader.close()
+        proc = Proc(name, process, rank, writer)
+        self._owned.procs.append(proc)
+        return proc
+
+    def _start_coordinator(self) -> Any:
+        parent, child = self._mp.Pipe()
+        proc = self._spawn(f"{self.config.name}-coordinator", _coordinator_main, self.config, child)
+        self._owned.conn = parent
+        if not parent.poll(self.config.startup_timeout_s):
+            raise StartupError(f"the coordinator did not start ({describe_exit(proc.process.exitcode)})")
+        return parent.recv()
+
+    def _start_engines(self, coordinator: Any) -> ClusterEndpoints:
+        cfg = self.config
+        owned = self._owned
+        owned.ctx = zmq.Context()
+        owned.ipc_dir = IpcDir(f"{cfg.name}-frontend")
+        from raydp.engine_host import socket_options
+
+        server = HandshakeServer(owned.ctx, socket_options(cfg), transport="ipc", ipc_dir=owned.ipc_dir)
+        try:
+            for rank in range(cfg.dp_size):
+                self._spawn(f"{cfg.name}-dp{rank}", _engine_main, cfg, rank, server.addresses, rank=rank)
+            init = Init(
+                EngineAddresses(coordinator.collect[0], coordinator.broadcast[0]),
+                ParallelConfig(cfg.dp_size, cfg.world_size, cfg.lockstep, cfg.allreduce_interval,
+                               self._dp_master(), cfg.stats_interval_s),
+            )
+            result = server.run({r: True for r in range(cfg.dp_size)}, lambda _: init, cfg.config_hash(),
+                                cfg.startup_timeout_s, liveness=self._check_alive, progress=self._progress)
+        finally:
+            server.close()
+        self._wait_coordinator()
+        engines = [EngineEndpoint(r, LOCAL_NODE, result.ready[r].input_addresses) for r in range(cfg.dp_size)]
+        return ClusterEndpoints(cfg.name, engines, coordinator, cfg.lockstep, result.capacity)
+
+    def _dp_master(self) -> str:
+        if not self.config.lockstep:
+            return ""
+        from raydp.collective import free_port
+
+        return f"127.0.0.1:{free_port('127.0.0.1')}"
+
+    def _wait_coordinator(self) -> None:
+        if not self._ask("wait_for_engines", self.config.dp_size, self.config.handshake_timeout_s):
+            raise StartupError("engines did not subscribe to the coordinator's broadcast in time")
+
+    def _ask(self, *command: Any) -> Any:
+        conn = self._owned.conn
+        assert conn is not None
+        with self._lock:
+            conn.send(command)
+            return conn.recv()
+
+    def coordinator_state(self) -> dict[str, Any]:
+        return dict(self._ask("state"))
+
+    def _check_alive(self) -> None:
+        for proc in self._owned.procs:
+            if not proc.process.is_alive():
+                raise StartupError(f"{proc.name} died during startup ({describe_exit(proc.process.exitcode)})")
+
+    def _watch(self) -> None:
+        alive = {p.process.sentinel: p for p in self._owned.procs}
+        while alive and not self._owned.stop.is_set():
+            for sentinel in wait(list(alive), timeout=WATCH_TIMEOUT_S):
+                proc = alive.pop(sentinel)  # type: ignore[call-overload]
+                if not self._owned.stop.is_set():
+                    self._report(proc)
+
+    def _report(self, proc: Proc) -> None:
+        proc.process.join(timeout=1)
+        code = proc.process.exitcode
+        err: ComponentDeadError
+        if proc.rank is not None:
+            cause = DeathCause.KILLED if (code or 0) < 0 else DeathCause.EXITED
+            err = EngineDeadError(proc.rank, LOCAL_NODE, cause, f"{proc.name} pid {proc.process.pid} "
+                                  f"{describe_exit(code)}")
+        else:
+            err = ProcessDeadError(f"{proc.name} (pid {proc.process.pid})", code, LOCAL_NODE)
+        logger.error("%s", err)
+        self.deaths.append(err)
+        for listener in list(self._listeners):
+            listener(err)
+
+    def close(self) -> None:
+        self._finalizer()
+

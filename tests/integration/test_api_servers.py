@@ -1,0 +1,53 @@
+"""N API server processes share one socket; each is a client of its index."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+import raydp
+from raydp.errors import ProcessDeadError
+
+
+def post(url: str, payload: dict[str, object]) -> tuple[int, dict[str, object]]:
+    req = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def get(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return dict(json.loads(resp.read()))
+
+
+@pytest.mark.timeout(120)
+def test_three_api_servers_share_a_port_and_death_is_reported() -> None:
+    with raydp.launch(name="apis", dp_size=2, backend="mp", progress=False) as cluster:
+        servers = cluster.serve_api(3)
+        indexes: set[object] = set()
+        deadline = time.monotonic() + 60
+        while len(indexes) < 3 and time.monotonic() < deadline:
+            health = get(f"{servers.url}/health")
+            assert health["status"] == "ok" and health["client_count"] == 3
+            indexes.add(health["client_index"])
+        assert indexes == {0, 1, 2}, "every process accepts on the one shared socket"
+        status, body = post(f"{servers.url}/v1/generate", {"prompt_token_ids": [5, 6], "max_tokens": 4})
+        assert (status, body) == (200, {"token_ids": [5, 6, 5, 6]})
+        status, body = post(f"{servers.url}/v1/generate", {"prompt_token_ids": [1], "max_tokens": 0})
+        assert status == 400 and "max_tokens=0" in str(body["error"])
+        status, body = post(f"{servers.url}/v1/generate", {"prompt_token_ids": "x"})
+        assert status == 400 and "prompt_token_ids" in str(body["error"])
+        victim = servers.procs[1]
+        os.kill(victim.process.pid, signal.SIGKILL)
+        with pytest.raises(ProcessDeadError, match=f"{victim.name}.*SIGKILL|{victim.name}.*-9"):
+            cluster.wait(timeout=10)
+    assert not any(p.process.is_alive() for p in servers.procs)

@@ -1,0 +1,82 @@
+"""Lockstep DP=3: waves, dummy batches, pausing together, an idle cluster is quiet."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+import ray
+
+import raydp
+from tests.integration.helpers import wait_until
+
+INTERVAL = 8
+
+
+@pytest.fixture(scope="module")
+def lockstep(two_nodes: Any) -> Iterator[Any]:
+    cluster = raydp.launch(
+        name="lockstep",
+        dp_size=3,
+        lockstep=True,
+        allreduce_interval=INTERVAL,
+        engine_kwargs={"collective": True, "max_running": 8},
+        progress=False,
+    )
+    yield cluster
+    cluster.close()
+
+
+def stats(client: Any, dp_size: int = 3) -> list[dict[str, int]]:
+    return [client.call_utility(rank, "stats") for rank in range(dp_size)]
+
+
+@pytest.mark.timeout(120)
+def test_cold_start_with_the_first_request_on_the_last_rank(lockstep: Any) -> None:
+    client = lockstep.client()
+    assert lockstep.coordinator_state()["running"] is False
+    assert client.generate([7, 8], max_tokens=3, rank=2, timeout=60) == [7, 8, 7]
+
+
+@pytest.mark.timeout(120)
+def test_requests_to_rank0_only_keep_every_rank_in_step_and_then_pause(lockstep: Any) -> None:
+    client = lockstep.client()
+    wave_before = _paused_wave(lockstep)
+    handles = [client.submit([i], max_tokens=20, rank=0) for i in range(30)]
+    assert all(h.result(timeout=60) == [i] * 20 for i, h in enumerate(handles))
+    assert wait_until(lambda: lockstep.coordinator_state()["running"] is False, timeout=30)
+    state = lockstep.coordinator_state()
+    assert state["wave"] > wave_before, "the finished wave was reported and the next one begun"
+    per_rank = stats(client)
+    forwards = [s["steps"] + s["dummy_steps"] for s in per_rank]
+    collectives = [s["collectives"] for s in per_rank]
+    assert per_rank[1]["dummy_steps"] > 0 and per_rank[2]["dummy_steps"] > 0
+    # Every forward pass all-reduced over the DP group: equal counts on every rank
+    # are what lockstep means (a rank missing one would have hung the others).
+    assert collectives[0] == collectives[1] == collectives[2] == forwards[0]
+    assert forwards[0] % INTERVAL == 0, "ranks pause only at an all-reduce"
+    assert forwards[0] - per_rank[0]["last_work_step"] <= INTERVAL, "paused within one interval"
+
+
+@pytest.mark.timeout(120)
+def test_an_idle_cluster_is_quiet(lockstep: Any) -> None:
+    client = lockstep.client()
+    assert wait_until(lambda: lockstep.coordinator_state()["running"] is False, timeout=30)
+    before = stats(client)
+    pids = [ray.get(a.wait_for_init.remote())["pid"] for a in lockstep._manager.engines]
+    procs = [psutil.Process(pid) for pid in pids]
+    cpu0 = [sum(p.cpu_times()[:2]) for p in procs]
+    time.sleep(5)
+    used = [(sum(p.cpu_times()[:2]) - c) / 5 for p, c in zip(procs, cpu0, strict=True)]
+    print(f"\nidle CPU per engine: {[f'{u:.1%}' for u in used]}")
+    assert all(u < 0.05 for u in used), used
+    after = stats(client)
+    assert [s["dummy_steps"] for s in after] == [s["dummy_steps"] for s in before], "no dummy batches"
+
+
+def _paused_wave(cluster: Any) -> int:
+    assert wait_until(lambda: cluster.coordinator_state()["running"] is False, timeout=30)
+    return int(cluster.coordinator_state()["wave"])

@@ -1,0 +1,45 @@
+"""The multiprocessing backend: DP=2 as local processes, no Ray."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+import raydp
+from raydp.errors import DeathCause, EngineDeadError
+from tests.integration.helpers import socket_dirs
+
+
+@pytest.mark.timeout(120)
+def test_mp_dp2_serves_and_sigkill_is_reported_within_a_second() -> None:
+    cluster = raydp.launch(name="mpdp", dp_size=2, backend="mp", progress=False,
+                           engine_kwargs={"step_delay_s": 0.005})
+    procs = cluster._manager.procs
+    try:
+        client = cluster.client()
+        handles = [client.submit([i], max_tokens=3) for i in range(40)]
+        assert [h.result(timeout=30) for h in handles] == [[i] * 3 for i in range(40)]
+        assert {h.rank for h in handles} == {0, 1}
+        assert cluster.capacity == 2 * 256
+        victim = next(p for p in procs if p.rank == 1)
+        pending = client.submit([1], max_tokens=1_000_000, rank=1)
+        killed_at = time.monotonic()
+        os.kill(victim.process.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError) as info:
+            cluster.wait(timeout=10)
+        latency = time.monotonic() - killed_at
+        print(f"\nmp backend: EngineDeadError after {latency * 1000:.0f} ms: {info.value}")
+        assert latency < 1.0
+        assert info.value.rank == 1
+        assert info.value.cause is DeathCause.KILLED
+        assert "SIGKILL" in str(info.value) and str(victim.process.pid) in str(info.value)
+        with pytest.raises(EngineDeadError):
+            pending.result(timeout=5)
+    finally:
+        cluster.close()
+    assert not any(psutil.pid_exists(p.process.pid) and p.process.is_alive() for p in procs)
+    assert socket_dirs("mpdp") == []
