@@ -56,15 +56,17 @@ class EngineCoreActor:
 def set_process_title(title: str) -> None:
     """Show ``title`` in ps/top (Ray ships setproctitle in its raylet module)."""
     try:
-        from ray._raylet import setproctitle
+        from ray._raylet import setproctitle  # type: ignore[attr-defined]
 
         setproctitle(title)
     except (ImportError, AttributeError):  # pragma: no cover - depends on the Ray build
         pass
 
 
-@ray.remote(num_cpus=0)
-def probe_device_ids(accelerator: str) -> list[str]:
+def _probe_device_ids(accelerator: str) -> list[str]:
     """Run inside one device bundle: which device ids did Ray assign there?"""
     ids = ray.get_runtime_context().get_accelerator_ids().get(accelerator, [])
     return [str(i) for i in ids]
+
+
+probe_device_ids = ray.remote(num_cpus=0)(_probe_device_ids)

@@ -28,13 +28,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.coordinator import CoordinatorActor
 from actors.deaths import death_of
 from actors.engine import EngineCoreActor, probe_device_ids
-from raydp.engine_host import socket_options
 from actors.owned import Owned
 from placement.groups import create_groups, validate_user_groups, wait_ready
 from placement.inventory import read_inventory
 from placement.planner import PlacementPlan, plan_placement
 from raydp.config import RaydpConfig
 from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
+from raydp.engine_host import socket_options
 from raydp.errors import (
     ComponentDeadError,
     CoordinatorDeadError,

@@ -89,9 +89,11 @@ class Owned:
                 _kill(actor)
 
 
-@ray.remote(num_cpus=0)
-def remove_ipc_dirs(cluster_name: str) -> None:
+def _remove_ipc_dirs(cluster_name: str) -> None:
     remove_cluster_ipc_dirs(cluster_name)
+
+
+remove_ipc_dirs = ray.remote(num_cpus=0)(_remove_ipc_dirs)
 
 
 def _kill(actor: Any) -> None:

@@ -29,8 +29,8 @@ from raydp.errors import (
 
 if TYPE_CHECKING:
     from raydp.client import AsyncClient, Client
-    from raydp.engine import EchoEngine, EngineContext, EngineCore
     from raydp.cluster import Cluster, attach, launch
+    from raydp.engine import EchoEngine, EngineContext, EngineCore
 
 __all__ = [
     "AsyncClient",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -11,6 +12,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
+from typing import cast
 
 from raydp.endpoints import ClusterEndpoints
 from raydp.errors import ComponentDeadError, ConfigError, ProcessDeadError
@@ -38,10 +40,8 @@ def _api_main(
 
     signal.signal(signal.SIGTERM, stop)
     watch_parent(death_pipe, stop)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         serve_forever(sock, endpoints, index, count, node_id)
-    except KeyboardInterrupt:
-        pass
 
 
 class APIServerProcessManager:
@@ -87,7 +87,7 @@ class APIServerProcessManager:
         alive = {p.process.sentinel: p for p in self.procs}
         while alive and not self._stop.is_set():
             for sentinel in wait(list(alive), timeout=0.05):
-                proc = alive.pop(sentinel)  # type: ignore[call-overload]
+                proc = alive.pop(cast(int, sentinel))
                 if self._stop.is_set():
                     return
                 proc.process.join(timeout=1)

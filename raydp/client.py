@@ -169,7 +169,12 @@ class Client:
             raise ConfigError(f"rank={rank!r}: must be an int in [0, {n})")
 
     def _submit(
-        self, request: Request, rank: int | None, listener: Listener, retryable: bool, handle: RequestHandle | None = None
+        self,
+        request: Request,
+        rank: int | None,
+        listener: Listener,
+        retryable: bool,
+        handle: RequestHandle | None = None,
     ) -> None:
         def command() -> None:
             self._do_submit(request, rank, listener, retryable, handle)

@@ -36,14 +36,24 @@ class RaydpConfig(BaseModel):
 
     name: str = Field("raydp", pattern=_NAME_PATTERN, description="cluster name; prefixes actors and groups")
     dp_size: int = Field(1, ge=1, le=4096, description="number of data-parallel ranks")
-    dp_size_local: int | None = Field(None, ge=1, description="ranks on the master node (default: as many as fit)")
+    dp_size_local: int | None = Field(
+        None, ge=1, description="ranks on the master node (default: as many as fit)"
+    )
     tensor_parallel_size: int = Field(1, ge=1, le=1024)
     pipeline_parallel_size: int = Field(1, ge=1, le=1024)
-    accelerator: str = Field("GPU", min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_:.-]*$", description="Ray resource of one device bundle")
+    accelerator: str = Field(
+        "GPU", min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_:.-]*$", description="Ray resource of one device bundle"
+    )
     placement_strategy: PlacementStrategy = "fill"
-    node_allowlist: tuple[str, ...] | None = Field(None, description="node ids (or unique prefixes) that may host ranks")
-    master_node_id: str | None = Field(None, description="node id (or unique prefix) of the master; default the driver's")
-    engine: str = Field("raydp.engine:EchoEngine", pattern=r"^[\w.]+:[\w.]+$", description="engine core class as 'module:Class'")
+    node_allowlist: tuple[str, ...] | None = Field(
+        None, description="node ids (or unique prefixes) that may host ranks"
+    )
+    master_node_id: str | None = Field(
+        None, description="node id (or unique prefix) of the master; default the driver's"
+    )
+    engine: str = Field(
+        "raydp.engine:EchoEngine", pattern=r"^[\w.]+:[\w.]+$", description="engine core class as 'module:Class'"
+    )
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     lockstep: bool = Field(False, description="run ranks in request waves (expert-parallel engines)")
     allreduce_interval: int = Field(32, ge=1, le=1_000_000, description="steps between 'unfinished work' all-reduces")
@@ -95,7 +105,9 @@ def env_fields(env: Mapping[str, str]) -> dict[str, Any]:
         if raw is None:
             continue
         if name == "node_allowlist":
-            out[name] = tuple(p.strip() for p in raw.split(",") if p.strip())
+            # An empty variable means "not set", never "no node may host a rank".
+            nodes = tuple(p.strip() for p in raw.split(",") if p.strip())
+            out[name] = nodes or None
         elif name == "engine_kwargs":
             out[name] = _parse_json(name, raw)
         else:
@@ -120,6 +132,9 @@ def format_validation_error(exc: ValidationError) -> str:
         given = err.get("input")
         if err["type"] == "value_error":
             lines.append(f"{field}: {err['msg'].removeprefix('Value error, ')}")
+        elif err["type"] == "extra_forbidden":
+            allowed = ", ".join(RaydpConfig.model_fields)
+            lines.append(f"{field}={given!r}: unknown field; allowed fields: {allowed}")
         else:
             lines.append(f"{field}={given!r}: {err['msg']}")
     return "invalid raydp config: " + "; ".join(lines)

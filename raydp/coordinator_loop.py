@@ -15,6 +15,7 @@ Malformed input is logged and dropped; nothing a peer sends can stop the loop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -69,7 +70,7 @@ class CoordinatorLoop:
         poller.register(self.collect, zmq.POLLIN)
         poller.register(self.broadcast, zmq.POLLIN)
         while not self._stop.is_set():
-            timeout_ms = min(100, 1000 * self.state.next_deadline(time.monotonic()))
+            timeout_ms = int(min(100, 1000 * self.state.next_deadline(time.monotonic())))
             for sock, _ in poller.poll(timeout_ms):
                 if sock is self.collect:
                     self._drain_collect()
@@ -128,10 +129,8 @@ class CoordinatorLoop:
     def close(self) -> None:
         """Tell engines to leave, then close every socket and the IPC directory."""
         self.stop()
-        try:
+        with contextlib.suppress(zmq.ZMQError):
             self._broadcast(Shutdown())
-        except zmq.ZMQError:
-            pass
         self.ctx.destroy(linger=100)
         if self.ipc_dir is not None:
             self.ipc_dir.remove()

@@ -43,15 +43,17 @@ class CoordinatorState:
 
     def handle(self, msg: ToCoordinator) -> StartDPWave | None:
         """Apply one message; return the broadcast it calls for, if any."""
-        if isinstance(msg, EngineStats):
-            return self._on_stats(msg)
         if isinstance(msg, FirstRequest):
             return self._on_first_request(msg)
-        if isinstance(msg, WaveComplete):
-            return self._on_wave_complete(msg)
         if isinstance(msg, StartWave):
             return self._on_start_wave(msg)
-        return self._on_scale(msg)
+        if isinstance(msg, EngineStats):
+            self._on_stats(msg)
+        elif isinstance(msg, WaveComplete):
+            self._on_wave_complete(msg)
+        else:
+            self._on_scale(msg)
+        return None
 
     def _on_stats(self, msg: EngineStats) -> None:
         if 0 <= msg.rank < self.engine_count:
@@ -59,7 +61,6 @@ class CoordinatorState:
             if self.counts[msg.rank] != new:
                 self.counts[msg.rank] = new
                 self.changed = True
-        return None
 
     def _on_first_request(self, msg: FirstRequest) -> StartDPWave | None:
         if self.running:
@@ -75,7 +76,6 @@ class CoordinatorState:
             self.wave = msg.wave + 1
             self.running = False
             self.changed = True
-        return None
 
     def _on_start_wave(self, msg: StartWave) -> StartDPWave | None:
         if msg.wave > self.wave or (msg.wave == self.wave and not self.running):
@@ -90,7 +90,6 @@ class CoordinatorState:
         self.counts = (self.counts + [[0, 0] for _ in range(n)])[:n]
         self.engine_count = n
         self.changed = True
-        return None
 
     def due_snapshot(self, now: float) -> StatsSnapshot | None:
         """The snapshot to publish at ``now``, or None if it is not time yet."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -56,7 +56,7 @@ class EngineCore(Protocol):
     def shutdown(self) -> None: ...
 
 
-def load_engine_class(path: str) -> type[EngineCore]:
+def load_engine_class(path: str) -> Callable[..., EngineCore]:
     """Import ``'package.module:Class'`` and check it looks like an engine core."""
     module_name, _, attr = path.partition(":")
     try:

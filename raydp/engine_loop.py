@@ -15,6 +15,7 @@ in-flight request with it and then propagates, so the rank is reported dead.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -250,10 +251,8 @@ class EngineLoop:
             by_client[client].append(Output(rid, [], True, "error", reason))
         self._owners.clear()
         for client, outs in by_client.items():
-            try:
+            with contextlib.suppress(zmq.ZMQError):
                 self._send(client, outs)
-            except zmq.ZMQError:
-                pass
 
     def _publish_load(self, force: bool) -> None:
         load = self.engine.load()

@@ -13,6 +13,7 @@ terminates, waits out a grace period, then kills the whole process tree.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import signal
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -83,20 +84,16 @@ def _kill_tree(pid: int | None) -> None:
     except psutil.NoSuchProcess:
         return
     for proc in victims:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def watch_parent(death_pipe: Connection, on_parent_death: Callable[[], None]) -> None:
     """In a child: call ``on_parent_death`` once the parent's end of the pipe closes."""
 
     def watcher() -> None:
-        try:
+        with contextlib.suppress(EOFError, OSError):
             death_pipe.recv()
-        except (EOFError, OSError):
-            pass
         on_parent_death()
 
     threading.Thread(target=watcher, name="raydp-parent-watch", daemon=True).start()
@@ -174,10 +171,8 @@ class _Owned:
         self.released = True
         self.stop.set()
         if self.conn is not None:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 self.conn.send(("shutdown",))
-            except (OSError, ValueError):
-                pass
         shutdown(self.procs)
         if self.name:
             remove_cluster_ipc_dirs(self.name)
@@ -292,7 +287,7 @@ class CoreEngineProcManager:
         alive = {p.process.sentinel: p for p in self._owned.procs}
         while alive and not self._owned.stop.is_set():
             for sentinel in wait(list(alive), timeout=WATCH_TIMEOUT_S):
-                proc = alive.pop(sentinel)  # type: ignore[call-overload]
+                proc = alive.pop(cast(int, sentinel))
                 if not self._owned.stop.is_set():
                     self._report(proc)
 

@@ -229,6 +229,8 @@ class Decoder(Generic[T]):
             return self._decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise ProtocolError(f"bad {self._what} message: {exc}") from None
+        except RecursionError:
+            raise ProtocolError(f"bad {self._what} message: nested too deeply") from None
 
 
 request_decoder: Final = Decoder[Request](Request, "request")
@@ -254,6 +256,8 @@ def decode_input(tag: bytes, body: bytes) -> Request | Abort | UtilityCall:
 
 def rank_identity(rank: int) -> bytes:
     """The handshake DEALER identity of an engine: its rank, 2 bytes little endian."""
+    if not 0 <= rank < 1 << 16:
+        raise ProtocolError(f"rank={rank}: must be in [0, 65536) to fit a 2-byte identity")
     return rank.to_bytes(2, "little")
 
 

@@ -21,7 +21,7 @@ from raydp.engine import EngineContext
 from raydp.protocol import Output, Request
 
 
-class TinyTransformer(nn.Module):
+class TinyTransformer(nn.Module):  # type: ignore[misc]
     """A decoder-only transformer with learned positions and a causal mask."""
 
     def __init__(self, vocab: int, dim: int, layers: int, heads: int, max_len: int) -> None:
@@ -82,7 +82,6 @@ class TinyLMEngine:
             budget = max(1, min(req.max_tokens, self.max_len - len(prompt)))
             self._running[rid] = (prompt[-(self.max_len - 1):], 0, budget)
 
-    @torch.inference_mode()
     def step(self) -> list[Output]:
         self._admit()
         if not self._running:
@@ -92,7 +91,8 @@ class TinyLMEngine:
         width = max(len(s) for s in seqs)
         # Left-pad so the last position is every sequence's newest token.
         batch = torch.tensor([[0] * (width - len(s)) + s for s in seqs], device=self.device)
-        next_tokens = self.model(batch).argmax(dim=-1).tolist()
+        with torch.inference_mode():
+            next_tokens = self.model(batch).argmax(dim=-1).tolist()
         return [self._advance(rid, tok) for rid, tok in zip(ids, next_tokens, strict=True)]
 
     def _advance(self, rid: str, token: int) -> Output:
@@ -101,7 +101,7 @@ class TinyLMEngine:
         if produced >= budget:
             del self._running[rid]
             return Output(rid, [token], True, "length")
-        self._running[rid] = (seq + [token], produced, budget)
+        self._running[rid] = ([*seq, token], produced, budget)
         return Output(rid, [token])
 
     def has_unfinished(self) -> bool:
@@ -110,9 +110,9 @@ class TinyLMEngine:
     def load(self) -> tuple[int, int]:
         return len(self._waiting), len(self._running)
 
-    @torch.inference_mode()
     def execute_dummy_batch(self) -> None:
-        self.model(torch.zeros((1, 1), dtype=torch.long, device=self.device))
+        with torch.inference_mode():
+            self.model(torch.zeros((1, 1), dtype=torch.long, device=self.device))
 
     def shutdown(self) -> None:
         self._waiting.clear()

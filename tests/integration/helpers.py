@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import ray
 from ray.util.state import list_actors, list_placement_groups
 
 T = TypeVar("T")
@@ -26,13 +27,22 @@ def _retry(fn: Callable[[], T], attempts: int = 5) -> T:
     raise AssertionError("unreachable")
 
 
+def _address() -> str:
+    """This driver's cluster: without it the state API may query another cluster on the host."""
+    return str(ray.get_runtime_context().gcs_address)
+
+
 def live_actors(name: str) -> list[str]:
-    actors = _retry(lambda: list_actors(filters=[("state", "!=", "DEAD")], raise_on_missing_output=False))
+    actors = _retry(
+        lambda: list_actors(
+            address=_address(), filters=[("state", "!=", "DEAD")], raise_on_missing_output=False
+        )
+    )
     return [a.name for a in actors if a.name and a.name.startswith(f"{name}-")]
 
 
 def live_groups(name: str) -> list[str]:
-    groups = _retry(lambda: list_placement_groups(raise_on_missing_output=False))
+    groups = _retry(lambda: list_placement_groups(address=_address(), raise_on_missing_output=False))
     return [g.name for g in groups if g.name.startswith(f"{name}-") and g.state != "REMOVED"]
 
 

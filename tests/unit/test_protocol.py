@@ -293,11 +293,6 @@ def test_random_bytes_decode_or_raise_protocol_error(name: str, data: bytes) -> 
         DECODERS[name](data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecursionError,
-    reason="protocol.Decoder lets msgspec's RecursionError through on deeply nested input (bug)",
-)
 def test_deeply_nested_input_raises_protocol_error() -> None:
     # A UtilityCall whose args hold 100k nested arrays: hostile but tiny (100 KB).
     data = b"\x93\x01\xa1m" + b"\x91" * 100_000 + b"\xc0"
@@ -331,3 +326,9 @@ def test_presence_topics_are_distinct_from_broadcast() -> None:
     topics = {p.presence_topic(r) for r in range(64)}
     assert len(topics) == 64
     assert all(not t.startswith(p.BROADCAST_TOPIC) for t in topics)
+
+
+@pytest.mark.parametrize("rank", [-1, 65536])
+def test_rank_identity_out_of_range_is_a_protocol_error(rank: int) -> None:
+    with pytest.raises(ProtocolError, match=f"rank={rank}"):
+        p.rank_identity(rank)
