@@ -227,7 +227,7 @@ class Decoder(Generic[T]):
     def __call__(self, data: bytes | memoryview) -> T:
         try:
             return self._decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.MsgspecError, ValueError) as exc:  # ValueError: e.g. invalid UTF-8
             raise ProtocolError(f"bad {self._what} message: {exc}") from None
         except RecursionError:
             raise ProtocolError(f"bad {self._what} message: nested too deeply") from None
