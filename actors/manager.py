@@ -207,7 +207,9 @@ class ActorManager:
         self._owned.coordinator = actor
         startup.coordinator = actor
         startup.coordinator_endpoints = ray.get(actor.endpoints.remote(), timeout=cfg.startup_timeout_s)
-        startup.run_refs[actor.run.remote()] = -1
+        ref = actor.run.remote()
+        startup.run_refs[ref] = -1
+        self._owned.run_refs.append(ref)
 
     def _start_engines(self, startup: _Startup, devices: list[tuple[str, ...]]) -> None:
         cfg = self.config
@@ -228,7 +230,9 @@ class ActorManager:
         server = HandshakeServer(owned.ctx, socket_options(cfg), transport=cfg.transport, ipc_dir=owned.ipc_dir)
         owned.handshake = server
         for slot, actor in zip(self.slots, owned.engines, strict=True):
-            startup.run_refs[actor.run.remote(server.addresses, self.driver_node_id)] = slot.rank
+            ref = actor.run.remote(server.addresses, self.driver_node_id)
+            startup.run_refs[ref] = slot.rank
+            owned.run_refs.append(ref)
         dp_master = self._dp_master(startup)
         try:
             return server.run(
@@ -295,8 +299,17 @@ class ActorManager:
 
     def _start_watcher(self, startup: _Startup) -> None:
         refs = dict(startup.run_refs)
+        # A weak reference, so the running watcher does not keep the manager
+        # alive: dropping the last handle must still close the cluster.
+        report = weakref.WeakMethod(self._report)
+
+        def report_if_alive(rank: int, cause: DeathCause, detail: str) -> None:
+            method = report()
+            if method is not None:
+                method(rank, cause, detail)
+
         thread = threading.Thread(
-            target=_watch, args=(refs, self._owned.stop, self._report), name="raydp-watcher", daemon=True
+            target=_watch, args=(refs, self._owned.stop, report_if_alive), name="raydp-watcher", daemon=True
         )
         self._owned.watcher = thread
         thread.start()

@@ -31,6 +31,7 @@ class Owned:
     ctx: zmq.Context[zmq.Socket[bytes]] | None = None
     ipc_dir: IpcDir | None = None
     watcher: threading.Thread | None = None
+    run_refs: list[Any] = field(default_factory=list)
     name: str = ""
     nodes: set[str] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -65,6 +66,11 @@ class Owned:
             pass
         for actor in actors:
             _kill(actor)
+        # Wait for the deaths, so their resources are back when close() returns
+        # and an immediate relaunch finds the cluster as it was.
+        if self.run_refs:
+            ray.wait(self.run_refs, num_returns=len(self.run_refs), timeout=GRACE_S)
+        self.run_refs.clear()
         self.engines.clear()
         self.coordinator = None
 

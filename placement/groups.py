@@ -9,6 +9,7 @@ pins the group even when several nodes share an IP.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -191,6 +192,22 @@ def remove_groups(groups: Sequence[PlacementGroup]) -> None:
             remove_placement_group(group)
         except Exception as exc:  # close() must go on removing the others
             log.warning("could not remove placement group %s: %s", group.id.hex(), exc)
+    _wait_removed(groups, timeout_s=5.0)
+
+
+def _wait_removed(groups: Sequence[PlacementGroup], timeout_s: float) -> None:
+    """Removal is asynchronous: wait (bounded) so freed resources are visible on return."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    pending = {g.id.hex() for g in groups}
+    while pending and time.monotonic() < deadline:
+        # A removed group's bundle resources ("CPU_group_<id>") leave the
+        # cluster's resource view only once the freed resources are back.
+        keys = " ".join(ray.available_resources())
+        pending = {gid for gid in pending if gid in keys}
+        if pending:
+            time.sleep(0.02)
 
 
 def validate_user_groups(

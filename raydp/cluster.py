@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,9 @@ class Cluster:
         self._deaths: list[ComponentDeadError] = []
         self._closed = False
         self._owns_actors = owns_actors
+        # Dropping the last handle closes the clients (and, via the manager's
+        # own finalizer, the actors), as close() would.
+        weakref.finalize(self, _close_all, self._clients)
         if manager is not None:
             manager.on_death(self._on_death)
 
@@ -127,7 +131,8 @@ class Cluster:
             if self._closed:
                 return
             self._closed = True
-            clients, self._clients = self._clients, []
+            clients = list(self._clients)
+            self._clients.clear()
             servers, self._api_servers = self._api_servers, []
             self._dead.notify_all()
         for server in servers:
@@ -142,6 +147,11 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close_all(clients: list[Any]) -> None:
+    for client in list(clients):
+        client.close()
 
 
 def _node_id() -> str | None:

@@ -9,6 +9,7 @@ produced. Implementations need not be thread-safe.
 from __future__ import annotations
 
 import importlib
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -169,6 +170,15 @@ class EchoEngine:
     def shutdown(self) -> None:
         self._waiting.clear()
         self._running.clear()
+
+    def describe(self) -> dict[str, Any]:
+        """Where this rank runs and which devices it sees (called as a utility)."""
+        return {
+            "rank": self.context.rank,
+            "node_id": self.context.node_id,
+            "device_ids": list(self.context.device_ids),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
 
     def stats(self) -> dict[str, int]:
         """Counters for tests and the demo summary (called as a utility)."""

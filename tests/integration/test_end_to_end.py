@@ -35,3 +35,32 @@ def test_dp2_serves_requests_and_close_leaves_nothing(two_nodes) -> None:  # typ
         cluster.client()
     cluster.close()  # idempotent
     assert ray.is_initialized()
+
+
+@pytest.mark.timeout(180)
+def test_each_rank_sees_only_its_own_devices(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    with raydp.launch(name="devices", dp_size=4, tensor_parallel_size=2, progress=False) as cluster:
+        client = cluster.client()
+        seen = [client.call_utility(rank, "describe") for rank in range(4)]
+    by_node: dict[str, list[str]] = {}
+    for info in seen:
+        assert len(info["device_ids"]) == 2, info
+        assert info["cuda_visible_devices"] == ",".join(info["device_ids"])
+        by_node.setdefault(info["node_id"], []).extend(info["device_ids"])
+    for node, devices in by_node.items():
+        assert len(devices) == len(set(devices)), f"ranks on node {node[:8]} share devices: {devices}"
+
+
+@pytest.mark.timeout(180)
+def test_dropping_the_last_handle_closes_the_cluster(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    import gc
+
+    cluster = raydp.launch(name="orphan", dp_size=2, progress=False)
+    client = cluster.client()
+    assert client.generate([1], max_tokens=1) == [1]
+    del cluster
+    gc.collect()
+    assert wait_until(lambda: not live_actors("orphan"), timeout=30), live_actors("orphan")
+    assert live_groups("orphan") == []
+    with pytest.raises(raydp.ClusterClosedError):
+        client.submit([1])
