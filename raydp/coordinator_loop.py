@@ -104,6 +104,9 @@ class CoordinatorLoop:
             if len(frame) != len(_PRESENCE) + 3 or frame[1:-2] != _PRESENCE:
                 continue  # the broadcast-topic subscription, or noise
             rank = int.from_bytes(frame[-2:], "little")
+            if rank >= self.state.engine_count:
+                self._drop(f"subscription for unknown rank {rank}")
+                continue
             with self._subscribed_changed:
                 (self.subscribed.add if frame[0] == 1 else self.subscribed.discard)(rank)
                 self._subscribed_changed.notify_all()
