@@ -85,6 +85,10 @@ class ActorManager:
         self._listeners: list[DeathListener] = []
         self._owned = Owned(name=config.name)
         self._finalizer = weakref.finalize(self, self._owned.release)
+        if config.detached:
+            # A detached cluster outlives its launcher: only close() ends it.
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, lambda: None)
         self.driver_node_id: str = ray.get_runtime_context().get_node_id()
         self.slots: tuple[RankSlot, ...] = ()
         self.endpoints: ClusterEndpoints | None = None
@@ -130,6 +134,7 @@ class ActorManager:
     def close(self) -> None:
         """Stop watching, shut the actors down, remove created groups. Idempotent."""
         self._finalizer()
+        self._owned.release()
 
     # ---- placement ---------------------------------------------------------------
 
@@ -342,6 +347,40 @@ def _watch(refs: dict[Any, int], stop: threading.Event, report: Callable[[int, D
             found = death_of(ref)
             cause, detail = found if found is not None else (DeathCause.EXITED, "run() returned")
             report(rank, cause, detail)
+
+
+def terminate_cluster(name: str) -> None:
+    """End a cluster launched elsewhere (e.g. detached): its named actors and groups."""
+    from ray.util.placement_group import PlacementGroup, placement_group_table
+
+    from actors.owned import Owned
+
+    owned = Owned(name=name)
+    for actor in _named_actors(name):
+        owned.engines.append(actor)
+    for info in placement_group_table().values():
+        if _is_rank_group(info.get("name", ""), name) and info.get("state") != "REMOVED":
+            gid = ray._raylet.PlacementGroupID(bytes.fromhex(info["placement_group_id"]))
+            owned.groups.append(PlacementGroup(gid))
+            owned.nodes.update(info.get("bundles_to_node_id", {}).values())
+    owned.release()
+
+
+def _named_actors(name: str) -> list[Any]:
+    from ray.util import list_named_actors
+
+    found = []
+    for entry in list_named_actors(all_namespaces=True):
+        if entry["namespace"] == NAMESPACE and (
+            entry["name"] == f"{name}-coordinator" or _is_rank_group(entry["name"], name)
+        ):
+            found.append(ray.get_actor(entry["name"], namespace=NAMESPACE))
+    return found
+
+
+def _is_rank_group(candidate: str, name: str) -> bool:
+    prefix = f"{name}-dp"
+    return candidate.startswith(prefix) and candidate[len(prefix):].isdigit()
 
 
 def _device_request(accelerator: str) -> dict[str, Any]:

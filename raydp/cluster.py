@@ -142,6 +142,14 @@ class Cluster:
         if self._manager is not None and self._owns_actors:
             self._manager.close()
 
+    def shutdown(self) -> None:
+        """Close this handle and end the cluster itself, even one launched elsewhere."""
+        self.close()
+        if self._manager is None:
+            from actors.manager import terminate_cluster
+
+            terminate_cluster(self.name)
+
     def __enter__(self) -> Cluster:
         return self
 

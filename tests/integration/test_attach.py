@@ -1,0 +1,47 @@
+"""A detached cluster outlives its launcher; a notebook attaches to it by name."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import ray
+
+import raydp
+from tests.integration.helpers import live_actors, live_groups, socket_dirs, wait_until
+
+LAUNCHER = """
+import ray, raydp
+ray.init(address="{address}")
+cluster = raydp.launch(name="nb", dp_size=2, detached=True, progress=False)
+print("launched", cluster.dp_size, flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_attach_to_a_detached_cluster_then_shut_it_down(two_nodes: Any) -> None:
+    address = ray.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-c", LAUNCHER.format(address=address)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "launched 2" in out.stdout, out.stderr[-3000:]
+    # The launcher has exited; the cluster is still there.
+    assert sorted(live_actors("nb")) == ["nb-coordinator", "nb-dp0", "nb-dp1"]
+    cluster = raydp.attach("nb")
+    try:
+        assert cluster.dp_size == 2
+        client = cluster.client()
+        handles = [client.submit([i], max_tokens=2) for i in range(10)]
+        assert [h.result(timeout=30) for h in handles] == [[i, i] for i in range(10)]
+        cluster.close()
+        assert sorted(live_actors("nb")) == ["nb-coordinator", "nb-dp0", "nb-dp1"], "close() only detaches"
+    finally:
+        raydp.attach("nb").shutdown()
+    assert wait_until(lambda: not live_actors("nb"), timeout=30)
+    assert live_groups("nb") == []
+    assert socket_dirs("nb") == []
+    with pytest.raises(raydp.ConfigError, match="name='nb'"):
+        raydp.attach("nb")
