@@ -13,6 +13,7 @@ garbage collection and interpreter exit all release; release is idempotent.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 import weakref
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import ray
 import zmq
 from ray.util.placement_group import PlacementGroup
@@ -50,6 +52,7 @@ logger = logging.getLogger("raydp.manager")
 NAMESPACE = "raydp"
 WATCH_TIMEOUT_S = 0.05
 DeathListener = Callable[[ComponentDeadError], None]
+RestartListener = Callable[[EngineEndpoint], None]
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,13 @@ class RankSlot:
 
 @dataclass
 class _Startup:
+    """What startup learned, kept for restarts; ``run_refs`` maps a ref to its rank (-1: coordinator)."""
+
     coordinator: Any = None
     coordinator_endpoints: CoordinatorEndpoints | None = None
     run_refs: dict[Any, int] = field(default_factory=dict)
+    devices: list[tuple[str, ...]] = field(default_factory=list)
+    dp_master: str = ""
 
 
 class ActorManager:
@@ -83,6 +90,10 @@ class ActorManager:
         self._user_groups = list(placement_groups) if placement_groups is not None else None
         self._progress = progress
         self._listeners: list[DeathListener] = []
+        self._restart_listeners: list[RestartListener] = []
+        self._restarts_left: dict[int, int] = {}
+        self._startup = _Startup()
+        self._watch_queue: queue.SimpleQueue[tuple[Any, int]] = queue.SimpleQueue()
         self._owned = Owned(name=config.name)
         self._finalizer = weakref.finalize(self, self._owned.release)
         if config.detached:
@@ -112,22 +123,30 @@ class ActorManager:
     def on_death(self, listener: DeathListener) -> None:
         self._listeners.append(listener)
 
+    def on_restart(self, listener: RestartListener) -> None:
+        """Called with the new endpoint once a dead rank has been restarted and rejoined."""
+        self._restart_listeners.append(listener)
+
     def start(self) -> ClusterEndpoints:
         """Create everything and wait for it; on any failure release it all and raise."""
         try:
             self.slots = self._place()
             self._owned.nodes.update(s.node_id for s in self.slots)
-            devices = self._probe_devices()
-            startup = _Startup()
+            startup = self._startup
+            startup.devices = self._probe_devices()
             self._start_coordinator(startup)
-            self._start_engines(startup, devices)
-            result = self._handshake(startup)
-            self._wait_coordinator(startup)
+            ranks = [s.rank for s in self.slots]
+            self._start_engines(startup, ranks)
+            startup.dp_master = self._dp_master(startup)
+            result, refs = self._handshake(startup, ranks, startup.run_refs, self._progress)
+            startup.run_refs.update(refs)
+            self._wait_coordinator(startup.run_refs)
         except BaseException:
             self.close()
             raise
         self.endpoints = self._cluster_endpoints(startup, result)
         self._owned.coordinator.set_cluster.remote(self.endpoints)
+        self._restarts_left = {s.rank: self.config.max_restarts for s in self.slots}
         self._start_watcher(startup)
         return self.endpoints
 
@@ -216,41 +235,56 @@ class ActorManager:
         startup.run_refs[ref] = -1
         self._owned.run_refs.append(ref)
 
-    def _start_engines(self, startup: _Startup, devices: list[tuple[str, ...]]) -> None:
+    def _start_engines(self, startup: _Startup, ranks: list[int]) -> None:
+        """Create the engine actors of ``ranks`` (all at startup, one on a restart)."""
         cfg = self.config
         cls = ray.remote(EngineCoreActor)
-        for slot, device_ids in zip(self.slots, devices, strict=True):
+        engines = self._owned.engines
+        for rank in ranks:
+            slot = self.slots[rank]
             actor = cls.options(
                 num_cpus=1,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, cfg.world_size),
-                **self._actor_options(f"{cfg.name}-dp{slot.rank}"),
-            ).remote(cfg, slot.rank, slot.local_rank, self.driver_node_id, device_ids)
-            self._owned.engines.append(actor)
+                **self._actor_options(f"{cfg.name}-dp{rank}"),
+            ).remote(cfg, rank, slot.local_rank, self.driver_node_id, startup.devices[rank])
+            if rank < len(engines):
+                engines[rank] = actor
+            else:
+                engines.append(actor)
 
-    def _handshake(self, startup: _Startup) -> HandshakeResult:
+    def _handshake(
+        self,
+        startup: _Startup,
+        ranks: list[int],
+        also_watch: dict[Any, int],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> tuple[HandshakeResult, dict[Any, int]]:
+        """Run ``ranks`` through the handshake; return the result and their run refs."""
         cfg = self.config
         owned = self._owned
-        owned.ctx = zmq.Context()
-        owned.ipc_dir = IpcDir(f"{cfg.name}-frontend")
+        if owned.ctx is None:
+            owned.ctx = zmq.Context()
+            owned.ipc_dir = IpcDir(f"{cfg.name}-frontend")
         server = HandshakeServer(owned.ctx, socket_options(cfg), transport=cfg.transport, ipc_dir=owned.ipc_dir)
-        owned.handshake = server
-        for slot, actor in zip(self.slots, owned.engines, strict=True):
-            ref = actor.run.remote(server.addresses, self.driver_node_id)
-            startup.run_refs[ref] = slot.rank
+        watched = dict(also_watch)
+        refs = {}
+        for rank in ranks:
+            ref = owned.engines[rank].run.remote(server.addresses, self.driver_node_id)
+            refs[ref] = rank
             owned.run_refs.append(ref)
-        dp_master = self._dp_master(startup)
+        watched.update(refs)
         try:
-            return server.run(
-                {s.rank: s.node_id == self.driver_node_id for s in self.slots},
-                lambda rank: self._init_for(rank, startup, dp_master),
+            result = server.run(
+                {r: self.slots[r].node_id == self.driver_node_id for r in ranks},
+                lambda rank: self._init_for(rank, startup, startup.dp_master),
                 cfg.config_hash(),
                 cfg.startup_timeout_s,
-                liveness=lambda: self._check_startup(startup),
-                progress=self._progress,
+                liveness=lambda: _check_startup(watched),
+                progress=progress,
             )
         finally:
             server.close()
-            owned.handshake = None
+        return result, refs
 
     def _dp_master(self, startup: _Startup) -> str:
         if not self.config.lockstep:
@@ -258,9 +292,12 @@ class ActorManager:
         ref = self._owned.engines[0].dp_master.remote()
         deadline = time.monotonic() + self.config.startup_timeout_s
         while not ray.wait([ref], timeout=0.05)[0]:
-            self._check_startup(startup)
+            _check_startup(startup.run_refs)
             if time.monotonic() > deadline:
                 raise StartupError("rank 0 did not start in time to host the DP rendezvous")
+        found = death_of(ref)
+        if found is not None:
+            raise StartupError(f"engine rank 0 failed during startup ({found[0].value}):\n{found[1]}")
         return str(ray.get(ref))
 
     def _init_for(self, rank: int, startup: _Startup, dp_master: str) -> Init:
@@ -274,20 +311,12 @@ class ActorManager:
                            cfg.stats_interval_s),
         )
 
-    def _check_startup(self, startup: _Startup) -> None:
-        done, _ = ray.wait(list(startup.run_refs), num_returns=1, timeout=0)
-        if not done:
-            return
-        rank = startup.run_refs[done[0]]
-        found = death_of(done[0])
-        cause, detail = found if found is not None else (DeathCause.EXITED, "run() returned during startup")
-        who = "the coordinator" if rank < 0 else f"engine rank {rank}"
-        raise StartupError(f"{who} failed during startup ({cause.value}):\n{detail}")
-
-    def _wait_coordinator(self, startup: _Startup) -> None:
-        ref = startup.coordinator.wait_for_engines.remote(self.config.dp_size, self.config.handshake_timeout_s)
+    def _wait_coordinator(self, watched: dict[Any, int]) -> None:
+        """Block until every engine has subscribed to the coordinator's broadcast."""
+        coordinator = self._owned.coordinator
+        ref = coordinator.wait_for_engines.remote(self.config.dp_size, self.config.handshake_timeout_s)
         while not ray.wait([ref], timeout=0.05)[0]:
-            self._check_startup(startup)
+            _check_startup(watched)
         if not ray.get(ref):
             raise StartupError("engines did not subscribe to the coordinator's broadcast in time")
 
@@ -314,17 +343,21 @@ class ActorManager:
                 method(rank, cause, detail)
 
         thread = threading.Thread(
-            target=_watch, args=(refs, self._owned.stop, report_if_alive), name="raydp-watcher", daemon=True
+            target=_watch,
+            args=(refs, self._owned.stop, report_if_alive, self._watch_queue),
+            name="raydp-watcher",
+            daemon=True,
         )
         self._owned.watcher = thread
         thread.start()
 
     def _report(self, rank: int, cause: DeathCause, detail: str) -> None:
         err: ComponentDeadError
+        restarting = self._may_restart(rank, cause)
         if rank < 0:
             err = CoordinatorDeadError("coordinator", self.slots[0].node_id, cause, detail)
         else:
-            err = EngineDeadError(rank, self.slots[rank].node_id, cause, detail)
+            err = EngineDeadError(rank, self.slots[rank].node_id, cause, detail, restarting)
         logger.error("%s", err)
         self.deaths.append(err)
         for listener in list(self._listeners):
@@ -332,13 +365,75 @@ class ActorManager:
                 listener(err)
             except Exception:
                 logger.exception("death listener failed")
-        if self.config.lockstep and rank >= 0:
+        if restarting:
+            threading.Thread(target=self._restart, args=(rank,), name=f"raydp-restart-{rank}", daemon=True).start()
+        elif self.config.lockstep and rank >= 0:
             # The collective is broken: the peers would wait in it forever.
             self._owned.kill_engines(except_rank=rank)
 
+    # ---- restarts (dense mode) ---------------------------------------------------------
 
-def _watch(refs: dict[Any, int], stop: threading.Event, report: Callable[[int, DeathCause, str], None]) -> None:
-    while refs and not stop.is_set():
+    def _may_restart(self, rank: int, cause: DeathCause) -> bool:
+        """Dense ranks restart in their group while the policy allows; lockstep gangs do not."""
+        if rank < 0 or self.config.lockstep or self._owned.stop.is_set():
+            return False
+        if cause is DeathCause.NODE_DIED or self._restarts_left.get(rank, 0) <= 0:
+            return False  # a dead node took the rank's placement group with it
+        self._restarts_left[rank] -= 1
+        return True
+
+    def _restart(self, rank: int) -> None:
+        try:
+            with self._owned.lock:
+                if self._owned.released:
+                    return
+                self._start_engines(self._startup, [rank])
+            result, refs = self._handshake(self._startup, [rank], {})
+            self._wait_coordinator(refs)
+        except Exception as exc:
+            if not self._owned.stop.is_set():
+                self._restarts_left[rank] = 0
+                self._report(rank, DeathCause.INIT_FAILED, f"restart failed: {exc}")
+            return
+        endpoint = EngineEndpoint(rank, self.slots[rank].node_id, result.ready[rank].input_addresses)
+        assert self.endpoints is not None
+        engines = [endpoint if e.rank == rank else e for e in self.endpoints.engines]
+        self.endpoints = msgspec.structs.replace(self.endpoints, engines=engines)
+        self._owned.coordinator.set_cluster.remote(self.endpoints)
+        for ref in refs:
+            self._watch_queue.put((ref, rank))
+        logger.warning("engine rank %d restarted and rejoined", rank)
+        for listener in list(self._restart_listeners):
+            listener(endpoint)
+
+
+def _check_startup(refs: dict[Any, int]) -> None:
+    """Raise StartupError naming the first of ``refs`` that has finished (all should be running)."""
+    if not refs:
+        return
+    done, _ = ray.wait(list(refs), num_returns=1, timeout=0)
+    if not done:
+        return
+    rank = refs[done[0]]
+    found = death_of(done[0])
+    cause, detail = found if found is not None else (DeathCause.EXITED, "run() returned during startup")
+    who = "the coordinator" if rank < 0 else f"engine rank {rank}"
+    raise StartupError(f"{who} failed during startup ({cause.value}):\n{detail}")
+
+
+def _watch(
+    refs: dict[Any, int],
+    stop: threading.Event,
+    report: Callable[[int, DeathCause, str], None],
+    incoming: queue.SimpleQueue[tuple[Any, int]],
+) -> None:
+    while not stop.is_set():
+        while not incoming.empty():
+            ref, rank = incoming.get()
+            refs[ref] = rank
+        if not refs:
+            stop.wait(WATCH_TIMEOUT_S)
+            continue
         done, _ = ray.wait(list(refs), num_returns=1, timeout=WATCH_TIMEOUT_S)
         for ref in done:
             rank = refs.pop(ref)

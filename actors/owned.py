@@ -36,11 +36,13 @@ class Owned:
     nodes: set[str] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
     released: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def release(self) -> None:
-        if self.released:
-            return
-        self.released = True
+        with self.lock:  # a restart in flight must not add actors behind our back
+            if self.released:
+                return
+            self.released = True
         self.stop.set()
         if self.watcher is not None and self.watcher is not threading.current_thread():
             self.watcher.join(timeout=2)

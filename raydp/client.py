@@ -31,7 +31,7 @@ from typing import Any
 import zmq
 
 from raydp.balancer import LoadBalancer
-from raydp.endpoints import ClusterEndpoints
+from raydp.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.errors import (
     ClusterClosedError,
     ConfigError,
@@ -129,6 +129,10 @@ class Client:
     def mark_dead(self, error: EngineDeadError) -> None:
         """Fail (or retry elsewhere) the requests on a dead rank; stop routing to it."""
         self._enqueue(lambda: self._do_mark_dead(error), allow_closed=True)
+
+    def revive(self, endpoint: EngineEndpoint) -> None:
+        """A restarted rank is back at ``endpoint``: reconnect and route to it again."""
+        self._enqueue(lambda: self._do_revive(endpoint), allow_closed=True)
 
     def close(self) -> None:
         """Fail what is in flight with ClusterClosedError, stop the IO thread, close sockets."""
@@ -312,6 +316,10 @@ class Client:
             else:
                 state.deliver(error)
 
+    def _do_revive(self, endpoint: EngineEndpoint) -> None:
+        self._io.reconnect(endpoint)
+        self._dead.pop(endpoint.rank, None)
+
     def _fail_everything(self, error: RaydpError) -> None:
         for state in self._requests.values():
             state.deliver(error)
@@ -328,11 +336,8 @@ class _ClientSockets:
     def __init__(self, endpoints: ClusterEndpoints, node_id: str | None, opts: SocketOptions) -> None:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.identity = b"c" + secrets.token_bytes(7)
-        self.engines: list[zmq.Socket[bytes]] = []
-        for ep in endpoints.engines:
-            sock = make_socket(self.ctx, zmq.DEALER, opts, identity=self.identity)
-            sock.connect(pick_address(ep.input_addresses, same_node=ep.node_id == node_id))
-            self.engines.append(sock)
+        self.node_id, self.opts = node_id, opts
+        self.engines = [self._engine_socket(ep) for ep in endpoints.engines]
         coord = endpoints.coordinator
         same = coord.node_id == node_id
         self.stats = make_socket(self.ctx, zmq.SUB, opts)
@@ -348,6 +353,18 @@ class _ClientSockets:
         self.poller = zmq.Poller()
         for sock in (*self.engines, self.stats, self.wake):
             self.poller.register(sock, zmq.POLLIN)
+
+    def _engine_socket(self, ep: EngineEndpoint) -> zmq.Socket[bytes]:
+        sock = make_socket(self.ctx, zmq.DEALER, self.opts, identity=self.identity)
+        sock.connect(pick_address(ep.input_addresses, same_node=ep.node_id == self.node_id))
+        return sock
+
+    def reconnect(self, ep: EngineEndpoint) -> None:
+        old = self.engines[ep.rank]
+        self.poller.unregister(old)
+        old.close(linger=0)
+        self.engines[ep.rank] = self._engine_socket(ep)
+        self.poller.register(self.engines[ep.rank], zmq.POLLIN)
 
     def poll(self, timeout_ms: int) -> list[zmq.Socket[bytes]]:
         return [sock for sock, _ in self.poller.poll(timeout_ms)]

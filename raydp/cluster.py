@@ -9,8 +9,10 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from raydp.config import RaydpConfig
-from raydp.endpoints import ClusterEndpoints
+from raydp.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.engine import engine_path
 from raydp.errors import ClusterClosedError, ComponentDeadError, ConfigError, EngineDeadError
 
@@ -36,6 +38,7 @@ class Cluster:
         self._lock = threading.Lock()
         self._dead = threading.Condition(self._lock)
         self._deaths: list[ComponentDeadError] = []
+        self._dead_ranks: dict[int, EngineDeadError] = {}  # dead now (a restart may revive them)
         self._closed = False
         self._owns_actors = owns_actors
         # Dropping the last handle closes the clients (and, via the manager's
@@ -43,6 +46,7 @@ class Cluster:
         weakref.finalize(self, _close_all, self._clients)
         if manager is not None:
             manager.on_death(self._on_death)
+            manager.on_restart(self._on_restart)
 
     @property
     def name(self) -> str:
@@ -65,9 +69,8 @@ class Cluster:
             if self._closed:
                 raise ClusterClosedError(f"cluster {self.name!r} is closed")
             client = Client(self.endpoints, node_id=_node_id(), client_index=client_index, client_count=client_count)
-            for err in self._deaths:
-                if isinstance(err, EngineDeadError):
-                    client.mark_dead(err)
+            for err in self._dead_ranks.values():
+                client.mark_dead(err)
             self._clients.append(client)
             return client
 
@@ -91,25 +94,41 @@ class Cluster:
     def _on_death(self, err: ComponentDeadError) -> None:
         with self._lock:
             self._deaths.append(err)
+            if isinstance(err, EngineDeadError):
+                self._dead_ranks[err.rank] = err
             clients = list(self._clients)
             self._dead.notify_all()
         if isinstance(err, EngineDeadError):
             for client in clients:
                 client.mark_dead(err)
 
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until a component dies, then raise its error; Ctrl-C closes the cluster.
+    def _on_restart(self, endpoint: EngineEndpoint) -> None:
+        with self._lock:
+            engines = [endpoint if e.rank == endpoint.rank else e for e in self.endpoints.engines]
+            self.endpoints = msgspec.structs.replace(self.endpoints, engines=engines)
+            self._dead_ranks.pop(endpoint.rank, None)
+            clients = list(self._clients)
+        for client in clients:
+            client.revive(endpoint)
 
-        Returns None if ``timeout`` passes with everything alive.
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until a component dies for good, then raise its error; Ctrl-C closes the cluster.
+
+        Deaths the restart policy recovers from do not end the wait (they are
+        listed in :attr:`deaths`). Returns None if ``timeout`` passes.
         """
         try:
             with self._dead:
-                self._dead.wait_for(lambda: bool(self._deaths) or self._closed, timeout)
-                if self._deaths:
-                    raise self._deaths[0]
+                self._dead.wait_for(lambda: bool(self._final_deaths()) or self._closed, timeout)
+                final = self._final_deaths()
+                if final:
+                    raise final[0]
         except KeyboardInterrupt:
             self.close()
             raise
+
+    def _final_deaths(self) -> list[ComponentDeadError]:
+        return [e for e in self._deaths if not getattr(e, "restarting", False)]
 
     @property
     def deaths(self) -> list[ComponentDeadError]:

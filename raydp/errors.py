@@ -95,15 +95,21 @@ class ComponentDeadError(RaydpError):
 
 
 class EngineDeadError(ComponentDeadError):
-    """An engine core rank died; in-flight requests on it fail with this error."""
+    """An engine core rank died; in-flight requests on it fail with this error.
+
+    ``restarting`` is True when the restart policy brings the rank back.
+    """
 
     component = "engine"
 
     def __init__(
-        self, rank: int, node_id: str | None, cause: DeathCause, detail: str = ""
+        self, rank: int, node_id: str | None, cause: DeathCause, detail: str = "", restarting: bool = False
     ) -> None:
         super().__init__(f"rank {rank}", node_id, cause, detail)
+        if restarting:
+            self.args = (f"{self.args[0]}; restarting it",)
         self.rank = rank
+        self.restarting = restarting
 
 
 class CoordinatorDeadError(ComponentDeadError):

@@ -418,6 +418,7 @@ MODES = {
     "lockstep": (True, False),
     "lockstep+collective": (True, True),
 }
+BUSY_STEPS = 64  # steps every rank takes before the warm-up starts (gloo init, first wave)
 
 
 def step_rate(mode: str, step_delay_s: float, sizes: Sizes, name: str) -> StepRate:
@@ -443,42 +444,69 @@ def step_rate(mode: str, step_delay_s: float, sizes: Sizes, name: str) -> StepRa
             for rank in range(DP_SIZE)
             for _ in range(sizes.busy_per_rank)
         ]
-        time.sleep(sizes.step_warmup_s)
-        result = StepRate(mode, step_delay_s)
-        per_rank_windows: list[list[float]] = []
-        dummies = total = collectives = 0.0
-        elapsed = 0.0
-        for _ in range(sizes.step_windows):
-            before, t0 = rank_stats(probe), time.perf_counter()
-            time.sleep(sizes.step_window_s)
-            after, t1 = rank_stats(probe), time.perf_counter()
-            rates = []
-            for b, a in zip(before, after, strict=True):
-                steps = a["steps"] + a["dummy_steps"] - b["steps"] - b["dummy_steps"]
-                rates.append(steps / (t1 - t0))
-                total += steps
-                dummies += a["dummy_steps"] - b["dummy_steps"]
-                collectives += a["collectives"] - b["collectives"]
-            elapsed += t1 - t0
-            per_rank_windows.append(rates)
-        means = [statistics.fmean(r) for r in per_rank_windows]
-        best = means.index(statistics.median_low(means))
-        result.steps_per_s = means[best]
-        result.per_rank = per_rank_windows[best]
-        result.windows = means
-        result.dummy_fraction = dummies / total if total else 0.0
-        result.collectives_per_s = collectives / DP_SIZE / elapsed
-        for handle in handles:
-            load.abort(handle.request_id)
-        if lockstep:
-            wait_paused(cluster)
-        return result
+        try:
+            wait_stepping(probe, BUSY_STEPS)
+            time.sleep(sizes.step_warmup_s)
+            return measure_windows(probe, mode, step_delay_s, sizes)
+        finally:
+            for handle in handles:
+                load.abort(handle.request_id)
+            wait_done(handles)
+            if lockstep:
+                wait_paused(cluster)
     finally:
         cluster.close()
 
 
+def measure_windows(probe: Any, mode: str, step_delay_s: float, sizes: Sizes) -> StepRate:
+    windows: list[list[float]] = []
+    total = dummies = collectives = 0
+    elapsed = 0.0
+    for _ in range(sizes.step_windows):
+        before, t0 = rank_stats(probe), time.perf_counter()
+        time.sleep(sizes.step_window_s)
+        after, t1 = rank_stats(probe), time.perf_counter()
+        rates = []
+        for b, a in zip(before, after, strict=True):
+            steps = a["steps"] + a["dummy_steps"] - b["steps"] - b["dummy_steps"]
+            rates.append(steps / (t1 - t0))
+            total += steps
+            dummies += a["dummy_steps"] - b["dummy_steps"]
+            collectives += a["collectives"] - b["collectives"]
+        elapsed += t1 - t0
+        windows.append(rates)
+    means = [statistics.fmean(rates) for rates in windows]
+    median = means.index(statistics.median_low(means))
+    return StepRate(
+        mode,
+        step_delay_s,
+        steps_per_s=means[median],
+        per_rank=windows[median],
+        windows=means,
+        dummy_fraction=dummies / total if total else 0.0,
+        collectives_per_s=collectives / DP_SIZE / elapsed,
+    )
+
+
 def rank_stats(client: Any) -> list[dict[str, int]]:
     return [client.call_utility(rank, "stats", timeout=TIMEOUT_S) for rank in range(DP_SIZE)]
+
+
+def wait_stepping(probe: Any, steps: int, timeout: float = TIMEOUT_S) -> None:
+    """Until every rank took ``steps`` steps (a lockstep rank first joins its gloo group)."""
+    deadline = time.monotonic() + timeout
+    while min(s["steps"] + s["dummy_steps"] for s in rank_stats(probe)) < steps:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the ranks did not take {steps} steps in {timeout}s")
+        time.sleep(0.05)
+
+
+def wait_done(handles: list[Any], timeout: float = TIMEOUT_S) -> None:
+    """Until every aborted handle has heard of it (the client caught up with its backlog)."""
+    deadline = time.monotonic() + timeout
+    for handle in handles:
+        while not handle.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 def wait_paused(cluster: Any, timeout: float = 10.0) -> None:
@@ -488,7 +516,85 @@ def wait_paused(cluster: Any, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def lockstep_benchmark(sizes: Sizes) -> list[StepRate]:
+def collective_floor_worker(rank: int, port: int, delays: list[float], window_s: float, results: Any) -> None:
+    """One of 2 spawned processes: the steps/s of a bare loop, with and without a gloo all-reduce.
+
+    Per delay: ``sleep(delay)`` alone, then ``sleep(delay); all_reduce(1 float)``
+    (what EchoEngine's collective step does), each for ``window_s``. Rank 0
+    ends the all-reduce loop through the reduced value, so both ranks stop
+    on the same step.
+    """
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=DP_SIZE,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+    )
+    try:
+        for _ in range(BUSY_STEPS):
+            dist.all_reduce(torch.ones(1))
+        rates: dict[float, tuple[float, float]] = {}
+        for delay in delays:
+            dist.barrier()
+            n, start = 0, time.perf_counter()
+            while time.perf_counter() - start < window_s:
+                if delay:
+                    time.sleep(delay)
+                n += 1
+            alone = n / (time.perf_counter() - start)
+            dist.barrier()
+            n, start = 0, time.perf_counter()
+            while True:
+                if delay:
+                    time.sleep(delay)
+                go = torch.ones(1) if rank or time.perf_counter() - start < window_s else torch.zeros(1)
+                dist.all_reduce(go, op=dist.ReduceOp.MIN)
+                n += 1
+                if go.item() == 0:
+                    break
+            rates[delay] = (alone, n / (time.perf_counter() - start))
+        results.put((rank, rates))
+    finally:
+        dist.destroy_process_group()
+
+
+def collective_floor(sizes: Sizes) -> dict[float, tuple[float, float]]:
+    """Per delay: (bare loop steps/s, bare loop + gloo all-reduce steps/s), mean of 2 ranks."""
+    from raydp.collective import free_port
+
+    spawn = multiprocessing.get_context("spawn")
+    results = spawn.Queue()
+    port = free_port("127.0.0.1")
+    window = sizes.step_window_s * sizes.step_windows
+    procs = [
+        spawn.Process(target=collective_floor_worker, args=(rank, port, list(sizes.step_delays_s), window, results))
+        for rank in range(DP_SIZE)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        per_rank = [results.get(timeout=TIMEOUT_S)[1] for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+    return {
+        delay: (statistics.fmean(r[delay][0] for r in per_rank), statistics.fmean(r[delay][1] for r in per_rank))
+        for delay in sizes.step_delays_s
+    }
+
+
+def lockstep_benchmark(sizes: Sizes) -> tuple[list[StepRate], dict[float, tuple[float, float]] | str]:
+    floor: dict[float, tuple[float, float]] | str
+    log("step rate: bare loop and gloo all-reduce floor (2 processes, no raydp)")
+    try:
+        floor = collective_floor(sizes)
+    except Exception as exc:
+        floor = f"{type(exc).__name__}: {exc}"
     results = []
     for delay in sizes.step_delays_s:
         for i, mode in enumerate(MODES):
@@ -497,7 +603,7 @@ def lockstep_benchmark(sizes: Sizes) -> list[StepRate]:
                 results.append(step_rate(mode, delay, sizes, name=f"bench-step-{i}"))
             except Exception as exc:
                 results.append(StepRate(mode, delay, error=f"{type(exc).__name__}: {exc}"))
-    return results
+    return results, floor
 
 
 # ---- report ----------------------------------------------------------------------------------
