@@ -231,7 +231,11 @@ def launch(
 
         manager = ActorManager(config, placement_groups=placement_groups, progress=bar)
     endpoints = manager.start()
-    return Cluster(manager, endpoints)
+    try:
+        return Cluster(manager, endpoints)
+    except BaseException:
+        manager.close()
+        raise
 
 
 def attach(name: str, *, address: str | None = None) -> Cluster:

@@ -206,6 +206,9 @@ class CoreEngineProcManager:
     def on_death(self, listener: DeathListener) -> None:
         self._listeners.append(listener)
 
+    def on_restart(self, listener: Callable[[EngineEndpoint], None]) -> None:
+        """Local processes are not restarted: a dead rank stays dead."""
+
     def start(self) -> ClusterEndpoints:
         try:
             coordinator = self._start_coordinator()
