@@ -35,6 +35,7 @@ from placement.groups import create_groups, validate_user_groups, wait_ready
 from placement.inventory import read_inventory
 from placement.planner import PlacementPlan, plan_placement
 from raydp.config import RaydpConfig
+from raydp.coordinator_client import CoordinatorClient
 from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.engine_host import socket_options
 from raydp.errors import (
@@ -94,6 +95,7 @@ class ActorManager:
         self._restarts_left: dict[int, int] = {}
         self._startup = _Startup()
         self._watch_queue: queue.SimpleQueue[tuple[Any, int]] = queue.SimpleQueue()
+        self._coordinator_client: CoordinatorClient | None = None
         self._owned = Owned(name=config.name)
         self._finalizer = weakref.finalize(self, self._owned.release)
         if config.detached:
@@ -146,6 +148,10 @@ class ActorManager:
             raise
         self.endpoints = self._cluster_endpoints(startup, result)
         self._owned.coordinator.set_cluster.remote(self.endpoints)
+        self._coordinator_client = CoordinatorClient(
+            self.endpoints.coordinator, self.driver_node_id, socket_options(self.config)
+        )
+        self._owned.closers.append(self._coordinator_client.close)
         self._restarts_left = {s.rank: self.config.max_restarts for s in self.slots}
         self._start_watcher(startup)
         return self.endpoints
@@ -360,6 +366,8 @@ class ActorManager:
             err = EngineDeadError(rank, self.slots[rank].node_id, cause, detail, restarting)
         logger.error("%s", err)
         self.deaths.append(err)
+        if rank >= 0 and self._coordinator_client is not None:
+            self._coordinator_client.engine_dead(rank, cause.value)
         for listener in list(self._listeners):
             try:
                 listener(err)
@@ -367,8 +375,9 @@ class ActorManager:
                 logger.exception("death listener failed")
         if restarting:
             threading.Thread(target=self._restart, args=(rank,), name=f"raydp-restart-{rank}", daemon=True).start()
-        elif self.config.lockstep and rank >= 0:
-            # The collective is broken: the peers would wait in it forever.
+        elif self.config.lockstep:
+            # The collective (or, for the coordinator, the waves) is broken:
+            # the peers would wait in it forever. Fail the whole gang now.
             self._owned.kill_engines(except_rank=rank)
 
     # ---- restarts (dense mode) ---------------------------------------------------------
@@ -400,6 +409,8 @@ class ActorManager:
         engines = [endpoint if e.rank == rank else e for e in self.endpoints.engines]
         self.endpoints = msgspec.structs.replace(self.endpoints, engines=engines)
         self._owned.coordinator.set_cluster.remote(self.endpoints)
+        if self._coordinator_client is not None:
+            self._coordinator_client.engine_revived(rank, endpoint.input_addresses)
         for ref in refs:
             self._watch_queue.put((ref, rank))
         logger.warning("engine rank %d restarted and rejoined", rank)

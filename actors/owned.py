@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,6 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from placement.groups import remove_groups
-from raydp.handshake import HandshakeServer
 from raydp.transport import IpcDir, remove_cluster_ipc_dirs
 
 logger = logging.getLogger("raydp.manager")
@@ -27,11 +27,11 @@ class Owned:
     coordinator: Any = None
     engines: list[Any] = field(default_factory=list)
     groups: list[PlacementGroup] = field(default_factory=list)
-    handshake: HandshakeServer | None = None
     ctx: zmq.Context[zmq.Socket[bytes]] | None = None
     ipc_dir: IpcDir | None = None
     watcher: threading.Thread | None = None
     run_refs: list[Any] = field(default_factory=list)
+    closers: list[Callable[[], None]] = field(default_factory=list)
     name: str = ""
     nodes: set[str] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -51,8 +51,8 @@ class Owned:
             remove_groups(self.groups)
             self._sweep_socket_dirs()
         self.groups.clear()
-        if self.handshake is not None:
-            self.handshake.close()
+        for close in self.closers:
+            close()
         if self.ctx is not None:
             self.ctx.destroy(linger=0)
         if self.ipc_dir is not None:

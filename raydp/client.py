@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import secrets
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import msgspec
 import zmq
 
 from raydp.balancer import LoadBalancer
@@ -35,6 +36,7 @@ from raydp.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.errors import (
     ClusterClosedError,
     ConfigError,
+    DeathCause,
     EngineDeadError,
     ProtocolError,
     RaydpError,
@@ -56,6 +58,7 @@ from raydp.requests import Listener, RequestHandle, RequestState
 from raydp.transport import SocketOptions, make_socket, pick_address
 
 logger = logging.getLogger("raydp.client")
+MAX_TOKEN_ID = 2**31 - 1
 Command = Callable[[], None]
 
 
@@ -70,19 +73,25 @@ class Client:
         client_index: int = 0,
         client_count: int = 1,
         options: SocketOptions | None = None,
+        follow_liveness: bool = True,
     ) -> None:
         if not 0 <= client_index < client_count:
             raise ConfigError(f"client_index={client_index}: must be in [0, client_count={client_count})")
         self.endpoints = endpoints
         self.client_index, self.client_count = client_index, client_count
+        # Clients in the launching process hear of deaths from the manager directly;
+        # every other client (API servers, attached notebooks) from the coordinator.
+        self._follow_liveness = follow_liveness
         self._balancer = LoadBalancer(len(endpoints.engines), client_count)
         self._requests: dict[str, RequestState] = {}
-        self._calls: dict[int, Future[Any]] = {}
+        self._calls: dict[int, tuple[int, str, Future[Any]]] = {}
         self._call_ids = itertools.count(1)
         self._dead: dict[int, EngineDeadError] = {}
         self._commands: collections.deque[Command] = collections.deque()
         self._lock = threading.Lock()
         self._closed = False
+        self._fatal: RaydpError = ClusterClosedError("the client is closed")
+        self._ids = itertools.count()
         self._last_snapshot: StatsSnapshot | None = None
         self._io = _ClientSockets(endpoints, node_id, options or SocketOptions())
         self._thread = threading.Thread(target=self._io_loop, name="raydp-client-io", daemon=True)
@@ -119,7 +128,12 @@ class Client:
         """Call ``method(*args)`` on rank ``rank``'s engine core; msgpack-native args only."""
         self._check_rank(rank)
         future: Future[Any] = Future()
-        self._enqueue(lambda: self._do_call(rank, method, list(args), future))
+        call_id = next(self._call_ids)
+        try:  # encode here, so unencodable arguments fail in the caller
+            body = encode(UtilityCall(call_id, method, list(args)))
+        except TypeError as exc:
+            raise ConfigError(f"args={args!r}: not msgpack-encodable ({exc})") from None
+        self._enqueue(lambda: self._do_call(rank, call_id, (method, future), body))
         return future.result(timeout)
 
     def snapshot(self) -> StatsSnapshot | None:
@@ -137,11 +151,14 @@ class Client:
     def close(self) -> None:
         """Fail what is in flight with ClusterClosedError, stop the IO thread, close sockets."""
         with self._lock:
-            if self._closed:
+            if self._closed and not self._thread.is_alive():
                 return
             self._closed = True
-        self._io.ring()
+            self._io.ring()
         self._thread.join(timeout=5)
+        if self._thread.is_alive():  # never close sockets under a live IO thread
+            logger.error("client IO thread did not stop; leaving its sockets open")
+            return
         self._io.close()
 
     def __enter__(self) -> Client:
@@ -155,16 +172,17 @@ class Client:
     def _make_request(
         self, prompt: Sequence[int], max_tokens: int, rank: int | None, request_id: str | None
     ) -> Request:
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ConfigError(f"max_tokens={max_tokens!r}: must be an int >= 1")
+        if not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKEN_ID:
+            raise ConfigError(f"max_tokens={max_tokens!r}: must be an int in [1, {MAX_TOKEN_ID}]")
         tokens = list(prompt)
-        if not all(isinstance(t, int) and t >= 0 for t in tokens):
-            raise ConfigError(f"prompt_token_ids={tokens[:8]!r}...: must be non-negative ints")
+        for i, t in enumerate(tokens):
+            if not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID:
+                raise ConfigError(f"prompt_token_ids[{i}]={t!r}: must be an int in [0, {MAX_TOKEN_ID}]")
         if rank is not None:
             self._check_rank(rank)
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise ConfigError(f"request_id={request_id!r}: must be a non-empty str")
-        rid = request_id or uuid.uuid4().hex
+        rid = request_id or f"{self._io.identity.hex()}-{next(self._ids)}"
         return Request(rid, tokens, max_tokens, arrival_time=time.time())
 
     def _check_rank(self, rank: int) -> None:
@@ -188,31 +206,36 @@ class Client:
     def _enqueue(self, command: Command, allow_closed: bool = False) -> None:
         with self._lock:
             if self._closed and not allow_closed:
-                raise ClusterClosedError("the client is closed")
+                raise self._fatal
             self._commands.append(command)
             self._io.ring()
 
     # ---- IO thread --------------------------------------------------------------------
 
     def _io_loop(self) -> None:
+        reason: RaydpError = ClusterClosedError("the client was closed")
         try:
             while not self._closed:
                 for sock in self._io.poll(100):
                     self._on_readable(sock)
                 self._run_commands()
-        except Exception:
+        except Exception as exc:
             logger.exception("client IO thread crashed")
+            reason = ClusterClosedError(f"the client's IO thread crashed: {exc!r}")
         finally:
+            with self._lock:
+                self._closed = True  # later calls raise instead of queueing for nobody
+                self._fatal = reason
             self._run_commands()
-            self._fail_everything(ClusterClosedError("the client was closed"))
+            self._fail_everything(reason)
 
     def _run_commands(self) -> None:
         while self._commands:
             command = self._commands.popleft()
             try:
                 command()
-            except RaydpError as exc:
-                logger.warning("client command failed: %s", exc)
+            except Exception:  # one bad command must not take the IO thread down
+                logger.exception("client command failed")
 
     def _on_readable(self, sock: zmq.Socket[bytes]) -> None:
         io = self._io
@@ -233,6 +256,19 @@ class Client:
             return
         self._balancer.on_snapshot(snap)
         self._last_snapshot = snap
+        if self._follow_liveness:
+            self._apply_liveness(snap)
+
+    def _apply_liveness(self, snap: StatsSnapshot) -> None:
+        """Deaths and restarts as the coordinator publishes them (snapshots arrive in order)."""
+        for ep in self.endpoints.engines:
+            if ep.rank in snap.dead:
+                if ep.rank not in self._dead:
+                    cause = _cause(snap.dead[ep.rank])
+                    self._do_mark_dead(EngineDeadError(ep.rank, ep.node_id, cause, "reported by the coordinator"))
+            elif ep.rank in self._dead or ep.rank in snap.moved:
+                addresses = snap.moved.get(ep.rank, ep.input_addresses)
+                self._do_revive(EngineEndpoint(ep.rank, ep.node_id, addresses))
 
     def _on_output_batch(self, body: bytes) -> None:
         try:
@@ -242,11 +278,11 @@ class Client:
             return
         for out in batch.outputs:
             self._deliver(out)
-        if batch.utility is not None:
-            future = self._calls.pop(batch.utility.call_id, None)
-            if future is not None and batch.utility.error is not None:
-                future.set_exception(RaydpError(f"utility call failed: {batch.utility.error}"))
-            elif future is not None:
+        if batch.utility is not None and batch.utility.call_id in self._calls:
+            rank, method, future = self._calls.pop(batch.utility.call_id)
+            if batch.utility.error is not None:
+                future.set_exception(RaydpError(f"utility {method!r} on rank {rank} failed: {batch.utility.error}"))
+            else:
                 future.set_result(batch.utility.result)
 
     def _deliver(self, out: Output) -> None:
@@ -282,9 +318,11 @@ class Client:
         request.wave = self._balancer.wave
         if self.endpoints.lockstep and self._balancer.note_first_request():
             self._io.to_coordinator(FirstRequest(rank=rank, wave=request.wave))
+        if not self._io.send_input(rank, RequestType.ADD, encode(request)):
+            state.deliver(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
+            return
         self._requests[request.request_id] = state
         self._balancer.on_sent(rank)
-        self._io.send_input(rank, RequestType.ADD, encode(request))
 
     def _do_abort(self, request_id: str) -> None:
         state = self._requests.pop(request_id, None)
@@ -295,13 +333,14 @@ class Client:
             self._io.send_input(state.rank, RequestType.ABORT, encode(Abort([request_id])))
         state.deliver(Output(request_id, [], True, "abort"))
 
-    def _do_call(self, rank: int, method: str, args: list[Any], future: Future[Any]) -> None:
+    def _do_call(self, rank: int, call_id: int, call: tuple[str, Future[Any]], body: bytes) -> None:
         if rank in self._dead:
-            future.set_exception(self._dead[rank])
+            call[1].set_exception(self._dead[rank])
             return
-        call_id = next(self._call_ids)
-        self._calls[call_id] = future
-        self._io.send_input(rank, RequestType.UTILITY, encode(UtilityCall(call_id, method, args)))
+        self._calls[call_id] = (rank, *call)
+        if not self._io.send_input(rank, RequestType.UTILITY, body):
+            del self._calls[call_id]
+            call[1].set_exception(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
 
     def _do_mark_dead(self, error: EngineDeadError) -> None:
         self._dead[error.rank] = error
@@ -317,17 +356,30 @@ class Client:
                 state.deliver(error)
 
     def _do_revive(self, endpoint: EngineEndpoint) -> None:
+        if endpoint == self.endpoints.engines[endpoint.rank]:
+            self._dead.pop(endpoint.rank, None)
+            return
         self._io.reconnect(endpoint)
+        engines = list(self.endpoints.engines)
+        engines[endpoint.rank] = endpoint
+        self.endpoints = msgspec.structs.replace(self.endpoints, engines=engines)
         self._dead.pop(endpoint.rank, None)
 
     def _fail_everything(self, error: RaydpError) -> None:
         for state in self._requests.values():
             state.deliver(error)
         self._requests.clear()
-        for future in self._calls.values():
+        for _, _, future in self._calls.values():
             if not future.done():
                 future.set_exception(error)
         self._calls.clear()
+
+
+def _cause(text: str) -> DeathCause:
+    try:
+        return DeathCause(text)
+    except ValueError:
+        return DeathCause.UNKNOWN
 
 
 class _ClientSockets:
@@ -346,9 +398,9 @@ class _ClientSockets:
         self.collect = make_socket(self.ctx, zmq.PUSH, opts)
         self.collect.connect(pick_address(coord.collect, same_node=same))
         wake_address = f"inproc://raydp-client-wake-{self.identity.hex()}"
-        self.wake = self.ctx.socket(zmq.PAIR)
+        self.wake = make_socket(self.ctx, zmq.PAIR, opts)
         self.wake.bind(wake_address)
-        self._bell = self.ctx.socket(zmq.PAIR)
+        self._bell = make_socket(self.ctx, zmq.PAIR, opts)
         self._bell.connect(wake_address)
         self.poller = zmq.Poller()
         for sock in (*self.engines, self.stats, self.wake):
@@ -387,11 +439,19 @@ class _ClientSockets:
         except zmq.Again:
             return None
 
-    def send_input(self, rank: int, tag: RequestType, body: bytes) -> None:
-        self.engines[rank].send_multipart([tag.value, body], copy=False)
+    def send_input(self, rank: int, tag: RequestType, body: bytes) -> bool:
+        """Queue a message for ``rank``; False if its queue is full (never blocks the IO thread)."""
+        try:
+            self.engines[rank].send_multipart([tag.value, body], flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        return True
 
     def to_coordinator(self, msg: Any) -> None:
-        self.collect.send(encode(msg), copy=False)
+        try:
+            self.collect.send(encode(msg), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            logger.warning("client: coordinator queue full, dropped %s", type(msg).__name__)
 
     def close(self) -> None:
         self.ctx.destroy(linger=0)
@@ -421,13 +481,19 @@ class AsyncClient:
         c = self.client
         request = c._make_request(prompt_token_ids, max_tokens, kw.get("rank"), kw.get("request_id"))
         c._submit(request, kw.get("rank"), listener, bool(kw.get("retryable", False)))
-        while True:
-            item = await queue.get()
-            if not isinstance(item, Output):
-                raise item
-            if item.error is not None:
-                raise RequestError(item.request_id, item.error)
-            if item.token_ids:
-                yield list(item.token_ids)
-            if item.finished:
-                return
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if not isinstance(item, Output):
+                    finished = True
+                    raise item
+                finished = item.finished
+                if item.error is not None:
+                    raise RequestError(item.request_id, item.error)
+                if item.token_ids:
+                    yield list(item.token_ids)
+        finally:
+            if not finished:  # the consumer went away (e.g. an HTTP client hung up)
+                with contextlib.suppress(ClusterClosedError):
+                    c.abort(request.request_id)

@@ -68,7 +68,13 @@ class Cluster:
         with self._lock:
             if self._closed:
                 raise ClusterClosedError(f"cluster {self.name!r} is closed")
-            client = Client(self.endpoints, node_id=_node_id(), client_index=client_index, client_count=client_count)
+            client = Client(
+                self.endpoints,
+                node_id=_node_id(),
+                client_index=client_index,
+                client_count=client_count,
+                follow_liveness=self._manager is None,
+            )
             for err in self._dead_ranks.values():
                 client.mark_dead(err)
             self._clients.append(client)

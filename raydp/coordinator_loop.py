@@ -76,9 +76,13 @@ class CoordinatorLoop:
                     self._drain_collect()
                 else:
                     self._drain_subscriptions()
-            snap = self.state.due_snapshot(time.monotonic())
+            now = time.monotonic()
+            snap = self.state.due_snapshot(now)
             if snap is not None:
                 self.publish.send(encode(snap))
+            wave = self.state.due_rebroadcast(now)
+            if wave is not None:
+                self._broadcast(wave)
 
     def _drain_collect(self) -> None:
         while True:
@@ -113,6 +117,7 @@ class CoordinatorLoop:
 
     def _broadcast(self, msg: StartDPWave | Shutdown) -> None:
         self.broadcasts += 1
+        self.state.note_broadcast(time.monotonic())
         self.broadcast.send_multipart([BROADCAST_TOPIC, encode(msg)])
 
     def _drop(self, why: str) -> None:

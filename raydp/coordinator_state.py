@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from raydp.protocol import (
+    EngineDead,
+    EngineRevived,
     EngineStats,
     FirstRequest,
     ScaleEngines,
@@ -34,7 +36,10 @@ class CoordinatorState:
     running: bool = False
     counts: list[list[int]] = field(default_factory=list)
     changed: bool = True
+    dead: dict[int, str] = field(default_factory=dict)
+    moved: dict[int, list[str]] = field(default_factory=dict)
     _last_publish: float = float("-inf")
+    _last_wave_broadcast: float = float("-inf")
     _seq: int = 0
 
     def __post_init__(self) -> None:
@@ -51,9 +56,35 @@ class CoordinatorState:
             self._on_stats(msg)
         elif isinstance(msg, WaveComplete):
             self._on_wave_complete(msg)
-        else:
+        elif isinstance(msg, ScaleEngines):
             self._on_scale(msg)
+        else:
+            self._on_liveness(msg)
         return None
+
+    def _on_liveness(self, msg: EngineDead | EngineRevived) -> None:
+        if not 0 <= msg.rank < self.engine_count:
+            return
+        if isinstance(msg, EngineDead):
+            self.dead[msg.rank] = msg.cause
+            self.counts[msg.rank] = [0, 0]
+        else:
+            self.dead.pop(msg.rank, None)
+            self.moved[msg.rank] = list(msg.input_addresses)
+        self.changed = True
+
+    def due_rebroadcast(self, now: float) -> StartDPWave | None:
+        """While running, repeat START_DP_WAVE every heartbeat: PUB/SUB may drop one.
+
+        Engines ignore a wave they already finished, so a repeat is harmless.
+        """
+        if not self.running or now - self._last_wave_broadcast < self.heartbeat_interval_s:
+            return None
+        self._last_wave_broadcast = now
+        return StartDPWave(wave=self.wave, exclude=-1)
+
+    def note_broadcast(self, now: float) -> None:
+        self._last_wave_broadcast = now
 
     def _on_stats(self, msg: EngineStats) -> None:
         if 0 <= msg.rank < self.engine_count:
@@ -100,7 +131,12 @@ class CoordinatorState:
         self.changed = False
         self._seq += 1
         return StatsSnapshot(
-            counts=[(w, r) for w, r in self.counts], wave=self.wave, running=self.running, seq=self._seq
+            counts=[(w, r) for w, r in self.counts],
+            wave=self.wave,
+            running=self.running,
+            seq=self._seq,
+            dead=dict(self.dead),
+            moved={r: list(a) for r, a in self.moved.items()},
         )
 
     def next_deadline(self, now: float) -> float:

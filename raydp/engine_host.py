@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import ExitStack
 
 import zmq
 
@@ -59,6 +60,8 @@ class EngineHost:
         self._wake_address = f"inproc://raydp-engine-wake-{rank}"
         self._loop: EngineLoop | None = None
         self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._done = False
 
     def dp_master(self) -> str:
         """``ip:port`` for the gloo rendezvous (asked of rank 0)."""
@@ -87,44 +90,60 @@ class EngineHost:
             )
             self._serve(init, input_sock, opts)
         finally:
-            input_sock.close(linger=0)
+            with self._lock:
+                self._loop = None
+                self._done = True
             self.engine.shutdown()
+            self.ctx.destroy(linger=0)
             self.ipc_dir.remove()
 
     def _serve(self, init: Init, input_sock: zmq.Socket[bytes], opts: SocketOptions) -> None:
-        collect = make_socket(self.ctx, zmq.PUSH, opts)
-        collect.connect(init.addresses.coordinator_collect)
-        broadcast = make_socket(self.ctx, zmq.SUB, opts)
-        broadcast.connect(init.addresses.coordinator_broadcast)
-        sockets = EngineSockets(self.ctx, input_sock, collect, broadcast, self._wake_address, self.rank)
+        with ExitStack() as stack:
+            collect = make_socket(self.ctx, zmq.PUSH, opts)
+            stack.callback(collect.close, 0)
+            collect.connect(init.addresses.coordinator_collect)
+            broadcast = make_socket(self.ctx, zmq.SUB, opts)
+            stack.callback(broadcast.close, 0)
+            broadcast.connect(init.addresses.coordinator_broadcast)
+            sockets = EngineSockets(self.ctx, input_sock, collect, broadcast, self._wake_address, self.rank)
+            stack.callback(sockets.close)
+            loop = self._make_loop(init, sockets, stack)
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                self._loop = loop
+            loop.run()
+
+    def _make_loop(self, init: Init, sockets: EngineSockets, stack: ExitStack) -> EngineLoop:
         parallel = init.parallel
-        collective = GlooDPGroup(parallel.dp_master, self.rank, parallel.dp_size) if parallel.lockstep else None
-        waves = EngineWaves(self.rank, parallel.allreduce_interval) if parallel.lockstep else None
-        attach = getattr(self.engine, "attach_dp_group", None)
-        if collective is not None and attach is not None:
-            attach(collective.group)
-        self._loop = EngineLoop(
+        waves = collective = None
+        if parallel.lockstep:
+            collective = GlooDPGroup(parallel.dp_master, self.rank, parallel.dp_size)
+            stack.callback(collective.close)
+            waves = EngineWaves(self.rank, parallel.allreduce_interval)
+            attach = getattr(self.engine, "attach_dp_group", None)
+            if attach is not None:
+                attach(collective.group)
+        return EngineLoop(
             self.engine, self.rank, sockets, waves=waves, collective=collective,
             stats_interval_s=parallel.stats_interval_s,
         )
-        try:
-            if not self._stopping.is_set():
-                self._loop.run()
-        finally:
-            sockets.close()
-            if collective is not None:
-                collective.close()
 
     def shutdown(self) -> None:
-        """Stop the loop from another thread (wakes it if it is idle)."""
+        """Stop the loop from another thread (wakes it if it is idle); never blocks."""
         self._stopping.set()
-        if self._loop is None:
-            return
-        self._loop.stop()
-        bell = self.ctx.socket(zmq.PAIR)
-        bell.connect(self._wake_address)
-        bell.send(b"")
-        bell.close(linger=100)
+        with self._lock:
+            if self._loop is None or self._done:
+                return
+            self._loop.stop()
+            bell = make_socket(self.ctx, zmq.PAIR, SocketOptions())
+            try:
+                bell.connect(self._wake_address)
+                bell.send(b"", flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # the loop is leaving anyway: it checks the flag every turn
+            finally:
+                bell.close(linger=0)
 
 
 def set_device_visibility(accelerator: str, device_ids: tuple[str, ...]) -> None:

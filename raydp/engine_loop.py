@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import zmq
@@ -44,10 +45,17 @@ from raydp.protocol import (
     engine_broadcast_decoder,
     presence_topic,
 )
+from raydp.transport import SocketOptions, make_socket
 from raydp.waves import EngineWaves
 
 logger = logging.getLogger("raydp.engine")
 IDLE_POLL_MS = 1000
+INPUT_BUDGET = 512  # messages taken per socket between two steps
+# The engine core's own methods: the loop drives these, a utility call may not.
+ENGINE_PROTOCOL = frozenset(
+    {"add_request", "abort", "step", "has_unfinished", "load", "execute_dummy_batch", "shutdown",
+     "attach_dp_group"}
+)
 
 
 class EngineSockets:
@@ -65,7 +73,7 @@ class EngineSockets:
         self.ctx, self.input, self.collect, self.broadcast = ctx, input, collect, broadcast
         broadcast.setsockopt(zmq.SUBSCRIBE, BROADCAST_TOPIC)
         broadcast.setsockopt(zmq.SUBSCRIBE, presence_topic(rank))
-        self.wake = ctx.socket(zmq.PAIR)
+        self.wake = make_socket(ctx, zmq.PAIR, SocketOptions())
         self.wake.bind(wake_address)
         self.poller = zmq.Poller()
         for sock in (input, broadcast, self.wake):
@@ -91,12 +99,11 @@ class EngineLoop:
     ) -> None:
         self.engine, self.rank, self.sockets = engine, rank, sockets
         self.waves, self.collective = waves, collective
-        self._stats_gap = min(stats_interval_s / 2, 0.01)
+        self._stats_gap = stats_interval_s / 4
         self._owners: dict[str, bytes] = {}
         self._last_load: tuple[int, int] = (-1, -1)
         self._last_load_sent = 0.0
         self._stopping = False
-        self.dropped = 0
 
     # ---- the loop ---------------------------------------------------------------
 
@@ -104,36 +111,37 @@ class EngineLoop:
         """Loop until a Shutdown broadcast or :meth:`stop`; re-raises engine failures."""
         try:
             while not self._stopping:
-                self._poll_inputs()
+                self._poll_inputs(block=not self._should_step())
                 if self._stopping:
                     break
-                if self._should_step():
+                busy = self._should_step()
+                if busy:
                     self._step_once()
-                self._publish_load(force=not self._should_step())
+                self._publish_load(force=not busy)
         except BaseException as exc:
             self._fail_all(f"engine rank {self.rank} failed: {exc!r}")
             raise
 
     def stop(self) -> None:
-        """Ask the loop to leave; safe from any thread via the wake socket."""
+        """Ask the loop to leave at its next turn (the host rings the wake socket too)."""
         self._stopping = True
 
     def _should_step(self) -> bool:
         has_work = self.engine.has_unfinished()
         return self.waves.should_step(has_work) if self.waves else has_work
 
-    def _poll_inputs(self) -> None:
-        timeout = 0 if self._should_step() else IDLE_POLL_MS
-        events = dict(self.sockets.poller.poll(timeout))
-        while events:
-            if self.sockets.wake in events:
-                self._stopping = True
-                return
-            if self.sockets.broadcast in events:
-                self._on_broadcast(self.sockets.broadcast.recv_multipart())
-            if self.sockets.input in events:
-                self._on_input(self.sockets.input.recv_multipart(copy=True))
-            events = dict(self.sockets.poller.poll(0))
+    def _poll_inputs(self, block: bool) -> None:
+        """Take what has arrived, at most a budget per socket, so steps are never starved."""
+        events = dict(self.sockets.poller.poll(IDLE_POLL_MS if block else 0))
+        if self.sockets.wake in events:
+            self._stopping = True
+            return
+        if self.sockets.broadcast in events:
+            for frames in _drain(self.sockets.broadcast, INPUT_BUDGET):
+                self._on_broadcast(frames)
+        if self.sockets.input in events:
+            for frames in _drain(self.sockets.input, INPUT_BUDGET):
+                self._on_input(frames)
 
     def _step_once(self) -> None:
         if self.engine.has_unfinished():
@@ -160,7 +168,7 @@ class EngineLoop:
         if isinstance(msg, Request):
             self._add(client, msg)
         elif isinstance(msg, Abort):
-            self._abort(msg)
+            self._abort(client, msg)
         else:
             self._utility(client, msg)
         return None
@@ -181,22 +189,24 @@ class EngineLoop:
             return
         self._owners[rid] = client
 
-    def _abort(self, msg: Abort) -> None:
-        ids = [rid for rid in msg.request_ids if rid in self._owners]
+    def _abort(self, client: bytes, msg: Abort) -> None:
+        # Only the owner may abort: another client reusing the id must not.
+        ids = [rid for rid in msg.request_ids if self._owners.get(rid) == client]
         if ids:
             self.engine.abort(ids)
             for rid in ids:
                 del self._owners[rid]
 
     def _utility(self, client: bytes, call: UtilityCall) -> None:
-        result = UtilityResult(call.call_id)
         try:
-            if call.method.startswith("_"):
-                raise AttributeError(f"{call.method!r} is private")
-            result.result = getattr(self.engine, call.method)(*call.args)
-        except Exception as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
-        self._send_batch(client, OutputBatch(self.rank, [], result))
+            if call.method.startswith("_") or call.method in ENGINE_PROTOCOL:
+                raise AttributeError(f"{call.method!r} is not a utility method")
+            value = getattr(self.engine, call.method)(*call.args)
+            body = encode(OutputBatch(self.rank, [], UtilityResult(call.call_id, value)))
+        except Exception as exc:  # a bad call fails alone, never the rank
+            error = UtilityResult(call.call_id, None, f"{type(exc).__name__}: {exc}")
+            body = encode(OutputBatch(self.rank, [], error))
+        self._send_body(client, body)
 
     def _on_broadcast(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
@@ -229,8 +239,15 @@ class EngineLoop:
         self._send_batch(client, OutputBatch(self.rank, outputs))
 
     def _send_batch(self, client: bytes, batch: OutputBatch) -> None:
+        self._send_body(client, encode(batch))
+
+    def _send_body(self, client: bytes, body: bytes) -> None:
+        # Never block: a client that is gone, or so far behind that its queue is
+        # full, must not stall the other clients of this rank.
         try:
-            self.sockets.input.send_multipart([client, encode(batch)], copy=False)
+            self.sockets.input.send_multipart([client, body], flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._forget_client(client)
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
@@ -255,16 +272,28 @@ class EngineLoop:
                 self._send(client, outs)
 
     def _publish_load(self, force: bool) -> None:
-        load = self.engine.load()
         now = time.monotonic()
-        if load == self._last_load or (not force and now - self._last_load_sent < self._stats_gap):
+        if not force and now - self._last_load_sent < self._stats_gap:
+            return
+        load = self.engine.load()
+        if load == self._last_load:
             return
         self._last_load, self._last_load_sent = load, now
         self._to_coordinator(EngineStats(rank=self.rank, waiting=load[0], running=load[1]))
 
     def _to_coordinator(self, msg: Any) -> None:
-        self.sockets.collect.send(encode(msg), copy=False)
+        try:
+            self.sockets.collect.send(encode(msg), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # the coordinator is gone or wedged; its death is reported elsewhere
+            logger.warning("rank %d: coordinator queue full, dropped %s", self.rank, type(msg).__name__)
 
     def _drop(self, why: str) -> None:
-        self.dropped += 1
         logger.warning("rank %d: dropped malformed message: %s", self.rank, why)
+
+
+def _drain(sock: zmq.Socket[bytes], budget: int) -> Iterator[list[bytes]]:
+    for _ in range(budget):
+        try:
+            yield sock.recv_multipart(flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return

@@ -28,6 +28,7 @@ from typing import Any, cast
 import zmq
 
 from raydp.config import RaydpConfig
+from raydp.coordinator_client import CoordinatorClient
 from raydp.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.errors import (
     ComponentDeadError,
@@ -164,6 +165,7 @@ class _Owned:
     stop: threading.Event = field(default_factory=threading.Event)
     released: bool = False
     name: str = ""
+    closers: list[Callable[[], None]] = field(default_factory=list)
 
     def release(self) -> None:
         if self.released:
@@ -174,6 +176,8 @@ class _Owned:
             with contextlib.suppress(OSError, ValueError):
                 self.conn.send(("shutdown",))
         shutdown(self.procs)
+        for close in self.closers:
+            close()
         if self.name:
             remove_cluster_ipc_dirs(self.name)
         if self.conn is not None:
@@ -198,6 +202,7 @@ class CoreEngineProcManager:
         self._finalizer = weakref.finalize(self, self._owned.release)
         self._mp = mp.get_context("spawn")
         self.deaths: list[ComponentDeadError] = []
+        self._coordinator_client: CoordinatorClient | None = None
 
     @property
     def procs(self) -> tuple[Proc, ...]:
@@ -258,6 +263,8 @@ class CoreEngineProcManager:
             server.close()
         self._wait_coordinator()
         engines = [EngineEndpoint(r, LOCAL_NODE, result.ready[r].input_addresses) for r in range(cfg.dp_size)]
+        self._coordinator_client = CoordinatorClient(coordinator, LOCAL_NODE, socket_options(cfg))
+        owned.closers.append(self._coordinator_client.close)
         return ClusterEndpoints(cfg.name, engines, coordinator, cfg.lockstep, result.capacity)
 
     def _dp_master(self) -> str:
@@ -306,8 +313,16 @@ class CoreEngineProcManager:
             err = ProcessDeadError(f"{proc.name} (pid {proc.process.pid})", code, LOCAL_NODE)
         logger.error("%s", err)
         self.deaths.append(err)
+        if proc.rank is not None and self._coordinator_client is not None:
+            self._coordinator_client.engine_dead(proc.rank, err.cause.value)
         for listener in list(self._listeners):
-            listener(err)
+            try:
+                listener(err)
+            except Exception:
+                logger.exception("death listener failed")
+        if self.config.lockstep:
+            # A broken collective would hold the surviving ranks for minutes.
+            shutdown([p for p in self._owned.procs if p.rank is not None and p is not proc], grace_s=0.5)
 
     def close(self) -> None:
         self._finalizer()

@@ -127,18 +127,38 @@ class ScaleEngines(_Msg, tag=5):
     engine_count: int
 
 
-ToCoordinator = Union[EngineStats, WaveComplete, StartWave, FirstRequest, ScaleEngines]
+class EngineDead(_Msg, tag=6):
+    """The launcher saw ``rank`` die; the coordinator tells every client."""
+
+    rank: int
+    cause: str = ""
+
+
+class EngineRevived(_Msg, tag=7):
+    """A restarted ``rank`` listens at new addresses."""
+
+    rank: int
+    input_addresses: list[str]
+
+
+ToCoordinator = Union[EngineStats, WaveComplete, StartWave, FirstRequest, ScaleEngines, EngineDead, EngineRevived]
 
 # ---- coordinator -> clients / engines ---------------------------------------------------
 
 
 class StatsSnapshot(_Msg):
-    """Published to clients: per-rank ``[waiting, running]``, the wave, the running flag."""
+    """Published to clients: per-rank ``[waiting, running]``, the wave, the running flag.
+
+    ``dead`` lists ranks that died (with their causes); ``moved`` maps a restarted
+    rank to its new input addresses, so clients in any process follow it.
+    """
 
     counts: list[tuple[int, int]]
     wave: int
     running: bool
     seq: int = 0
+    dead: dict[int, str] = {}
+    moved: dict[int, list[str]] = {}
 
 
 class StartDPWave(_Msg, tag=1):

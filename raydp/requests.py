@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -10,6 +11,7 @@ from raydp.errors import RaydpError, RequestError
 from raydp.protocol import Output, Request
 
 Listener = Callable[["Output | RaydpError"], None]
+logger = logging.getLogger("raydp.client")
 
 
 class RequestState:
@@ -24,7 +26,10 @@ class RequestState:
     def deliver(self, item: Output | RaydpError) -> None:
         if isinstance(item, Output):
             self.got_output = True
-        self.listener(item)
+        try:
+            self.listener(item)
+        except Exception:  # e.g. an asyncio listener whose loop has closed
+            logger.exception("request %s: output listener failed", self.request.request_id)
 
 
 class RequestHandle:

@@ -51,3 +51,29 @@ def test_three_api_servers_share_a_port_and_death_is_reported() -> None:
         with pytest.raises(ProcessDeadError, match=f"{victim.name}.*SIGKILL|{victim.name}.*-9"):
             cluster.wait(timeout=10)
     assert not any(p.process.is_alive() for p in servers.procs)
+
+
+@pytest.mark.timeout(120)
+def test_api_servers_hear_of_a_dead_rank_from_the_coordinator() -> None:
+    import threading
+
+    with raydp.launch(name="apidead", dp_size=2, backend="mp", progress=False,
+                      engine_kwargs={"step_delay_s": 0.01}) as cluster:
+        servers = cluster.serve_api(2)
+        assert post(f"{servers.url}/v1/generate", {"prompt_token_ids": [1], "max_tokens": 1, "rank": 1})[0] == 200
+        stuck: list[tuple[int, dict[str, object]]] = []
+        worker = threading.Thread(target=lambda: stuck.append(post(
+            f"{servers.url}/v1/generate", {"prompt_token_ids": [1], "max_tokens": 100_000, "rank": 1})))
+        worker.start()
+        time.sleep(0.5)
+        victim = next(p for p in cluster._manager.procs if p.rank == 1)
+        os.kill(victim.process.pid, signal.SIGKILL)
+        worker.join(timeout=30)
+        assert stuck and stuck[0][0] == 503, stuck
+        assert "rank 1" in str(stuck[0][1]["error"])
+        # New requests go to the live rank; pinning the dead one fails fast.
+        for _ in range(6):
+            assert post(f"{servers.url}/v1/generate", {"prompt_token_ids": [2], "max_tokens": 2}) == (
+                200, {"token_ids": [2, 2]})
+        status, body = post(f"{servers.url}/v1/generate", {"prompt_token_ids": [2], "max_tokens": 2, "rank": 1})
+        assert status == 503 and "rank 1" in str(body["error"])

@@ -1,0 +1,43 @@
+"""``CoordinatorClient``: how a launcher tells the coordinator of deaths and restarts.
+
+The coordinator republishes them in every snapshot, so clients in other
+processes (API servers, attached notebooks) stop routing to a dead rank and
+fail its in-flight requests, and follow a restarted rank to its new address.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import zmq
+
+from raydp.endpoints import CoordinatorEndpoints
+from raydp.protocol import EngineDead, EngineRevived, encode
+from raydp.transport import SocketOptions, make_socket, pick_address
+
+
+class CoordinatorClient:
+    """A PUSH socket to the coordinator's collect socket, safe to use from any thread."""
+
+    def __init__(self, endpoints: CoordinatorEndpoints, node_id: str | None, opts: SocketOptions) -> None:
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._sock = make_socket(self._ctx, zmq.PUSH, opts)
+        self._sock.connect(pick_address(endpoints.collect, same_node=endpoints.node_id == node_id))
+        self._lock = threading.Lock()
+
+    def engine_dead(self, rank: int, cause: str) -> None:
+        self._send(encode(EngineDead(rank, cause)))
+
+    def engine_revived(self, rank: int, input_addresses: list[str]) -> None:
+        self._send(encode(EngineRevived(rank, input_addresses)))
+
+    def _send(self, body: bytes) -> None:
+        with self._lock:
+            try:
+                self._sock.send(body, flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # the coordinator is gone: its own death is being reported
+
+    def close(self) -> None:
+        with self._lock:
+            self._ctx.destroy(linger=0)
