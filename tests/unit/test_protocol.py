@@ -76,6 +76,13 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
         p.handshake_decoder,
     ),
     (p.Reject(reason="duplicate rank 1"), p.handshake_decoder),
+    (p.EngineDead(rank=2, cause="node died"), p.coordinator_decoder),
+    (p.EngineRevived(rank=2, input_addresses=["ipc:///tmp/x", "tcp://10.0.0.3:7000"]), p.coordinator_decoder),
+    (
+        p.StatsSnapshot(counts=[(0, 1), (2, 3)], wave=4, running=False, seq=9, dead={1: "killed"},
+                        moved={0: ["tcp://10.0.0.4:7001"]}),
+        p.snapshot_decoder,
+    ),
 ]
 
 DECODERS = {
