@@ -70,15 +70,7 @@ class CoordinatorActor:
         return self._cluster
 
     def state(self) -> dict[str, Any]:
-        s = self._loop.state
-        return {
-            "wave": s.wave,
-            "running": s.running,
-            "counts": [list(c) for c in s.counts],
-            "dropped": self._loop.dropped,
-            "broadcasts": self._loop.broadcasts,
-            "subscribed": sorted(self._loop.subscribed),
-        }
+        return self._loop.describe()
 
     def shutdown(self) -> None:
         self._loop.stop()

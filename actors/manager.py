@@ -459,8 +459,6 @@ def terminate_cluster(name: str) -> None:
     """End a cluster launched elsewhere (e.g. detached): its named actors and groups."""
     from ray.util.placement_group import PlacementGroup, placement_group_table
 
-    from actors.owned import Owned
-
     owned = Owned(name=name)
     for actor in _named_actors(name):
         owned.engines.append(actor)

@@ -56,9 +56,6 @@ class LoadBalancer:
     def on_finished(self, rank: int) -> None:
         self._in_flight[rank] = max(0, self._in_flight[rank] - 1)
 
-    def in_flight(self, rank: int) -> int:
-        return self._in_flight[rank]
-
     def on_snapshot(self, snap: StatsSnapshot) -> None:
         """Adopt the coordinator's latest view (one publisher: snapshots arrive in order)."""
         self.wave, self.running = snap.wave, snap.running

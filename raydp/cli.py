@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from raydp import _cli_demo, _cli_serve
+from raydp import _cli_demo, _cli_plan, _cli_serve
 from raydp.errors import RaydpError
 
 
@@ -17,12 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _cli_demo.add_parser(sub)
     _cli_serve.add_parser(sub)
-    try:
-        from raydp import _cli_plan
-    except ImportError:  # pragma: no cover - the plan command ships with placement
-        pass
-    else:
-        _cli_plan.add_parser(sub)
+    _cli_plan.add_parser(sub)
     return parser
 
 

@@ -222,7 +222,7 @@ def launch(
     if config is None:
         config = RaydpConfig.create(**fields)
     elif engine is not None:
-        config = config.model_copy(update={"engine": fields["engine"]})
+        config = config.with_changes(engine=fields["engine"])
     bar = _progress_bar(progress, config)
     manager: Any
     if backend == "mp":

@@ -68,6 +68,17 @@ class RaydpConfig(BaseModel):
     high_water_mark: int = Field(100_000, ge=1)
     detached: bool = Field(False, description="actors outlive the launching driver (for attach)")
 
+    def __init__(self, **data: Any) -> None:
+        # Every way of building a config raises ConfigError, never pydantic's error.
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc)) from None
+
+    def with_changes(self, **changes: Any) -> RaydpConfig:
+        """A validated copy with ``changes`` applied (``model_copy`` would skip validation)."""
+        return RaydpConfig(**{**self.model_dump(), **changes})
+
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
@@ -90,11 +101,7 @@ class RaydpConfig(BaseModel):
     @classmethod
     def create(cls, env: Mapping[str, str] | None = None, **fields: Any) -> RaydpConfig:
         """Build a config from keyword fields over ``RAYDP_*`` environment values."""
-        merged = {**env_fields(os.environ if env is None else env), **fields}
-        try:
-            return cls(**merged)
-        except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc)) from None
+        return cls(**{**env_fields(os.environ if env is None else env), **fields})
 
 
 def env_fields(env: Mapping[str, str]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import threading
 import time
+from typing import Any
 
 import zmq
 
@@ -123,6 +124,19 @@ class CoordinatorLoop:
     def _drop(self, why: str) -> None:
         self.dropped += 1
         logger.warning("coordinator: dropped malformed message: %s", why)
+
+    def describe(self) -> dict[str, Any]:
+        """Wave, running flag, counts and counters, for operators and tests."""
+        s = self.state
+        return {
+            "wave": s.wave,
+            "running": s.running,
+            "counts": [list(c) for c in s.counts],
+            "dead": dict(s.dead),
+            "dropped": self.dropped + s.rejected,
+            "broadcasts": self.broadcasts,
+            "subscribed": sorted(self.subscribed),
+        }
 
     def wait_for_engines(self, ranks: int, timeout_s: float) -> bool:
         """Block until ``ranks`` engines have subscribed to the broadcast socket."""

@@ -9,6 +9,7 @@ something changed, a heartbeat otherwise).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from raydp.protocol import (
@@ -24,6 +25,7 @@ from raydp.protocol import (
     WaveComplete,
 )
 
+logger = logging.getLogger("raydp.coordinator")
 
 @dataclass
 class CoordinatorState:
@@ -38,6 +40,7 @@ class CoordinatorState:
     changed: bool = True
     dead: dict[int, str] = field(default_factory=dict)
     moved: dict[int, list[str]] = field(default_factory=dict)
+    rejected: int = 0
     _last_publish: float = float("-inf")
     _last_wave_broadcast: float = float("-inf")
     _seq: int = 0
@@ -63,7 +66,7 @@ class CoordinatorState:
         return None
 
     def _on_liveness(self, msg: EngineDead | EngineRevived) -> None:
-        if not 0 <= msg.rank < self.engine_count:
+        if self._bad_rank(msg.rank, msg):
             return
         if isinstance(msg, EngineDead):
             self.dead[msg.rank] = msg.cause
@@ -87,14 +90,15 @@ class CoordinatorState:
         self._last_wave_broadcast = now
 
     def _on_stats(self, msg: EngineStats) -> None:
-        if 0 <= msg.rank < self.engine_count:
-            new = [max(0, msg.waiting), max(0, msg.running)]
-            if self.counts[msg.rank] != new:
-                self.counts[msg.rank] = new
-                self.changed = True
+        if self._bad_rank(msg.rank, msg):
+            return
+        new = [max(0, msg.waiting), max(0, msg.running)]
+        if self.counts[msg.rank] != new:
+            self.counts[msg.rank] = new
+            self.changed = True
 
     def _on_first_request(self, msg: FirstRequest) -> StartDPWave | None:
-        if self.running:
+        if self._bad_rank(msg.rank, msg) or self.running:
             return None
         # A stale sender's target may be paused in a later wave: wake everyone.
         exclude = msg.rank if msg.wave >= self.wave else -1
@@ -109,6 +113,8 @@ class CoordinatorState:
             self.changed = True
 
     def _on_start_wave(self, msg: StartWave) -> StartDPWave | None:
+        if self._bad_rank(msg.rank, msg):
+            return None
         if msg.wave > self.wave or (msg.wave == self.wave and not self.running):
             self.wave = msg.wave
             self.running = True
@@ -121,6 +127,13 @@ class CoordinatorState:
         self.counts = (self.counts + [[0, 0] for _ in range(n)])[:n]
         self.engine_count = n
         self.changed = True
+
+    def _bad_rank(self, rank: int, msg: ToCoordinator) -> bool:
+        if 0 <= rank < self.engine_count:
+            return False
+        self.rejected += 1
+        logger.warning("coordinator: dropped %s for unknown rank %d", type(msg).__name__, rank)
+        return True
 
     def due_snapshot(self, now: float) -> StatsSnapshot | None:
         """The snapshot to publish at ``now``, or None if it is not time yet."""

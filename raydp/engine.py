@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -127,7 +128,7 @@ class EchoEngine:
 
     def _forward(self) -> None:
         if self.step_delay_s:
-            _sleep(self.step_delay_s)
+            time.sleep(self.step_delay_s)
         if self.collective and self._dp_group is not None:
             import torch
             import torch.distributed as dist
@@ -189,8 +190,3 @@ class EchoEngine:
             "last_work_step": self.last_work_step,
         }
 
-
-def _sleep(seconds: float) -> None:
-    import time
-
-    time.sleep(seconds)

@@ -25,13 +25,15 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, cast
 
+import msgspec
 import zmq
 
 from raydp.config import RaydpConfig
 from raydp.coordinator_client import CoordinatorClient
-from raydp.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.errors import (
     ComponentDeadError,
+    ConfigError,
     DeathCause,
     EngineDeadError,
     ProcessDeadError,
@@ -46,7 +48,17 @@ logger = logging.getLogger("raydp.procs")
 LOCAL_NODE = "local"
 GRACE_S = 5.0
 WATCH_TIMEOUT_S = 0.05
+CONTROL_TIMEOUT_S = 30.0
 DeathListener = Callable[[ComponentDeadError], None]
+
+
+def _send(conn: Connection, value: Any) -> None:
+    """Control messages are msgpack too: no pickle crosses this socketpair either."""
+    conn.send_bytes(msgspec.msgpack.encode(value))
+
+
+def _recv(conn: Connection, kind: Any) -> Any:
+    return msgspec.msgpack.decode(conn.recv_bytes(), type=kind)
 
 
 @dataclass
@@ -131,7 +143,7 @@ def _coordinator_main(config: RaydpConfig, conn: Connection, death_pipe: Connect
     watch_parent(death_pipe, loop.stop)
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
-    conn.send(loop.endpoints)
+    _send(conn, loop.endpoints)
     _serve_coordinator_commands(loop, conn, thread)
     loop.close()
 
@@ -141,15 +153,13 @@ def _serve_coordinator_commands(loop: Any, conn: Connection, thread: threading.T
         if not conn.poll(0.1):
             continue
         try:
-            command, *args = conn.recv()
+            command, *args = _recv(conn, list[Any])
         except EOFError:
             return
         if command == "wait_for_engines":
-            conn.send(loop.wait_for_engines(*args))
+            _send(conn, loop.wait_for_engines(*args))
         elif command == "state":
-            s = loop.state
-            conn.send({"wave": s.wave, "running": s.running, "counts": [list(c) for c in s.counts],
-                       "dropped": loop.dropped, "broadcasts": loop.broadcasts})
+            _send(conn, loop.describe())
         elif command == "shutdown":
             loop.stop()
             thread.join(timeout=2)
@@ -174,7 +184,7 @@ class _Owned:
         self.stop.set()
         if self.conn is not None:
             with contextlib.suppress(OSError, ValueError):
-                self.conn.send(("shutdown",))
+                _send(self.conn, ["shutdown"])
         shutdown(self.procs)
         for close in self.closers:
             close()
@@ -193,7 +203,7 @@ class CoreEngineProcManager:
 
     def __init__(self, config: RaydpConfig, *, progress: Callable[[int, int], None] | None = None) -> None:
         if config.transport == "tcp":
-            config = config.model_copy(update={"transport": "ipc"})
+            raise ConfigError("transport='tcp': the mp backend runs on one node; use 'auto' or 'ipc'")
         self.config = config
         self._progress = progress
         self._listeners: list[DeathListener] = []
@@ -239,7 +249,7 @@ class CoreEngineProcManager:
         self._owned.conn = parent
         if not parent.poll(self.config.startup_timeout_s):
             raise StartupError(f"the coordinator did not start ({describe_exit(proc.process.exitcode)})")
-        return parent.recv()
+        return _recv(parent, CoordinatorEndpoints)
 
     def _start_engines(self, coordinator: Any) -> ClusterEndpoints:
         cfg = self.config
@@ -275,15 +285,18 @@ class CoreEngineProcManager:
         return f"127.0.0.1:{free_port('127.0.0.1')}"
 
     def _wait_coordinator(self) -> None:
-        if not self._ask("wait_for_engines", self.config.dp_size, self.config.handshake_timeout_s):
+        wait_s = self.config.handshake_timeout_s
+        if not self._ask("wait_for_engines", self.config.dp_size, wait_s, timeout_s=wait_s + CONTROL_TIMEOUT_S):
             raise StartupError("engines did not subscribe to the coordinator's broadcast in time")
 
-    def _ask(self, *command: Any) -> Any:
+    def _ask(self, *command: Any, timeout_s: float = CONTROL_TIMEOUT_S) -> Any:
         conn = self._owned.conn
         assert conn is not None
         with self._lock:
-            conn.send(command)
-            return conn.recv()
+            _send(conn, list(command))
+            if not conn.poll(timeout_s):
+                raise StartupError(f"the coordinator process did not answer {command[0]!r}")
+            return _recv(conn, Any)
 
     def coordinator_state(self) -> dict[str, Any]:
         return dict(self._ask("state"))
