@@ -38,6 +38,7 @@ class CoordinatorActor:
         transport: TransportKind,
         options: SocketOptions,
         cluster_name: str,
+        ipc_prefix: str = "",
     ) -> None:
         configure_component_logging(f"{cluster_name} coordinator")
         state = CoordinatorState(engine_count, stats_interval_s, heartbeat_interval_s)
@@ -46,7 +47,7 @@ class CoordinatorActor:
             options,
             transport=transport,
             node_id=ray.get_runtime_context().get_node_id(),
-            ipc_prefix=f"{cluster_name}-coordinator",
+            ipc_prefix=f"{ipc_prefix or cluster_name}-coordinator",
         )
         self._cluster: ClusterEndpoints | None = None
         self._stopped = threading.Event()

@@ -35,9 +35,10 @@ class EngineCoreActor:
         local_rank: int,
         frontend_node_id: str,
         device_ids: tuple[str, ...] = (),
+        ipc_prefix: str = "",
     ) -> None:
         node_id = ray.get_runtime_context().get_node_id()
-        self.host = EngineHost(config, rank, local_rank, node_id, frontend_node_id, device_ids)
+        self.host = EngineHost(config, rank, local_rank, node_id, frontend_node_id, device_ids, ipc_prefix)
         set_process_title(f"raydp::{self.host.tag}")
 
     def wait_for_init(self) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from raydp.errors import (
 )
 from raydp.handshake import HandshakeResult, HandshakeServer
 from raydp.protocol import EngineAddresses, Init, ParallelConfig
-from raydp.transport import IpcDir, pick_address
+from raydp.transport import IpcDir, ipc_prefix, pick_address
 
 logger = logging.getLogger("raydp.manager")
 NAMESPACE = "raydp"
@@ -96,7 +96,8 @@ class ActorManager:
         self._startup = _Startup()
         self._watch_queue: queue.SimpleQueue[tuple[Any, int]] = queue.SimpleQueue()
         self._coordinator_client: CoordinatorClient | None = None
-        self._owned = Owned(name=config.name)
+        self.ipc_prefix = ipc_prefix(config.name)
+        self._owned = Owned(name=self.ipc_prefix)
         self._finalizer = weakref.finalize(self, self._owned.release)
         if config.detached:
             # A detached cluster outlives its launcher: only close() ends it.
@@ -232,7 +233,7 @@ class ActorManager:
                 **self._actor_options(f"{cfg.name}-coordinator"),
             )
             .remote(cfg.dp_size, cfg.stats_interval_s, cfg.heartbeat_interval_s, cfg.transport,
-                    socket_options(cfg), cfg.name)
+                    socket_options(cfg), cfg.name, self.ipc_prefix)
         )
         self._owned.coordinator = actor
         startup.coordinator = actor
@@ -252,7 +253,7 @@ class ActorManager:
                 num_cpus=1,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, cfg.world_size),
                 **self._actor_options(f"{cfg.name}-dp{rank}"),
-            ).remote(cfg, rank, slot.local_rank, self.driver_node_id, startup.devices[rank])
+            ).remote(cfg, rank, slot.local_rank, self.driver_node_id, startup.devices[rank], self.ipc_prefix)
             if rank < len(engines):
                 engines[rank] = actor
             else:
@@ -270,7 +271,7 @@ class ActorManager:
         owned = self._owned
         if owned.ctx is None:
             owned.ctx = zmq.Context()
-            owned.ipc_dir = IpcDir(f"{cfg.name}-frontend")
+            owned.ipc_dir = IpcDir(f"{self.ipc_prefix}-frontend")
         server = HandshakeServer(owned.ctx, socket_options(cfg), transport=cfg.transport, ipc_dir=owned.ipc_dir)
         watched = dict(also_watch)
         refs = {}
@@ -332,7 +333,8 @@ class ActorManager:
             EngineEndpoint(s.rank, s.node_id, result.ready[s.rank].input_addresses) for s in self.slots
         ]
         return ClusterEndpoints(
-            self.config.name, engines, startup.coordinator_endpoints, self.config.lockstep, result.capacity
+            self.config.name, engines, startup.coordinator_endpoints, self.config.lockstep, result.capacity,
+            self.ipc_prefix,
         )
 
     # ---- watching -------------------------------------------------------------------
@@ -455,11 +457,11 @@ def _watch(
             report(rank, cause, detail)
 
 
-def terminate_cluster(name: str) -> None:
-    """End a cluster launched elsewhere (e.g. detached): its named actors and groups."""
+def terminate_cluster(name: str, prefix: str) -> None:
+    """End a cluster launched elsewhere (e.g. detached): its named actors, groups and IPC dirs."""
     from ray.util.placement_group import PlacementGroup, placement_group_table
 
-    owned = Owned(name=name)
+    owned = Owned(name=prefix)
     for actor in _named_actors(name):
         owned.engines.append(actor)
     for info in placement_group_table().values():

@@ -173,7 +173,7 @@ class Cluster:
         if self._manager is None:
             from actors.manager import terminate_cluster
 
-            terminate_cluster(self.name)
+            terminate_cluster(self.name, self.endpoints.ipc_prefix)
 
     def __enter__(self) -> Cluster:
         return self

@@ -26,3 +26,4 @@ class ClusterEndpoints(msgspec.Struct, frozen=True):
     coordinator: CoordinatorEndpoints
     lockstep: bool
     capacity: int = 0
+    ipc_prefix: str = ""  # names this launch's IPC directories (cluster name + a random tag)

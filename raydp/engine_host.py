@@ -47,6 +47,7 @@ class EngineHost:
         node_id: str,
         frontend_node_id: str,
         device_ids: tuple[str, ...] = (),
+        ipc_prefix: str = "",
     ) -> None:
         self.config, self.rank, self.node_id = config, rank, node_id
         self.local = node_id == frontend_node_id
@@ -56,7 +57,7 @@ class EngineHost:
         context = EngineContext(rank, local_rank, config.dp_size, config.world_size, node_id, device_ids)
         self.engine = load_engine_class(config.engine)(context, **config.engine_kwargs)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.ipc_dir = IpcDir(f"{config.name}-dp{rank}")
+        self.ipc_dir = IpcDir(f"{ipc_prefix or config.name}-dp{rank}")
         self._wake_address = f"inproc://raydp-engine-wake-{rank}"
         self._loop: EngineLoop | None = None
         self._stopping = threading.Event()

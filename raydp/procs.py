@@ -42,7 +42,7 @@ from raydp.errors import (
 )
 from raydp.handshake import HandshakeServer
 from raydp.protocol import EngineAddresses, Init, ParallelConfig
-from raydp.transport import IpcDir, remove_cluster_ipc_dirs
+from raydp.transport import IpcDir, ipc_prefix, remove_cluster_ipc_dirs
 
 logger = logging.getLogger("raydp.procs")
 LOCAL_NODE = "local"
@@ -120,16 +120,18 @@ def on_stop_signals(stop: Callable[[], None]) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def _engine_main(config: RaydpConfig, rank: int, addresses: list[str], death_pipe: Connection) -> None:
+def _engine_main(
+    config: RaydpConfig, rank: int, addresses: list[str], prefix: str, death_pipe: Connection
+) -> None:
     from raydp.engine_host import EngineHost
 
-    host = EngineHost(config, rank, rank, LOCAL_NODE, LOCAL_NODE)
+    host = EngineHost(config, rank, rank, LOCAL_NODE, LOCAL_NODE, ipc_prefix=prefix)
     on_stop_signals(host.shutdown)
     watch_parent(death_pipe, host.shutdown)
     host.run(addresses, LOCAL_NODE)
 
 
-def _coordinator_main(config: RaydpConfig, conn: Connection, death_pipe: Connection) -> None:
+def _coordinator_main(config: RaydpConfig, prefix: str, conn: Connection, death_pipe: Connection) -> None:
     from raydp.coordinator_loop import CoordinatorLoop
     from raydp.coordinator_state import CoordinatorState
     from raydp.engine_host import socket_options
@@ -138,7 +140,7 @@ def _coordinator_main(config: RaydpConfig, conn: Connection, death_pipe: Connect
     configure_component_logging(f"{config.name} coordinator")
     state = CoordinatorState(config.dp_size, config.stats_interval_s, config.heartbeat_interval_s)
     loop = CoordinatorLoop(state, socket_options(config), transport="ipc", node_id=LOCAL_NODE,
-                           ipc_prefix=f"{config.name}-coordinator")
+                           ipc_prefix=f"{prefix}-coordinator")
     on_stop_signals(loop.stop)
     watch_parent(death_pipe, loop.stop)
     thread = threading.Thread(target=loop.run, daemon=True)
@@ -207,7 +209,8 @@ class CoreEngineProcManager:
         self.config = config
         self._progress = progress
         self._listeners: list[DeathListener] = []
-        self._owned = _Owned(name=config.name)
+        self.ipc_prefix = ipc_prefix(config.name)
+        self._owned = _Owned(name=self.ipc_prefix)
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, self._owned.release)
         self._mp = mp.get_context("spawn")
@@ -245,7 +248,9 @@ class CoreEngineProcManager:
 
     def _start_coordinator(self) -> Any:
         parent, child = self._mp.Pipe()
-        proc = self._spawn(f"{self.config.name}-coordinator", _coordinator_main, self.config, child)
+        proc = self._spawn(
+            f"{self.config.name}-coordinator", _coordinator_main, self.config, self.ipc_prefix, child
+        )
         self._owned.conn = parent
         if not parent.poll(self.config.startup_timeout_s):
             raise StartupError(f"the coordinator did not start ({describe_exit(proc.process.exitcode)})")
@@ -255,13 +260,15 @@ class CoreEngineProcManager:
         cfg = self.config
         owned = self._owned
         owned.ctx = zmq.Context()
-        owned.ipc_dir = IpcDir(f"{cfg.name}-frontend")
+        owned.ipc_dir = IpcDir(f"{self.ipc_prefix}-frontend")
         from raydp.engine_host import socket_options
 
         server = HandshakeServer(owned.ctx, socket_options(cfg), transport="ipc", ipc_dir=owned.ipc_dir)
         try:
             for rank in range(cfg.dp_size):
-                self._spawn(f"{cfg.name}-dp{rank}", _engine_main, cfg, rank, server.addresses, rank=rank)
+                self._spawn(
+                    f"{cfg.name}-dp{rank}", _engine_main, cfg, rank, server.addresses, self.ipc_prefix, rank=rank
+                )
             init = Init(
                 EngineAddresses(coordinator.collect[0], coordinator.broadcast[0]),
                 ParallelConfig(cfg.dp_size, cfg.world_size, cfg.lockstep, cfg.allreduce_interval,
@@ -275,7 +282,7 @@ class CoreEngineProcManager:
         engines = [EngineEndpoint(r, LOCAL_NODE, result.ready[r].input_addresses) for r in range(cfg.dp_size)]
         self._coordinator_client = CoordinatorClient(coordinator, LOCAL_NODE, socket_options(cfg))
         owned.closers.append(self._coordinator_client.close)
-        return ClusterEndpoints(cfg.name, engines, coordinator, cfg.lockstep, result.capacity)
+        return ClusterEndpoints(cfg.name, engines, coordinator, cfg.lockstep, result.capacity, self.ipc_prefix)
 
     def _dp_master(self) -> str:
         if not self.config.lockstep:

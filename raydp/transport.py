@@ -96,10 +96,15 @@ class IpcDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def remove_cluster_ipc_dirs(cluster_name: str) -> None:
-    """Remove this node's IPC directories of a cluster (a killed process leaves its own)."""
+def ipc_prefix(cluster_name: str) -> str:
+    """A per-launch prefix: two clusters of one name on a host never share directories."""
+    return f"{cluster_name}-{secrets.token_hex(3)}"
+
+
+def remove_cluster_ipc_dirs(prefix: str) -> None:
+    """Remove this node's IPC directories of one launch (a killed process leaves its own)."""
     for role in ("-dp", "-coordinator", "-frontend"):
-        for path in IpcDir.root().glob(f"{cluster_name}{role}*"):
+        for path in IpcDir.root().glob(f"{prefix}{role}*"):
             shutil.rmtree(path, ignore_errors=True)
 
 

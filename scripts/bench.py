@@ -387,6 +387,9 @@ def serve_target(window: int) -> Iterator[EchoTarget]:
             ray_actor_options={"num_cpus": 0.5},
             # Let the pipelined run keep its window in flight, as the others do.
             max_ongoing_requests=max(window // DP_SIZE, 1),
+            # Nothing is in flight at shutdown: do not wait for it.
+            graceful_shutdown_wait_loop_s=0.1,
+            graceful_shutdown_timeout_s=1.0,
         )
         handle = serve.run(deployment.bind(), name="bench", route_prefix=None)
         quiet_serve_logs()
