@@ -1,19 +1,4 @@
-"""``CoordinatorActor``: the named Ray actor that hosts one cluster's coordinator.
-
-Protocol (Ray methods; the data path is ZMQ, see :mod:`raydp.coordinator_loop`):
-
-* ``endpoints()`` -> the three socket address lists;
-* ``run()`` serves until ``shutdown()``; the manager watches its ref, so a
-  coordinator death is seen at once;
-* ``wait_for_engines(n, timeout_s)`` -> True once ``n`` engines subscribed;
-* ``set_cluster(endpoints)`` / ``cluster()`` -> the cluster's endpoints, for
-  ``raydp.attach``;
-* ``state()`` -> wave, running flag, counts, dropped/broadcast counters;
-* ``shutdown()`` broadcasts Shutdown to engines and closes every socket.
-
-States: serving -> closed. Malformed socket input is logged and dropped; it
-never kills the actor.
-"""
+"""``CoordinatorActor``: the named Ray actor that hosts one cluster's coordinator."""
 
 from __future__ import annotations
 
@@ -30,6 +15,26 @@ from raydp.transport import SocketOptions, TransportKind
 
 
 class CoordinatorActor:
+    """Tracks per-rank load and waves for one cluster; the data path is ZMQ (:mod:`raydp.coordinator_loop`).
+
+    Methods (Ray, control only):
+
+    * ``endpoints()`` -> the publish, collect and broadcast socket addresses;
+    * ``run()`` serves until ``shutdown()``;
+    * ``wait_for_engines(n, timeout_s)`` -> True once ``n`` engines subscribed;
+    * ``set_cluster(endpoints)`` / ``cluster()`` -> the cluster's endpoints, for ``raydp.attach``;
+    * ``state()`` -> wave, running flag, counts, dead ranks, dropped/broadcast counters;
+    * ``shutdown()`` broadcasts Shutdown to engines and closes every socket.
+
+    States: serving -> closed.
+
+    Failures: malformed socket input, and messages naming unknown ranks, are
+    logged and dropped; they never kill the actor. If the actor dies, the
+    manager sees its ``run`` ref finish and reports ``CoordinatorDeadError``;
+    dense ranks keep serving (clients keep their last load snapshot), lockstep
+    ranks are stopped since no wave could start again.
+    """
+
     def __init__(
         self,
         engine_count: int,

@@ -1,20 +1,4 @@
-"""``EngineCoreActor``: one DP rank as a Ray actor around :class:`~raydp.engine_host.EngineHost`.
-
-Protocol (Ray methods; requests and outputs travel over ZMQ):
-
-* construction builds the user's engine core; its exception, with the
-  traceback, becomes the actor's death cause, which ``launch()`` shows;
-* ``wait_for_init()`` -> ``{rank, node_id, pid}`` once constructed;
-* ``dp_master()`` -> ``"ip:port"`` for the gloo rendezvous (asked of rank 0);
-* ``run(handshake_addresses, frontend_node_id)``: the handshake, then the
-  engine loop until Shutdown. It returns only after a clean shutdown and
-  raises the engine's exception if a step fails, so the manager, which
-  watches this ref, sees every death;
-* ``shutdown()`` wakes and stops the loop from another thread.
-
-States: constructed -> handshaking -> running -> stopped. The actor is
-threaded (``max_concurrency``) so control calls reach it while ``run`` loops.
-"""
+"""``EngineCoreActor``: one DP rank as a Ray actor around :class:`~raydp.engine_host.EngineHost`."""
 
 from __future__ import annotations
 
@@ -28,6 +12,27 @@ from raydp.engine_host import EngineHost
 
 
 class EngineCoreActor:
+    """One DP rank. Requests and outputs travel over ZMQ; these Ray methods are control only.
+
+    Methods:
+
+    * construction builds the user's engine core; its exception, with the
+      traceback, becomes the actor's death cause, which ``launch()`` shows;
+    * ``wait_for_init()`` -> ``{rank, node_id, pid}`` once constructed;
+    * ``dp_master()`` -> ``"ip:port"`` for the gloo rendezvous (asked of rank 0);
+    * ``run(handshake_addresses, frontend_node_id)``: the handshake, then the
+      engine loop until Shutdown;
+    * ``shutdown()`` wakes and stops the loop from another thread; never blocks.
+
+    States: constructed -> handshaking -> running -> stopped. The actor is
+    threaded (``max_concurrency``) so control calls reach it while ``run`` loops.
+
+    Failures: ``run`` returns only after a clean shutdown and raises the
+    engine's exception if a step fails (every in-flight request gets an error
+    output first). The manager watches the ``run`` ref, so any death (killed,
+    process or node died, engine error) is reported as ``EngineDeadError``.
+    """
+
     def __init__(
         self,
         config: RaydpConfig,

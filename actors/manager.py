@@ -31,6 +31,8 @@ from actors.coordinator import CoordinatorActor
 from actors.deaths import death_of
 from actors.engine import EngineCoreActor, probe_device_ids
 from actors.owned import Owned
+from actors.terminate import NAMESPACE
+from actors.watch import check_started, watch_run_refs
 from placement.groups import create_groups, validate_user_groups, wait_ready
 from placement.inventory import read_inventory
 from placement.planner import PlacementPlan, plan_placement
@@ -50,8 +52,6 @@ from raydp.protocol import EngineAddresses, Init, ParallelConfig
 from raydp.transport import IpcDir, ipc_prefix, pick_address
 
 logger = logging.getLogger("raydp.manager")
-NAMESPACE = "raydp"
-WATCH_TIMEOUT_S = 0.05
 DeathListener = Callable[[ComponentDeadError], None]
 RestartListener = Callable[[EngineEndpoint], None]
 
@@ -286,7 +286,7 @@ class ActorManager:
                 lambda rank: self._init_for(rank, startup, startup.dp_master),
                 cfg.config_hash(),
                 cfg.startup_timeout_s,
-                liveness=lambda: _check_startup(watched),
+                liveness=lambda: check_started(watched),
                 progress=progress,
             )
         finally:
@@ -299,7 +299,7 @@ class ActorManager:
         ref = self._owned.engines[0].dp_master.remote()
         deadline = time.monotonic() + self.config.startup_timeout_s
         while not ray.wait([ref], timeout=0.05)[0]:
-            _check_startup(startup.run_refs)
+            check_started(startup.run_refs)
             if time.monotonic() > deadline:
                 raise StartupError("rank 0 did not start in time to host the DP rendezvous")
         found = death_of(ref)
@@ -323,7 +323,7 @@ class ActorManager:
         coordinator = self._owned.coordinator
         ref = coordinator.wait_for_engines.remote(self.config.dp_size, self.config.handshake_timeout_s)
         while not ray.wait([ref], timeout=0.05)[0]:
-            _check_startup(watched)
+            check_started(watched)
         if not ray.get(ref):
             raise StartupError("engines did not subscribe to the coordinator's broadcast in time")
 
@@ -351,7 +351,7 @@ class ActorManager:
                 method(rank, cause, detail)
 
         thread = threading.Thread(
-            target=_watch,
+            target=watch_run_refs,
             args=(refs, self._owned.stop, report_if_alive, self._watch_queue),
             name="raydp-watcher",
             daemon=True,
@@ -418,75 +418,6 @@ class ActorManager:
         logger.warning("engine rank %d restarted and rejoined", rank)
         for listener in list(self._restart_listeners):
             listener(endpoint)
-
-
-def _check_startup(refs: dict[Any, int]) -> None:
-    """Raise StartupError naming the first of ``refs`` that has finished (all should be running)."""
-    if not refs:
-        return
-    done, _ = ray.wait(list(refs), num_returns=1, timeout=0)
-    if not done:
-        return
-    rank = refs[done[0]]
-    found = death_of(done[0])
-    cause, detail = found if found is not None else (DeathCause.EXITED, "run() returned during startup")
-    who = "the coordinator" if rank < 0 else f"engine rank {rank}"
-    raise StartupError(f"{who} failed during startup ({cause.value}):\n{detail}")
-
-
-def _watch(
-    refs: dict[Any, int],
-    stop: threading.Event,
-    report: Callable[[int, DeathCause, str], None],
-    incoming: queue.SimpleQueue[tuple[Any, int]],
-) -> None:
-    while not stop.is_set():
-        while not incoming.empty():
-            ref, rank = incoming.get()
-            refs[ref] = rank
-        if not refs:
-            stop.wait(WATCH_TIMEOUT_S)
-            continue
-        done, _ = ray.wait(list(refs), num_returns=1, timeout=WATCH_TIMEOUT_S)
-        for ref in done:
-            rank = refs.pop(ref)
-            if stop.is_set():
-                return
-            found = death_of(ref)
-            cause, detail = found if found is not None else (DeathCause.EXITED, "run() returned")
-            report(rank, cause, detail)
-
-
-def terminate_cluster(name: str, prefix: str) -> None:
-    """End a cluster launched elsewhere (e.g. detached): its named actors, groups and IPC dirs."""
-    from ray.util.placement_group import PlacementGroup, placement_group_table
-
-    owned = Owned(name=prefix)
-    for actor in _named_actors(name):
-        owned.engines.append(actor)
-    for info in placement_group_table().values():
-        if _is_rank_group(info.get("name", ""), name) and info.get("state") != "REMOVED":
-            gid = ray._raylet.PlacementGroupID(bytes.fromhex(info["placement_group_id"]))
-            owned.groups.append(PlacementGroup(gid))
-            owned.nodes.update(info.get("bundles_to_node_id", {}).values())
-    owned.release()
-
-
-def _named_actors(name: str) -> list[Any]:
-    from ray.util import list_named_actors
-
-    found = []
-    for entry in list_named_actors(all_namespaces=True):
-        if entry["namespace"] == NAMESPACE and (
-            entry["name"] == f"{name}-coordinator" or _is_rank_group(entry["name"], name)
-        ):
-            found.append(ray.get_actor(entry["name"], namespace=NAMESPACE))
-    return found
-
-
-def _is_rank_group(candidate: str, name: str) -> bool:
-    prefix = f"{name}-dp"
-    return candidate.startswith(prefix) and candidate[len(prefix):].isdigit()
 
 
 def _device_request(accelerator: str) -> dict[str, Any]:

@@ -171,7 +171,7 @@ class Cluster:
         """Close this handle and end the cluster itself, even one launched elsewhere."""
         self.close()
         if self._manager is None:
-            from actors.manager import terminate_cluster
+            from actors.terminate import terminate_cluster
 
             terminate_cluster(self.name, self.endpoints.ipc_prefix)
 
