@@ -1,0 +1,73 @@
+"""The load balancer's choice: snapshot load plus what this client sent since."""
+
+from __future__ import annotations
+
+import pytest
+
+from raydp.balancer import LoadBalancer
+from raydp.errors import ConfigError
+from raydp.protocol import StatsSnapshot
+
+
+def test_least_loaded_rank_wins_by_waiting_weight() -> None:
+    lb = LoadBalancer(3)
+    lb.on_snapshot(StatsSnapshot(counts=[(1, 0), (0, 3), (0, 5)], wave=0, running=False))
+    assert lb.choose() == 1  # 4*1+0=4 > 0*4+3=3
+
+
+def test_sends_since_the_snapshot_count_so_a_burst_spreads() -> None:
+    lb = LoadBalancer(2)
+    lb.on_snapshot(StatsSnapshot(counts=[(0, 0), (0, 0)], wave=0, running=False))
+    picks = []
+    for _ in range(6):
+        rank = lb.choose()
+        lb.on_sent(rank)
+        picks.append(rank)
+    assert picks.count(0) == picks.count(1) == 3
+
+
+def test_a_new_snapshot_replaces_local_estimates() -> None:
+    lb = LoadBalancer(2)
+    for _ in range(5):
+        lb.on_sent(0)
+    assert lb.choose() == 1
+    lb.on_snapshot(StatsSnapshot(counts=[(0, 0), (2, 0)], wave=3, running=True))
+    assert lb.choose() == 0
+    assert (lb.wave, lb.running) == (3, True)
+
+
+def test_client_count_scales_local_sends() -> None:
+    solo, shared = LoadBalancer(2, client_count=1), LoadBalancer(2, client_count=4)
+    solo.on_sent(0)
+    shared.on_sent(0)
+    assert shared.score(0) == 4 * solo.score(0)
+
+
+def test_dead_ranks_are_skipped_and_all_dead_is_an_error() -> None:
+    lb = LoadBalancer(3)
+    assert lb.choose(dead={0}) == 1
+    with pytest.raises(ConfigError, match="every rank is dead"):
+        lb.choose(dead={0, 1, 2})
+
+
+def test_ties_go_to_fewest_in_flight_then_lowest_rank() -> None:
+    lb = LoadBalancer(3)
+    lb.on_sent(0)
+    lb.on_snapshot(StatsSnapshot(counts=[(0, 0)] * 3, wave=0, running=False))
+    assert lb.choose() == 1
+    lb.on_finished(0)
+    assert lb.choose() == 0
+
+
+def test_first_request_of_a_paused_cluster_is_noted_once() -> None:
+    lb = LoadBalancer(2)
+    assert lb.note_first_request() is True
+    assert lb.note_first_request() is False
+    lb.on_snapshot(StatsSnapshot(counts=[(0, 0)] * 2, wave=1, running=False))
+    assert lb.note_first_request() is True
+
+
+@pytest.mark.parametrize("kwargs", [{"engine_count": 0}, {"engine_count": 2, "client_count": 0}])
+def test_bad_sizes_name_the_field(kwargs: dict[str, int]) -> None:
+    with pytest.raises(ConfigError, match=next(iter(k for k in kwargs if kwargs[k] < 1))):
+        LoadBalancer(**kwargs)

@@ -1,0 +1,206 @@
+"""The engine loop over real (inproc) ZMQ sockets, with a real EchoEngine: no Ray."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import zmq
+
+from raydp.engine import EchoEngine, EngineContext
+from raydp.engine_loop import EngineLoop, EngineSockets
+from raydp.protocol import (
+    BROADCAST_TOPIC,
+    Abort,
+    EngineStats,
+    OutputBatch,
+    Request,
+    RequestType,
+    Shutdown,
+    UtilityCall,
+    coordinator_decoder,
+    encode,
+    output_decoder,
+)
+from raydp.transport import SocketOptions, make_socket
+
+OPTS = SocketOptions()
+
+
+class FailingEngine(EchoEngine):
+    def step(self) -> list[Any]:
+        raise RuntimeError("device fell off the bus")
+
+
+@dataclass
+class Rig:
+    ctx: zmq.Context[zmq.Socket[bytes]]
+    loop: EngineLoop
+    thread: threading.Thread
+    collect: zmq.Socket[bytes]
+    broadcast: zmq.Socket[bytes]
+    errors: list[BaseException]
+
+    def client(self, name: bytes) -> zmq.Socket[bytes]:
+        sock = make_socket(self.ctx, zmq.DEALER, OPTS, identity=name)
+        sock.connect("inproc://input")
+        return sock
+
+    def stop(self) -> None:
+        self.broadcast.send_multipart([BROADCAST_TOPIC, encode(Shutdown())])
+        self.thread.join(timeout=5)
+
+
+def start(engine: EchoEngine) -> Rig:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    collect = make_socket(ctx, zmq.PULL, OPTS)
+    collect.bind("inproc://collect")
+    broadcast = make_socket(ctx, zmq.XPUB, OPTS)
+    broadcast.bind("inproc://broadcast")
+    input_sock = make_socket(ctx, zmq.ROUTER, OPTS)
+    input_sock.bind("inproc://input")
+    push = make_socket(ctx, zmq.PUSH, OPTS)
+    push.connect("inproc://collect")
+    sub = make_socket(ctx, zmq.SUB, OPTS)
+    sub.connect("inproc://broadcast")
+    sockets = EngineSockets(ctx, input_sock, push, sub, "inproc://wake", rank=0)
+    loop = EngineLoop(engine, 0, sockets, stats_interval_s=0.01)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop.run()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            sockets.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert broadcast.poll(5000), "the engine subscribes to the broadcast socket"
+    broadcast.recv()
+    return Rig(ctx, loop, thread, collect, broadcast, errors)
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    r = start(EchoEngine(EngineContext(0, 0, 1, 1, "n")))
+    yield r
+    r.stop()
+    r.ctx.destroy(linger=0)
+
+
+def send(sock: zmq.Socket[bytes], tag: RequestType, msg: Any) -> None:
+    sock.send_multipart([tag.value, encode(msg)])
+
+
+def outputs(sock: zmq.Socket[bytes], until_finished: set[str], timeout: float = 5) -> dict[str, list[int]]:
+    got: dict[str, list[int]] = {}
+    deadline = time.monotonic() + timeout
+    while until_finished and time.monotonic() < deadline:
+        if not sock.poll(100):
+            continue
+        batch: OutputBatch = output_decoder(sock.recv())
+        for out in batch.outputs:
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+            if out.finished:
+                until_finished.discard(out.request_id)
+    assert not until_finished, f"never finished: {until_finished}"
+    return got
+
+
+@pytest.mark.timeout(30)
+def test_requests_stream_back_to_their_own_client(rig: Rig) -> None:
+    a, b = rig.client(b"ca"), rig.client(b"cb")
+    send(a, RequestType.ADD, Request("x", [1, 2], 3))
+    send(b, RequestType.ADD, Request("y", [9], 2))
+    assert outputs(a, {"x"}) == {"x": [1, 2, 1]}
+    assert outputs(b, {"y"}) == {"y": [9, 9]}
+
+
+@pytest.mark.timeout(30)
+def test_load_is_published_to_the_coordinator(rig: Rig) -> None:
+    a = rig.client(b"ca")
+    send(a, RequestType.ADD, Request("x", [1], 50))
+    seen = set()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (0, 0) not in seen:
+        if rig.collect.poll(100):
+            msg = coordinator_decoder(rig.collect.recv())
+            assert isinstance(msg, EngineStats)
+            seen.add((msg.waiting, msg.running))
+    assert (0, 1) in seen and (0, 0) in seen, seen
+
+
+@pytest.mark.timeout(30)
+def test_only_the_owner_can_abort(rig: Rig) -> None:
+    owner, other = rig.client(b"co"), rig.client(b"cx")
+    send(owner, RequestType.ADD, Request("r", [5], 10**7))
+    time.sleep(0.05)
+    send(other, RequestType.ABORT, Abort(["r"]))
+    time.sleep(0.2)
+    assert rig.loop.engine.load() == (0, 1), "a stranger's abort is ignored"
+    send(owner, RequestType.ABORT, Abort(["r"]))
+    deadline = time.monotonic() + 5
+    while rig.loop.engine.load() != (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert rig.loop.engine.load() == (0, 0), "the owner's abort stops it"
+
+
+@pytest.mark.timeout(30)
+def test_duplicate_ids_and_bad_utilities_fail_alone(rig: Rig) -> None:
+    a = rig.client(b"ca")
+    send(a, RequestType.ADD, Request("d", [1], 10**6))
+    send(a, RequestType.ADD, Request("d", [2], 1))
+    errors = []
+    for call in (UtilityCall(1, "nope"), UtilityCall(2, "shutdown"), UtilityCall(3, "_running"),
+                 UtilityCall(4, "describe", [1, 2])):
+        send(a, RequestType.UTILITY, call)
+    deadline = time.monotonic() + 5
+    dup_error = None
+    while (len(errors) < 4 or dup_error is None) and time.monotonic() < deadline:
+        if a.poll(100):
+            batch = output_decoder(a.recv())
+            if batch.utility is not None:
+                errors.append(batch.utility.error)
+            dup_error = dup_error or next((o.error for o in batch.outputs if o.error), None)
+    assert dup_error is not None and "duplicate request id 'd'" in dup_error
+    assert len(errors) == 4 and all(errors), errors
+    assert "not a utility method" in errors[1]
+    send(a, RequestType.UTILITY, UtilityCall(5, "stats"))
+    assert a.poll(5000)
+    ok = output_decoder(a.recv())
+    while ok.utility is None and a.poll(5000):
+        ok = output_decoder(a.recv())
+    assert ok.utility is not None and ok.utility.error is None and ok.utility.result["steps"] > 0
+
+
+@pytest.mark.timeout(30)
+def test_malformed_input_is_dropped_and_the_loop_keeps_serving(rig: Rig) -> None:
+    a = rig.client(b"ca")
+    a.send_multipart([b"\x07", b"whatever"])
+    a.send_multipart([RequestType.ADD.value, b"\xc1"])
+    a.send(b"one frame")
+    rig.broadcast.send_multipart([BROADCAST_TOPIC, b"garbage"])
+    send(a, RequestType.ADD, Request("ok", [4], 1))
+    assert outputs(a, {"ok"}) == {"ok": [4]}
+    assert rig.thread.is_alive()
+
+
+@pytest.mark.timeout(30)
+def test_a_failing_step_fails_every_request_then_the_loop() -> None:
+    rig = start(FailingEngine(EngineContext(0, 0, 1, 1, "n")))
+    try:
+        a = rig.client(b"ca")
+        send(a, RequestType.ADD, Request("doomed", [1], 5))
+        assert a.poll(5000)
+        batch = output_decoder(a.recv())
+        assert batch.outputs[0].finished and "device fell off the bus" in (batch.outputs[0].error or "")
+        rig.thread.join(timeout=5)
+        assert rig.errors and "device fell off the bus" in str(rig.errors[0])
+    finally:
+        rig.ctx.destroy(linger=0)
