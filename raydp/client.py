@@ -59,6 +59,7 @@ from raydp.transport import SocketOptions, make_socket, pick_address
 
 logger = logging.getLogger("raydp.client")
 MAX_TOKEN_ID = 2**31 - 1
+RECV_BUDGET = 256  # output batches taken from one engine per IO-thread turn
 Command = Callable[[], None]
 
 
@@ -216,9 +217,10 @@ class Client:
         reason: RaydpError = ClusterClosedError("the client was closed")
         try:
             while not self._closed:
-                for sock in self._io.poll(100):
-                    self._on_readable(sock)
+                # Commands first, so a flood of outputs never delays an abort or a submit.
                 self._run_commands()
+                for sock in self._io.poll(0 if self._commands else 100):
+                    self._on_readable(sock)
         except Exception as exc:
             logger.exception("client IO thread crashed")
             reason = ClusterClosedError(f"the client's IO thread crashed: {exc!r}")
@@ -245,7 +247,12 @@ class Client:
             while frames := io.recv_nowait(sock):
                 self._on_snapshot(frames[-1])
         else:
-            while frames := io.recv_nowait(sock):
+            # A budget per turn: one flooding rank must not starve the others,
+            # nor the commands (submits, aborts) waiting behind it.
+            for _ in range(RECV_BUDGET):
+                frames = io.recv_nowait(sock)
+                if frames is None:
+                    break
                 self._on_output_batch(frames[-1])
 
     def _on_snapshot(self, body: bytes) -> None:

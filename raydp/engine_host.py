@@ -63,6 +63,7 @@ class EngineHost:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._done = False
+        self._collective: GlooDPGroup | None = None
 
     def dp_master(self) -> str:
         """``ip:port`` for the gloo rendezvous (asked of rank 0)."""
@@ -76,7 +77,10 @@ class EngineHost:
         try:
             addresses = bind_endpoints(input_sock, "input", transport=self.config.transport, ipc_dir=self.ipc_dir)
 
-            def make_ready(_: Init) -> Ready:
+            def make_ready(init: Init) -> Ready:
+                # Join the DP group before READY, so launch() returns with it formed.
+                if init.parallel.lockstep:
+                    self._collective = GlooDPGroup(init.parallel.dp_master, self.rank, init.parallel.dp_size)
                 capacity = int(getattr(self.engine, "capacity", lambda: 0)())
                 return Ready(capacity, self.config.config_hash(), addresses)
 
@@ -95,6 +99,8 @@ class EngineHost:
                 self._loop = None
                 self._done = True
             self.engine.shutdown()
+            if self._collective is not None:
+                self._collective.close()
             self.ctx.destroy(linger=0)
             self.ipc_dir.remove()
 
@@ -119,8 +125,8 @@ class EngineHost:
         parallel = init.parallel
         waves = collective = None
         if parallel.lockstep:
-            collective = GlooDPGroup(parallel.dp_master, self.rank, parallel.dp_size)
-            stack.callback(collective.close)
+            collective = self._collective
+            assert collective is not None, "the DP group is formed before READY"
             waves = EngineWaves(self.rank, parallel.allreduce_interval)
             attach = getattr(self.engine, "attach_dp_group", None)
             if attach is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable, Iterator
 
@@ -37,54 +36,66 @@ class RequestHandle:
 
     ``result()`` returns every generated token; a failure raises the typed
     error (:class:`~raydp.errors.RequestError`, :class:`~raydp.errors.EngineDeadError`,
-    :class:`~raydp.errors.ClusterClosedError`).
+    :class:`~raydp.errors.ClusterClosedError`). Only token chunks are kept, so a
+    long request costs its tokens and no more.
     """
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self.rank: int | None = None
-        self.tokens: list[int] = []
         self.finish_reason: str | None = None
         self.error: RaydpError | None = None
-        self._done = threading.Event()
-        self._stream: queue.SimpleQueue[Output | RaydpError] = queue.SimpleQueue()
+        self._chunks: list[list[int]] = []
+        self._finished = False
+        self._cond = threading.Condition()
+
+    @property
+    def tokens(self) -> list[int]:
+        with self._cond:
+            return [t for chunk in self._chunks for t in chunk]
 
     def _on_item(self, item: Output | RaydpError) -> None:
         """Called from the client's IO thread."""
         if isinstance(item, Output) and item.error is not None:
             item = RequestError(item.request_id, item.error)
-        if isinstance(item, Output):
-            self.tokens.extend(item.token_ids)
-            if item.finished:
-                self.finish_reason = item.finish_reason
-        else:
-            self.error = item
-        self._stream.put(item)
-        if not isinstance(item, Output) or item.finished:
-            self._done.set()
+        with self._cond:
+            if isinstance(item, Output):
+                if item.token_ids:
+                    self._chunks.append(item.token_ids)
+                if item.finished:
+                    self.finish_reason = item.finish_reason
+                    self._finished = True
+            else:
+                self.error = item
+                self._finished = True
+            self._cond.notify_all()
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._finished
 
     def result(self, timeout: float | None = None) -> list[int]:
         """All tokens, once finished; raises the request's error or TimeoutError."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.request_id!r} not finished after {timeout}s")
-        if self.error is not None:
-            raise self.error
-        return list(self.tokens)
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._finished, timeout):
+                raise TimeoutError(f"request {self.request_id!r} not finished after {timeout}s")
+            if self.error is not None:
+                raise self.error
+            return [t for chunk in self._chunks for t in chunk]
 
     def stream(self, timeout: float | None = None) -> Iterator[list[int]]:
-        """Yield each batch of new tokens as it arrives."""
+        """Yield each chunk of new tokens as it arrives; raises the request's error."""
+        index = 0
         while True:
-            try:
-                item = self._stream.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError(f"request {self.request_id!r}: no output for {timeout}s") from None
-            if not isinstance(item, Output):
-                raise item
-            if item.token_ids:
-                yield list(item.token_ids)
-            if item.finished:
+            chunks, finished = self._chunks_after(index, timeout)
+            index += len(chunks)
+            yield from chunks
+            if finished and not chunks:
+                if self.error is not None:
+                    raise self.error
                 return
 
+    def _chunks_after(self, index: int, timeout: float | None) -> tuple[list[list[int]], bool]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: index < len(self._chunks) or self._finished, timeout):
+                raise TimeoutError(f"request {self.request_id!r}: no output for {timeout}s")
+            return [list(c) for c in self._chunks[index:]], self._finished
