@@ -91,6 +91,7 @@ class Client:
         self._commands: collections.deque[Command] = collections.deque()
         self._lock = threading.Lock()
         self._closed = False
+        self._armed = True
         self._fatal: RaydpError = ClusterClosedError("the client is closed")
         self._ids = itertools.count()
         self._last_snapshot: StatsSnapshot | None = None
@@ -209,7 +210,9 @@ class Client:
             if self._closed and not allow_closed:
                 raise self._fatal
             self._commands.append(command)
-            self._io.ring()
+            if self._armed:  # the IO thread may be asleep in poll: wake it (once)
+                self._armed = False
+                self._io.ring()
 
     # ---- IO thread --------------------------------------------------------------------
 
@@ -218,7 +221,11 @@ class Client:
         try:
             while not self._closed:
                 # Commands first, so a flood of outputs never delays an abort or a submit.
+                self._armed = False
                 self._run_commands()
+                # Armed before the last look at the queue: a command queued after
+                # that look sees the flag and rings, so none waits out the poll.
+                self._armed = True
                 for sock in self._io.poll(0 if self._commands else 100):
                     self._on_readable(sock)
         except Exception as exc:
