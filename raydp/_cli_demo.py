@@ -62,20 +62,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _start_ray(args: argparse.Namespace) -> bool:
     """Join a cluster if there is one; else start a local Ray with logical GPUs."""
-    import ray
+    from raydp.ray_connection import connect
 
-    if ray.is_initialized():
-        return False
-    if args.address is not None:
-        ray.init(address=args.address)
-        return True
-    try:
-        ray.init(address="auto")
-    except ConnectionError:
-        cpus = max(os.cpu_count() or 1, args.dp_size + 1)
-        ray.init(num_cpus=cpus, num_gpus=args.local_gpus, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
-    return True
+    cpus = max(os.cpu_count() or 1, args.dp_size + 1)
+    return connect(args.address, local={"num_cpus": cpus, "num_gpus": args.local_gpus}, quiet=True)
 
 
 def _drive(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:

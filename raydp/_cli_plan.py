@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import sys
 from typing import Any
 
@@ -18,6 +16,7 @@ from placement.inventory import Inventory, read_inventory
 from placement.planner import STRATEGIES, PlacementPlan, plan_placement
 from placement.report import format_plan_table, plan_to_json
 from raydp.errors import ConfigError, PlacementError
+from raydp.ray_connection import connect
 
 EXIT_INFEASIBLE = 2
 
@@ -93,19 +92,4 @@ def _print(plan: PlacementPlan, inventory: Inventory, *, as_json: bool) -> None:
 
 def _connect(address: str | None) -> bool:
     """Connect to Ray unless already connected; True if this call started the connection."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
-    target = address or os.environ.get("RAY_ADDRESS")
-    if target:
-        ray.init(address=target, **quiet)
-        return True
-    try:
-        ray.init(address="auto", **quiet)
-    except ConnectionError:
-        # No cluster running: plan against this machine's own resources.
-        ray.init(include_dashboard=False, **quiet)
-    return True
-
+    return connect(address, quiet=True)

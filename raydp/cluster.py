@@ -15,6 +15,7 @@ from raydp.config import RaydpConfig
 from raydp.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.engine import engine_path
 from raydp.errors import ClusterClosedError, ComponentDeadError, ConfigError, EngineDeadError
+from raydp.ray_connection import connect
 
 logger = logging.getLogger("raydp")
 
@@ -232,7 +233,7 @@ def launch(
 
         manager = CoreEngineProcManager(config, progress=bar)
     else:
-        ensure_ray(address)
+        connect(address)
         from actors.manager import ActorManager
 
         manager = ActorManager(config, placement_groups=placement_groups, progress=bar)
@@ -249,7 +250,7 @@ def attach(name: str, *, address: str | None = None) -> Cluster:
 
     ``close()`` on it closes only its clients, never the cluster's actors.
     """
-    ensure_ray(address)
+    connect(address)
     import ray
 
     try:
@@ -260,21 +261,6 @@ def attach(name: str, *, address: str | None = None) -> Cluster:
     if endpoints is None:
         raise ConfigError(f"name={name!r}: the cluster is still starting")
     return Cluster(None, endpoints, owns_actors=False)
-
-
-def ensure_ray(address: str | None) -> None:
-    """Join the given Ray cluster, or the ambient one, or start a local one."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    if address is not None:
-        ray.init(address=address, log_to_driver=True)
-        return
-    try:
-        ray.init(address="auto", log_to_driver=True)
-    except ConnectionError:
-        ray.init(log_to_driver=True)
 
 
 def _progress_bar(enabled: bool | None, config: RaydpConfig) -> Any:
