@@ -96,6 +96,7 @@ class ActorManager:
         self._startup = _Startup()
         self._watch_queue: queue.SimpleQueue[tuple[Any, int]] = queue.SimpleQueue()
         self._coordinator_client: CoordinatorClient | None = None
+        self._report_lock = threading.RLock()
         self.ipc_prefix = ipc_prefix(config.name)
         self._owned = Owned(name=self.ipc_prefix)
         self._finalizer = weakref.finalize(self, self._owned.release)
@@ -286,7 +287,7 @@ class ActorManager:
                 lambda rank: self._init_for(rank, startup, startup.dp_master),
                 cfg.config_hash(),
                 cfg.startup_timeout_s,
-                liveness=lambda: check_started(watched),
+                liveness=lambda: self._check_live(watched),
                 progress=progress,
             )
         finally:
@@ -318,12 +319,18 @@ class ActorManager:
                            cfg.stats_interval_s),
         )
 
+    def _check_live(self, watched: dict[Any, int]) -> None:
+        """Startup (or a restart) fails at once if a watched ref finished or close() began."""
+        if self._owned.stop.is_set():
+            raise StartupError(f"cluster {self.config.name!r} is closing")
+        check_started(watched)
+
     def _wait_coordinator(self, watched: dict[Any, int]) -> None:
         """Block until every engine has subscribed to the coordinator's broadcast."""
         coordinator = self._owned.coordinator
         ref = coordinator.wait_for_engines.remote(self.config.dp_size, self.config.handshake_timeout_s)
         while not ray.wait([ref], timeout=0.05)[0]:
-            check_started(watched)
+            self._check_live(watched)
         if not ray.get(ref):
             raise StartupError("engines did not subscribe to the coordinator's broadcast in time")
 
@@ -360,6 +367,10 @@ class ActorManager:
         thread.start()
 
     def _report(self, rank: int, cause: DeathCause, detail: str) -> None:
+        with self._report_lock:  # the watcher and restart threads both report
+            self._report_locked(rank, cause, detail)
+
+    def _report_locked(self, rank: int, cause: DeathCause, detail: str) -> None:
         err: ComponentDeadError
         restarting = self._may_restart(rank, cause)
         if rank < 0:
@@ -376,7 +387,9 @@ class ActorManager:
             except Exception:
                 logger.exception("death listener failed")
         if restarting:
-            threading.Thread(target=self._restart, args=(rank,), name=f"raydp-restart-{rank}", daemon=True).start()
+            thread = threading.Thread(target=self._restart, args=(rank,), name=f"raydp-restart-{rank}", daemon=True)
+            self._owned.restarts.append(thread)
+            thread.start()
         elif self.config.lockstep:
             # The collective (or, for the coordinator, the waves) is broken:
             # the peers would wait in it forever. Fail the whole gang now.
@@ -403,7 +416,8 @@ class ActorManager:
             self._wait_coordinator(refs)
         except Exception as exc:
             if not self._owned.stop.is_set():
-                self._restarts_left[rank] = 0
+                with self._report_lock:
+                    self._restarts_left[rank] = 0
                 self._report(rank, DeathCause.INIT_FAILED, f"restart failed: {exc}")
             return
         endpoint = EngineEndpoint(rank, self.slots[rank].node_id, result.ready[rank].input_addresses)

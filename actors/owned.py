@@ -32,6 +32,7 @@ class Owned:
     watcher: threading.Thread | None = None
     run_refs: list[Any] = field(default_factory=list)
     closers: list[Callable[[], None]] = field(default_factory=list)
+    restarts: list[threading.Thread] = field(default_factory=list)
     name: str = ""
     nodes: set[str] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -44,8 +45,10 @@ class Owned:
                 return
             self.released = True
         self.stop.set()
-        if self.watcher is not None and self.watcher is not threading.current_thread():
-            self.watcher.join(timeout=2)
+        for thread in [self.watcher, *self.restarts]:
+            # A restart sees the stop flag within one poll and gives up its sockets.
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=2)
         if ray.is_initialized():
             self._stop_actors()
             remove_groups(self.groups)

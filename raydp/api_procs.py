@@ -11,12 +11,11 @@ import socket
 import threading
 import weakref
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
-from typing import cast
+from multiprocessing.connection import Connection
 
 from raydp.endpoints import ClusterEndpoints
 from raydp.errors import ComponentDeadError, ConfigError, ProcessDeadError
-from raydp.procs import Proc, shutdown, watch_parent
+from raydp.procs import Proc, shutdown, watch_parent, watch_processes
 
 logger = logging.getLogger("raydp.api")
 
@@ -74,7 +73,7 @@ class APIServerProcessManager:
         self._listeners: list[Callable[[ComponentDeadError], None]] = []
         self._stop = threading.Event()
         self._finalizer = weakref.finalize(self, _release, self.procs, self._sock, self._stop)
-        threading.Thread(target=self._watch, name="raydp-api-watcher", daemon=True).start()
+        watch_processes(self.procs, self._stop, self._report, "raydp-api-watcher")
 
     @property
     def url(self) -> str:
@@ -83,18 +82,12 @@ class APIServerProcessManager:
     def on_death(self, listener: Callable[[ComponentDeadError], None]) -> None:
         self._listeners.append(listener)
 
-    def _watch(self) -> None:
-        alive = {p.process.sentinel: p for p in self.procs}
-        while alive and not self._stop.is_set():
-            for sentinel in wait(list(alive), timeout=0.05):
-                proc = alive.pop(cast(int, sentinel))
-                if self._stop.is_set():
-                    return
-                proc.process.join(timeout=1)
-                err = ProcessDeadError(f"API server {proc.name} (pid {proc.process.pid})", proc.process.exitcode)
-                logger.error("%s", err)
-                for listener in list(self._listeners):
-                    listener(err)
+    def _report(self, proc: Proc) -> None:
+        proc.process.join(timeout=1)
+        err = ProcessDeadError(f"API server {proc.name} (pid {proc.process.pid})", proc.process.exitcode)
+        logger.error("%s", err)
+        for listener in list(self._listeners):
+            listener(err)
 
     def close(self) -> None:
         self._finalizer()

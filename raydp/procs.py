@@ -14,6 +14,7 @@ terminates, waits out a grace period, then kills the whole process tree.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import multiprocessing as mp
 import signal
@@ -99,6 +100,36 @@ def _kill_tree(pid: int | None) -> None:
     for proc in victims:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
+
+
+def watch_processes(
+    procs: Sequence[Proc], stop: threading.Event, on_exit: Callable[[Proc], None], name: str
+) -> threading.Thread:
+    """Call ``on_exit(proc)`` as each process exits, until ``stop`` is set.
+
+    A bound ``on_exit`` is held weakly, so the watcher never keeps its manager
+    alive: dropping the manager still runs its finalizer.
+    """
+    ref: Callable[[], Callable[[Proc], None] | None] = (
+        weakref.WeakMethod(on_exit) if inspect.ismethod(on_exit) else (lambda: on_exit)
+    )
+
+    def run() -> None:
+        alive = {p.process.sentinel: p for p in procs}
+        while alive and not stop.is_set():
+            for sentinel in wait(list(alive), timeout=WATCH_TIMEOUT_S):
+                proc = alive.pop(cast(int, sentinel))
+                callback = ref()
+                if stop.is_set() or callback is None:
+                    return
+                try:
+                    callback(proc)
+                except Exception:
+                    logger.exception("reporting the exit of %s failed", proc.name)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def watch_parent(death_pipe: Connection, on_parent_death: Callable[[], None]) -> None:
@@ -234,7 +265,7 @@ class CoreEngineProcManager:
         except BaseException:
             self.close()
             raise
-        threading.Thread(target=self._watch, name="raydp-proc-watcher", daemon=True).start()
+        watch_processes(self._owned.procs, self._owned.stop, self._report, "raydp-proc-watcher")
         return endpoints
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any, rank: int | None = None) -> Proc:
@@ -312,14 +343,6 @@ class CoreEngineProcManager:
         for proc in self._owned.procs:
             if not proc.process.is_alive():
                 raise StartupError(f"{proc.name} died during startup ({describe_exit(proc.process.exitcode)})")
-
-    def _watch(self) -> None:
-        alive = {p.process.sentinel: p for p in self._owned.procs}
-        while alive and not self._owned.stop.is_set():
-            for sentinel in wait(list(alive), timeout=WATCH_TIMEOUT_S):
-                proc = alive.pop(cast(int, sentinel))
-                if not self._owned.stop.is_set():
-                    self._report(proc)
 
     def _report(self, proc: Proc) -> None:
         proc.process.join(timeout=1)

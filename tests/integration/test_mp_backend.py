@@ -43,3 +43,19 @@ def test_mp_dp2_serves_and_sigkill_is_reported_within_a_second() -> None:
         cluster.close()
     assert not any(psutil.pid_exists(p.process.pid) and p.process.is_alive() for p in procs)
     assert socket_dirs("mpdp") == []
+
+
+@pytest.mark.timeout(120)
+def test_dropping_the_last_handle_stops_the_processes() -> None:
+    import gc
+
+    cluster = raydp.launch(name="mpgc", dp_size=2, backend="mp", progress=False)
+    procs = cluster._manager.procs
+    assert cluster.client().generate([3], max_tokens=1) == [3]
+    del cluster
+    gc.collect()
+    deadline = time.monotonic() + 20
+    while any(p.process.is_alive() for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(p.process.is_alive() for p in procs)
+    assert socket_dirs("mpgc") == []
