@@ -41,9 +41,12 @@ class EngineCoreActor:
         frontend_node_id: str,
         device_ids: tuple[str, ...] = (),
         ipc_prefix: str = "",
+        engine_cls: type | None = None,
     ) -> None:
         node_id = ray.get_runtime_context().get_node_id()
-        self.host = EngineHost(config, rank, local_rank, node_id, frontend_node_id, device_ids, ipc_prefix)
+        self.host = EngineHost(
+            config, rank, local_rank, node_id, frontend_node_id, device_ids, ipc_prefix, engine_cls
+        )
         set_process_title(f"raydp::{self.host.tag}")
 
     def wait_for_init(self) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from raydp.errors import (
     CoordinatorDeadError,
     DeathCause,
     EngineDeadError,
+    RaydpError,
     StartupError,
 )
 from raydp.handshake import HandshakeResult, HandshakeServer
@@ -86,8 +87,10 @@ class ActorManager:
         *,
         placement_groups: Sequence[PlacementGroup] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        engine_cls: type | None = None,
     ) -> None:
         self.config = config
+        self._engine_cls = engine_cls
         self._user_groups = list(placement_groups) if placement_groups is not None else None
         self._progress = progress
         self._listeners: list[DeathListener] = []
@@ -145,6 +148,12 @@ class ActorManager:
             result, refs = self._handshake(startup, ranks, startup.run_refs, self._progress)
             startup.run_refs.update(refs)
             self._wait_coordinator(startup.run_refs)
+        except RaydpError:
+            self.close()
+            raise
+        except Exception as exc:  # a raw Ray error (e.g. a get timeout) becomes a typed one
+            self.close()
+            raise StartupError(f"cluster {self.config.name!r} failed to start: {exc!r}") from exc
         except BaseException:
             self.close()
             raise
@@ -254,7 +263,10 @@ class ActorManager:
                 num_cpus=1,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, cfg.world_size),
                 **self._actor_options(f"{cfg.name}-dp{rank}"),
-            ).remote(cfg, rank, slot.local_rank, self.driver_node_id, startup.devices[rank], self.ipc_prefix)
+            ).remote(
+                cfg, rank, slot.local_rank, self.driver_node_id, startup.devices[rank], self.ipc_prefix,
+                self._engine_cls,
+            )
             if rank < len(engines):
                 engines[rank] = actor
             else:

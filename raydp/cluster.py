@@ -13,8 +13,15 @@ import msgspec
 
 from raydp.config import RaydpConfig
 from raydp.endpoints import ClusterEndpoints, EngineEndpoint
-from raydp.engine import engine_path
-from raydp.errors import ClusterClosedError, ComponentDeadError, ConfigError, EngineDeadError
+from raydp.engine import check_engine_class, engine_path
+from raydp.errors import (
+    ClusterClosedError,
+    ComponentDeadError,
+    ConfigError,
+    CoordinatorDeadError,
+    DeathCause,
+    EngineDeadError,
+)
 from raydp.ray_connection import connect
 
 logger = logging.getLogger("raydp")
@@ -216,19 +223,15 @@ def launch(
     """
     if backend not in ("ray", "mp"):
         raise ConfigError(f"backend={backend!r}: must be 'ray' or 'mp'")
-    if config is not None and fields:
-        raise ConfigError(f"pass either config or fields, not both (got fields {sorted(fields)})")
-    if engine is not None:
-        fields["engine"] = engine_path(engine)
-    if config is None:
-        config = RaydpConfig.create(**fields)
-    elif engine is not None:
-        config = config.with_changes(engine=fields["engine"])
+    if backend == "mp" and placement_groups is not None:
+        raise ConfigError("placement_groups: only the 'ray' backend uses placement groups")
+    config = _resolve_config(config, engine, fields)
+    engine_cls = engine if isinstance(engine, type) else None
+    if engine_cls is not None:
+        check_engine_class(engine_cls, config.engine)
     bar = _progress_bar(progress, config)
     manager: Any
     if backend == "mp":
-        if placement_groups is not None:
-            raise ConfigError("placement_groups: only the 'ray' backend uses placement groups")
         from raydp.procs import CoreEngineProcManager
 
         manager = CoreEngineProcManager(config, progress=bar)
@@ -236,13 +239,23 @@ def launch(
         connect(address)
         from actors.manager import ActorManager
 
-        manager = ActorManager(config, placement_groups=placement_groups, progress=bar)
+        manager = ActorManager(config, placement_groups=placement_groups, progress=bar, engine_cls=engine_cls)
     endpoints = manager.start()
     try:
         return Cluster(manager, endpoints)
     except BaseException:
         manager.close()
         raise
+
+
+def _resolve_config(config: RaydpConfig | None, engine: str | type | None, fields: dict[str, Any]) -> RaydpConfig:
+    if config is not None and fields:
+        raise ConfigError(f"pass either config or fields, not both (got fields {sorted(fields)})")
+    if engine is not None:
+        fields["engine"] = engine_path(engine)
+    if config is None:
+        return RaydpConfig.create(**fields)
+    return config.with_changes(**fields) if fields else config
 
 
 def attach(name: str, *, address: str | None = None) -> Cluster:
@@ -257,7 +270,10 @@ def attach(name: str, *, address: str | None = None) -> Cluster:
         coordinator = ray.get_actor(f"{name}-coordinator", namespace="raydp")
     except ValueError:
         raise ConfigError(f"name={name!r}: no raydp cluster of that name is running") from None
-    endpoints = ray.get(coordinator.cluster.remote(), timeout=30)
+    try:
+        endpoints = ray.get(coordinator.cluster.remote(), timeout=30)
+    except ray.exceptions.RayError as exc:
+        raise CoordinatorDeadError("coordinator", None, DeathCause.UNKNOWN, repr(exc)) from exc
     if endpoints is None:
         raise ConfigError(f"name={name!r}: the cluster is still starting")
     return Cluster(None, endpoints, owns_actors=False)

@@ -67,10 +67,15 @@ def load_engine_class(path: str) -> Callable[..., EngineCore]:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"engine={path!r}: cannot import it ({exc})") from None
+    return check_engine_class(obj, path)
+
+
+def check_engine_class(obj: Any, label: str) -> Callable[..., EngineCore]:
+    """``obj`` if it is a class with every engine core method; ConfigError naming what is missing."""
     missing = [m for m in ("add_request", "abort", "step", "has_unfinished", "load",
                            "execute_dummy_batch", "shutdown") if not hasattr(obj, m)]
     if not isinstance(obj, type) or missing:
-        raise ConfigError(f"engine={path!r}: not an engine core class (missing {missing})")
+        raise ConfigError(f"engine={label!r}: not an engine core class (missing {missing})")
     return obj
 
 
@@ -78,7 +83,9 @@ def engine_path(engine: str | type) -> str:
     """The ``module:Class`` path of an engine given as a path or a class."""
     if isinstance(engine, str):
         return engine
-    return f"{engine.__module__}:{engine.__qualname__}"
+    # A class defined in a function or a notebook cell has no import path; the
+    # label still names it (the class itself travels to the actors through Ray).
+    return f"{engine.__module__}:{engine.__qualname__.replace('<locals>.', '')}"
 
 
 class EchoEngine:

@@ -16,7 +16,7 @@ import zmq
 
 from raydp.collective import GlooDPGroup, free_port
 from raydp.config import RaydpConfig
-from raydp.engine import EngineContext, load_engine_class
+from raydp.engine import EngineContext, check_engine_class, load_engine_class
 from raydp.engine_loop import EngineLoop, EngineSockets
 from raydp.handshake import engine_handshake
 from raydp.logs import configure_component_logging
@@ -48,6 +48,7 @@ class EngineHost:
         frontend_node_id: str,
         device_ids: tuple[str, ...] = (),
         ipc_prefix: str = "",
+        engine_cls: type | None = None,
     ) -> None:
         self.config, self.rank, self.node_id = config, rank, node_id
         self.local = node_id == frontend_node_id
@@ -55,7 +56,9 @@ class EngineHost:
         configure_component_logging(self.tag)
         set_device_visibility(config.accelerator, device_ids)
         context = EngineContext(rank, local_rank, config.dp_size, config.world_size, node_id, device_ids)
-        self.engine = load_engine_class(config.engine)(context, **config.engine_kwargs)
+        # A class handed over through Ray (e.g. defined in a notebook) wins over the path.
+        factory = check_engine_class(engine_cls, config.engine) if engine_cls else load_engine_class(config.engine)
+        self.engine = factory(context, **config.engine_kwargs)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.ipc_dir = IpcDir(f"{ipc_prefix or config.name}-dp{rank}")
         self._wake_address = f"inproc://raydp-engine-wake-{rank}"

@@ -64,3 +64,26 @@ def test_dropping_the_last_handle_closes_the_cluster(two_nodes) -> None:  # type
     assert live_groups("orphan") == []
     with pytest.raises(raydp.ClusterClosedError):
         client.submit([1])
+
+
+@pytest.mark.timeout(180)
+def test_an_engine_class_defined_in_a_notebook_cell_runs(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    from raydp.engine import EchoEngine
+
+    class ShoutingEngine(EchoEngine):  # not importable by path, like a notebook class
+        def step(self):  # type: ignore[no-untyped-def]
+            return [type(o)(o.request_id, [t * 10 for t in o.token_ids], o.finished, o.finish_reason)
+                    for o in super().step()]
+
+    with raydp.launch(name="cell", dp_size=2, engine=ShoutingEngine, progress=False) as cluster:
+        assert cluster.client().generate([1, 2], max_tokens=2, timeout=60) == [10, 20]
+
+
+@pytest.mark.timeout(60)
+def test_a_class_that_is_not_an_engine_is_rejected_before_anything_starts(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    class NotAnEngine:
+        def step(self) -> None: ...
+
+    with pytest.raises(raydp.ConfigError, match=r"missing .*add_request"):
+        raydp.launch(name="notengine", dp_size=1, engine=NotAnEngine, progress=False)
+    assert live_actors("notengine") == []
