@@ -403,6 +403,14 @@ class _ClientSockets:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.identity = b"c" + secrets.token_bytes(7)
         self.node_id, self.opts = node_id, opts
+        try:
+            self._connect(endpoints)
+        except BaseException:  # e.g. a bad address: do not leak the context
+            self.ctx.destroy(linger=0)
+            raise
+
+    def _connect(self, endpoints: ClusterEndpoints) -> None:
+        node_id, opts = self.node_id, self.opts
         self.engines = [self._engine_socket(ep) for ep in endpoints.engines]
         coord = endpoints.coordinator
         same = coord.node_id == node_id

@@ -49,22 +49,36 @@ class CoordinatorLoop:
         self.state = state
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.ipc_dir = IpcDir(ipc_prefix) if transport != "tcp" else None
-        self.publish = make_socket(self.ctx, zmq.PUB, opts)
-        self.collect = make_socket(self.ctx, zmq.PULL, opts)
-        self.broadcast = make_socket(self.ctx, zmq.XPUB, opts)
-        self.broadcast.setsockopt(zmq.XPUB_VERBOSE, 1)
-        bind = {"transport": transport, "ipc_dir": self.ipc_dir, "ip": ip}
-        self.endpoints = CoordinatorEndpoints(
-            node_id=node_id,
-            publish=bind_endpoints(self.publish, "publish", **bind),  # type: ignore[arg-type]
-            collect=bind_endpoints(self.collect, "collect", **bind),  # type: ignore[arg-type]
-            broadcast=bind_endpoints(self.broadcast, "broadcast", **bind),  # type: ignore[arg-type]
-        )
+        try:
+            self.endpoints = self._bind(opts, transport, node_id, ip)
+        except BaseException:  # a failed bind must not leak the context or the directory
+            self.ctx.destroy(linger=0)
+            if self.ipc_dir is not None:
+                self.ipc_dir.remove()
+            raise
         self.subscribed: set[int] = set()
         self._subscribed_changed = threading.Condition()
         self._stop = threading.Event()
         self.dropped = 0
         self.broadcasts = 0
+
+    def _bind(
+        self, opts: SocketOptions, transport: TransportKind, node_id: str, ip: str | None
+    ) -> CoordinatorEndpoints:
+        self.publish = make_socket(self.ctx, zmq.PUB, opts)
+        self.collect = make_socket(self.ctx, zmq.PULL, opts)
+        self.broadcast = make_socket(self.ctx, zmq.XPUB, opts)
+        self.broadcast.setsockopt(zmq.XPUB_VERBOSE, 1)
+
+        def bind(sock: zmq.Socket[bytes], name: str) -> list[str]:
+            return bind_endpoints(sock, name, transport=transport, ipc_dir=self.ipc_dir, ip=ip)
+
+        return CoordinatorEndpoints(
+            node_id=node_id,
+            publish=bind(self.publish, "publish"),
+            collect=bind(self.collect, "collect"),
+            broadcast=bind(self.broadcast, "broadcast"),
+        )
 
     def run(self) -> None:
         poller = zmq.Poller()
