@@ -237,6 +237,8 @@ class CoreEngineProcManager:
     def __init__(self, config: RaydpConfig, *, progress: Callable[[int, int], None] | None = None) -> None:
         if config.transport == "tcp":
             raise ConfigError("transport='tcp': the mp backend runs on one node; use 'auto' or 'ipc'")
+        # Every party is on this node: "auto" means IPC only, no TCP listeners.
+        config = config.with_changes(transport="ipc")
         self.config = config
         self._progress = progress
         self._listeners: list[DeathListener] = []

@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,13 +62,9 @@ def make_socket(
 
 def node_ip() -> str:
     """This node's own IP (the one Ray uses), falling back to the hostname's."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return str(ray.util.get_node_ip_address())
-    except ImportError:  # pragma: no cover - ray is a hard dependency
-        pass
+    ray = sys.modules.get("ray")  # never import Ray here: local processes do without it
+    if ray is not None and ray.is_initialized():
+        return str(ray.util.get_node_ip_address())
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
