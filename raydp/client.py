@@ -123,7 +123,8 @@ class Client:
         return self.submit(prompt_token_ids, max_tokens, **kw).result(timeout)
 
     def abort(self, request_id: str) -> None:
-        """Abort an in-flight request; its handle fails with ``finish_reason='abort'``."""
+        """Abort an in-flight request: its handle finishes with ``finish_reason='abort'``
+        and the tokens produced so far; the engine drops it."""
         self._enqueue(lambda: self._do_abort(request_id))
 
     def call_utility(self, rank: int, method: str, *args: Any, timeout: float = 30.0) -> Any:

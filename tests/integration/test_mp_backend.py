@@ -11,7 +11,7 @@ import pytest
 
 import raydp
 from raydp.errors import DeathCause, EngineDeadError
-from tests.integration.helpers import socket_dirs
+from tests.integration.helpers import socket_dirs, wait_until
 
 
 @pytest.mark.timeout(120)
@@ -59,3 +59,20 @@ def test_dropping_the_last_handle_stops_the_processes() -> None:
         time.sleep(0.1)
     assert not any(p.process.is_alive() for p in procs)
     assert socket_dirs("mpgc") == []
+
+
+@pytest.mark.timeout(120)
+def test_abort_finishes_the_handle_and_frees_the_engine() -> None:
+    with raydp.launch(name="mpabort", dp_size=1, backend="mp", progress=False,
+                      engine_kwargs={"step_delay_s": 0.001}) as cluster:
+        client = cluster.client()
+        handle = client.submit([8], max_tokens=10**7, request_id="long")
+        first = next(handle.stream(timeout=10))
+        assert first == [8]
+        client.abort("long")
+        tokens = handle.result(timeout=10)
+        assert handle.finish_reason == "abort" and tokens[:1] == [8]
+        idle = lambda: cluster.coordinator_state()["counts"][0] == [0, 0]  # noqa: E731
+        assert wait_until(idle, timeout=10), "the engine dropped the request"
+        # The id is free again once the abort went through.
+        assert client.generate([9], max_tokens=1, request_id="long") == [9]
