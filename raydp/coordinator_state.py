@@ -123,7 +123,11 @@ class CoordinatorState:
         return None
 
     def _on_scale(self, msg: ScaleEngines) -> None:
-        n = max(0, msg.engine_count)
+        if msg.engine_count < 1:
+            self.rejected += 1
+            logger.warning("coordinator: dropped ScaleEngines(engine_count=%d): must be >= 1", msg.engine_count)
+            return
+        n = msg.engine_count
         self.counts = (self.counts + [[0, 0] for _ in range(n)])[:n]
         self.engine_count = n
         self.changed = True

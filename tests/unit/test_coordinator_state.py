@@ -6,6 +6,8 @@ import pytest
 
 from raydp.coordinator_state import CoordinatorState
 from raydp.protocol import (
+    EngineDead,
+    EngineRevived,
     EngineStats,
     FirstRequest,
     ScaleEngines,
@@ -225,3 +227,38 @@ def test_snapshot_counts_are_a_copy() -> None:
     assert snap is not None
     state.handle(EngineStats(rank=0, waiting=3, running=3))
     assert snap.counts == [(0, 0)]
+
+
+def test_scale_to_zero_is_rejected_and_logged() -> None:
+    state = CoordinatorState(2)
+    state.handle(ScaleEngines(engine_count=0))
+    assert state.engine_count == 2 and state.rejected == 1
+
+
+def test_messages_for_unknown_ranks_are_rejected_without_effect() -> None:
+    state = CoordinatorState(2)
+    assert state.handle(FirstRequest(rank=7, wave=0)) is None
+    assert state.handle(StartWave(rank=-1, wave=3)) is None
+    state.handle(EngineStats(rank=2, waiting=5, running=5))
+    assert (state.running, state.wave, state.counts, state.rejected) == (False, 0, [[0, 0], [0, 0]], 3)
+
+
+def test_dead_and_revived_ranks_are_published() -> None:
+    state = CoordinatorState(2, stats_interval_s=0.1, heartbeat_interval_s=1.0)
+    state.handle(EngineStats(rank=1, waiting=3, running=1))
+    state.handle(EngineDead(rank=1, cause="killed"))
+    snap = state.due_snapshot(now=10.0)
+    assert snap is not None and snap.dead == {1: "killed"} and snap.counts[1] == (0, 0)
+    state.handle(EngineRevived(rank=1, input_addresses=["ipc:///x"]))
+    snap = state.due_snapshot(now=10.2)
+    assert snap is not None and snap.dead == {} and snap.moved == {1: ["ipc:///x"]}
+
+
+def test_a_running_wave_is_rebroadcast_every_heartbeat() -> None:
+    state = CoordinatorState(2, heartbeat_interval_s=1.0)
+    assert state.due_rebroadcast(now=5.0) is None, "paused: nothing to repeat"
+    wake = state.handle(FirstRequest(rank=0, wave=0))
+    assert wake is not None
+    state.note_broadcast(now=5.0)
+    assert state.due_rebroadcast(now=5.5) is None
+    assert state.due_rebroadcast(now=6.0) == StartDPWave(wave=0, exclude=-1)
