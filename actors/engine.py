@@ -47,7 +47,10 @@ class EngineCoreActor:
         self.host = EngineHost(
             config, rank, local_rank, node_id, frontend_node_id, device_ids, ipc_prefix, engine_cls
         )
-        set_process_title(f"raydp::{self.host.tag}")
+
+    def __repr__(self) -> str:
+        # Ray prefixes this actor's log lines with its repr: name the rank and node.
+        return f"EngineCoreActor({self.host.tag})"
 
     def wait_for_init(self) -> dict[str, Any]:
         return {"rank": self.host.rank, "node_id": self.host.node_id, "pid": os.getpid()}
@@ -56,6 +59,8 @@ class EngineCoreActor:
         return self.host.dp_master()
 
     def run(self, handshake_addresses: list[str], frontend_node_id: str) -> None:
+        # Ray titles the process after each call it runs; run() is the long one.
+        set_process_title(f"raydp::{self.host.tag}")
         self.host.run(handshake_addresses, frontend_node_id)
 
     def shutdown(self) -> None:

@@ -184,6 +184,7 @@ class EchoEngine:
         return {
             "rank": self.context.rank,
             "node_id": self.context.node_id,
+            "pid": os.getpid(),
             "device_ids": list(self.context.device_ids),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }

@@ -87,3 +87,15 @@ def test_a_class_that_is_not_an_engine_is_rejected_before_anything_starts(two_no
     with pytest.raises(raydp.ConfigError, match=r"missing .*add_request"):
         raydp.launch(name="notengine", dp_size=1, engine=NotAnEngine, progress=False)
     assert live_actors("notengine") == []
+
+
+@pytest.mark.timeout(180)
+def test_engine_processes_are_titled_with_rank_and_node(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    import psutil
+
+    with raydp.launch(name="titles", dp_size=2, progress=False) as cluster:
+        client = cluster.client()
+        for rank in range(2):
+            info = client.call_utility(rank, "describe")
+            title = " ".join(psutil.Process(info["pid"]).cmdline()).strip()
+            assert title.startswith(f"raydp::titles dp{rank} lr{rank} node {info['node_id'][:8]}"), title
