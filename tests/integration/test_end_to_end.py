@@ -99,3 +99,23 @@ def test_engine_processes_are_titled_with_rank_and_node(two_nodes) -> None:  # t
             info = client.call_utility(rank, "describe")
             title = " ".join(psutil.Process(info["pid"]).cmdline()).strip()
             assert title.startswith(f"raydp::titles dp{rank} lr{rank} node {info['node_id'][:8]}"), title
+
+
+@pytest.mark.timeout(180)
+def test_user_placement_groups_are_used_and_left_to_their_owner(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+    groups = [placement_group([{"GPU": 1}, {"CPU": 1}], strategy="STRICT_PACK") for _ in range(2)]
+    try:
+        assert all(g.wait(30) for g in groups)
+        with pytest.raises(raydp.ConfigError, match="placement_groups"):
+            raydp.launch(name="usergroups", dp_size=3, placement_groups=groups, progress=False)
+        with raydp.launch(name="usergroups", dp_size=2, placement_groups=groups, progress=False) as cluster:
+            client = cluster.client()
+            nodes = [client.call_utility(r, "describe")["node_id"] for r in range(2)]
+            assert nodes == [placement_group_table(g)["bundles_to_node_id"][1] for g in groups]
+        # raydp did not create them, so it does not remove them.
+        assert [placement_group_table(g)["state"] for g in groups] == ["CREATED", "CREATED"]
+    finally:
+        for g in groups:
+            remove_placement_group(g)
