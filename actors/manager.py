@@ -353,7 +353,7 @@ class ActorManager:
         ]
         return ClusterEndpoints(
             self.config.name, engines, startup.coordinator_endpoints, self.config.lockstep, result.capacity,
-            self.ipc_prefix,
+            self.ipc_prefix, self.config.heartbeat_interval_s,
         )
 
     # ---- watching -------------------------------------------------------------------
@@ -420,6 +420,9 @@ class ActorManager:
 
     def _restart(self, rank: int) -> None:
         try:
+            # An engine whose step raised is still alive, holding its name and its
+            # bundle: it must be gone before its successor can take them.
+            _kill_and_wait(self._owned.engines[rank])
             with self._owned.lock:
                 if self._owned.released:
                     return
@@ -427,11 +430,18 @@ class ActorManager:
             result, refs = self._handshake(self._startup, [rank], {})
             self._wait_coordinator(refs)
         except Exception as exc:
+            _kill_and_wait(self._owned.engines[rank])  # never leave a half-started successor
             if not self._owned.stop.is_set():
                 with self._report_lock:
                     self._restarts_left[rank] = 0
                 self._report(rank, DeathCause.INIT_FAILED, f"restart failed: {exc}")
             return
+        with self._owned.lock:
+            if self._owned.released:
+                return
+            self._publish_restart(rank, result, refs)
+
+    def _publish_restart(self, rank: int, result: HandshakeResult, refs: dict[Any, int]) -> None:
         endpoint = EngineEndpoint(rank, self.slots[rank].node_id, result.ready[rank].input_addresses)
         assert self.endpoints is not None
         engines = [endpoint if e.rank == rank else e for e in self.endpoints.engines]
@@ -444,6 +454,25 @@ class ActorManager:
         logger.warning("engine rank %d restarted and rejoined", rank)
         for listener in list(self._restart_listeners):
             listener(endpoint)
+
+
+def _kill_and_wait(actor: Any, timeout_s: float = 10.0) -> None:
+    """Kill ``actor`` and wait until Ray has released its name and resources.
+
+    ``ray.kill`` returns before the actor is gone; a call to it fails once it is.
+    """
+    from ray.exceptions import RayActorError
+
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.wait_for_init.remote(), timeout=timeout_s)
+        except RayActorError:
+            return
+        except Exception:  # a get timeout: the actor is wedged; Ray will reap it
+            return
+        time.sleep(0.05)
 
 
 def _device_request(accelerator: str) -> dict[str, Any]:

@@ -87,7 +87,10 @@ class APIServerProcessManager:
         err = ProcessDeadError(f"API server {proc.name} (pid {proc.process.pid})", proc.process.exitcode)
         logger.error("%s", err)
         for listener in list(self._listeners):
-            listener(err)
+            try:
+                listener(err)
+            except Exception:
+                logger.exception("death listener failed")
 
     def close(self) -> None:
         self._finalizer()

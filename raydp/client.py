@@ -36,6 +36,7 @@ from raydp.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.errors import (
     ClusterClosedError,
     ConfigError,
+    CoordinatorDeadError,
     DeathCause,
     EngineDeadError,
     ProtocolError,
@@ -60,6 +61,7 @@ from raydp.transport import SocketOptions, make_socket, pick_address
 logger = logging.getLogger("raydp.client")
 MAX_TOKEN_ID = 2**31 - 1
 RECV_BUDGET = 256  # output batches taken from one engine per IO-thread turn
+SILENCE_HEARTBEATS, SILENCE_MIN_S = 5, 5.0  # when a silent coordinator counts as dead
 Command = Callable[[], None]
 
 
@@ -95,6 +97,8 @@ class Client:
         self._fatal: RaydpError = ClusterClosedError("the client is closed")
         self._ids = itertools.count()
         self._last_snapshot: StatsSnapshot | None = None
+        self._last_heard = time.monotonic()
+        self._silence_limit = max(SILENCE_MIN_S, SILENCE_HEARTBEATS * endpoints.heartbeat_interval_s)
         self._io = _ClientSockets(endpoints, node_id, options or SocketOptions())
         self._thread = threading.Thread(target=self._io_loop, name="raydp-client-io", daemon=True)
         self._thread.start()
@@ -154,15 +158,17 @@ class Client:
     def close(self) -> None:
         """Fail what is in flight with ClusterClosedError, stop the IO thread, close sockets."""
         with self._lock:
-            if self._closed and not self._thread.is_alive():
-                return
             self._closed = True
             self._io.ring()
         self._thread.join(timeout=5)
         if self._thread.is_alive():  # never close sockets under a live IO thread
             logger.error("client IO thread did not stop; leaving its sockets open")
             return
-        self._io.close()
+        self._io.close()  # idempotent, and also right after an IO-thread crash
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __enter__(self) -> Client:
         return self
@@ -208,7 +214,9 @@ class Client:
 
     def _enqueue(self, command: Command, allow_closed: bool = False) -> None:
         with self._lock:
-            if self._closed and not allow_closed:
+            if self._closed:
+                if allow_closed:
+                    return  # a notice for a closed client has nobody to tell
                 raise self._fatal
             self._commands.append(command)
             if self._armed:  # the IO thread may be asleep in poll: wake it (once)
@@ -221,6 +229,9 @@ class Client:
         reason: RaydpError = ClusterClosedError("the client was closed")
         try:
             while not self._closed:
+                if self._coordinator_silent():
+                    reason = self._fatal
+                    break
                 # Commands first, so a flood of outputs never delays an abort or a submit.
                 self._armed = False
                 self._run_commands()
@@ -228,7 +239,8 @@ class Client:
                 # that look sees the flag and rings, so none waits out the poll.
                 self._armed = True
                 for sock in self._io.poll(0 if self._commands else 100):
-                    self._on_readable(sock)
+                    if not sock.closed:  # a reconnect earlier in this batch closed it
+                        self._on_readable(sock)
         except Exception as exc:
             logger.exception("client IO thread crashed")
             reason = ClusterClosedError(f"the client's IO thread crashed: {exc!r}")
@@ -238,6 +250,17 @@ class Client:
                 self._fatal = reason
             self._run_commands()
             self._fail_everything(reason)
+
+    def _coordinator_silent(self) -> bool:
+        """A client that hears of deaths only from the coordinator cannot trust a silent one."""
+        if not self._follow_liveness or time.monotonic() - self._last_heard < self._silence_limit:
+            return False
+        self._fatal = CoordinatorDeadError(
+            "coordinator", self.endpoints.coordinator.node_id, DeathCause.UNKNOWN,
+            f"no snapshot for {self._silence_limit:.0f}s",
+        )
+        logger.error("client: %s", self._fatal)
+        return True
 
     def _run_commands(self) -> None:
         while self._commands:
@@ -271,8 +294,12 @@ class Client:
             return
         self._balancer.on_snapshot(snap)
         self._last_snapshot = snap
+        self._last_heard = time.monotonic()
         if self._follow_liveness:
-            self._apply_liveness(snap)
+            try:
+                self._apply_liveness(snap)
+            except Exception:  # a bad notice must not take the IO thread down
+                logger.exception("client: could not apply the coordinator's liveness notice")
 
     def _apply_liveness(self, snap: StatsSnapshot) -> None:
         """Deaths and restarts as the coordinator publishes them (snapshots arrive in order)."""
@@ -324,20 +351,26 @@ class Client:
         except ConfigError as exc:
             listener(next(iter(self._dead.values()), exc))
             return
-        self._send_request(RequestState(request, rank, listener, retryable))
-        if handle is not None:
-            handle.rank = rank
+        self._send_request(RequestState(request, rank, listener, retryable, handle))
 
     def _send_request(self, state: RequestState) -> None:
         request, rank = state.request, state.rank
         request.wave = self._balancer.wave
         if self.endpoints.lockstep and self._balancer.note_first_request():
             self._io.to_coordinator(FirstRequest(rank=rank, wave=request.wave))
-        if not self._io.send_input(rank, RequestType.ADD, encode(request)):
+        body = encode(request)
+        if len(body) > self._io.opts.max_message_bytes:
+            limit = self._io.opts.max_message_bytes
+            why = f"prompt_token_ids: the request is {len(body)} bytes, over max_message_bytes={limit}"
+            state.deliver(ConfigError(why))
+            return
+        if not self._io.send_input(rank, RequestType.ADD, body):
             state.deliver(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
             return
         self._requests[request.request_id] = state
         self._balancer.on_sent(rank)
+        if state.handle is not None:
+            state.handle.rank = rank
 
     def _do_abort(self, request_id: str) -> None:
         state = self._requests.pop(request_id, None)
@@ -359,8 +392,12 @@ class Client:
 
     def _do_mark_dead(self, error: EngineDeadError) -> None:
         self._dead[error.rank] = error
+        self._fail_rank(error.rank, error)
+
+    def _fail_rank(self, rank: int, error: EngineDeadError) -> None:
+        """Fail (or move, if retryable and nothing streamed yet) the requests on ``rank``."""
         for rid, state in list(self._requests.items()):
-            if state.rank != error.rank:
+            if state.rank != rank:
                 continue
             del self._requests[rid]
             self._balancer.on_finished(state.rank)
@@ -379,6 +416,10 @@ class Client:
         engines[endpoint.rank] = endpoint
         self.endpoints = msgspec.structs.replace(self.endpoints, engines=engines)
         self._dead.pop(endpoint.rank, None)
+        # Whatever is still booked on the rank was on the engine that died; a
+        # retryable request may go to the new one, over the new socket.
+        gone = EngineDeadError(endpoint.rank, endpoint.node_id, DeathCause.UNKNOWN, "the rank was restarted")
+        self._fail_rank(endpoint.rank, gone)
 
     def _fail_everything(self, error: RaydpError) -> None:
         for state in self._requests.values():
@@ -435,11 +476,12 @@ class _ClientSockets:
         return sock
 
     def reconnect(self, ep: EngineEndpoint) -> None:
+        new = self._engine_socket(ep)  # first, so a bad address leaves the old one in place
         old = self.engines[ep.rank]
         self.poller.unregister(old)
         old.close(linger=0)
-        self.engines[ep.rank] = self._engine_socket(ep)
-        self.poller.register(self.engines[ep.rank], zmq.POLLIN)
+        self.engines[ep.rank] = new
+        self.poller.register(new, zmq.POLLIN)
 
     def poll(self, timeout_ms: int) -> list[zmq.Socket[bytes]]:
         return [sock for sock, _ in self.poller.poll(timeout_ms)]
@@ -448,8 +490,8 @@ class _ClientSockets:
         """Wake the IO thread (callers hold the client's lock)."""
         try:
             self._bell.send(b"", flags=zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # the IO thread has plenty of rings to read already
+        except zmq.ZMQError:
+            pass  # full: the IO thread has rings to read already; closed: nobody to wake
 
     def drain_wake(self) -> None:
         while self.recv_nowait(self.wake):

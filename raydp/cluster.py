@@ -13,7 +13,7 @@ import msgspec
 
 from raydp.config import RaydpConfig
 from raydp.endpoints import ClusterEndpoints, EngineEndpoint
-from raydp.engine import check_engine_class, engine_path
+from raydp.engine import check_engine_class, engine_path, load_engine_class
 from raydp.errors import (
     ClusterClosedError,
     ComponentDeadError,
@@ -110,20 +110,25 @@ class Cluster:
             self._deaths.append(err)
             if isinstance(err, EngineDeadError):
                 self._dead_ranks[err.rank] = err
-            clients = list(self._clients)
+            clients = self._live_clients()
             self._dead.notify_all()
         if isinstance(err, EngineDeadError):
             for client in clients:
-                client.mark_dead(err)
+                _tell(client.mark_dead, err)
 
     def _on_restart(self, endpoint: EngineEndpoint) -> None:
         with self._lock:
             engines = [endpoint if e.rank == endpoint.rank else e for e in self.endpoints.engines]
             self.endpoints = msgspec.structs.replace(self.endpoints, engines=engines)
             self._dead_ranks.pop(endpoint.rank, None)
-            clients = list(self._clients)
+            clients = self._live_clients()
         for client in clients:
-            client.revive(endpoint)
+            _tell(client.revive, endpoint)
+
+    def _live_clients(self) -> list[Any]:
+        """Clients still open (callers hold the lock); closed ones are forgotten here."""
+        self._clients[:] = [c for c in self._clients if not c.closed]
+        return list(self._clients)
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until a component dies for good, then raise its error; Ctrl-C closes the cluster.
@@ -190,6 +195,14 @@ class Cluster:
         self.close()
 
 
+def _tell(notify: Any, arg: Any) -> None:
+    """One client failing to take a notice must not keep it from the others."""
+    try:
+        notify(arg)
+    except Exception:
+        logger.exception("could not pass %r to a client", arg)
+
+
 def _close_all(clients: list[Any]) -> None:
     for client in list(clients):
         client.close()
@@ -229,6 +242,8 @@ def launch(
     engine_cls = engine if isinstance(engine, type) else None
     if engine_cls is not None:
         check_engine_class(engine_cls, config.engine)
+        if backend == "mp":
+            load_engine_class(config.engine)  # spawned processes import it by path: it must be importable
     bar = _progress_bar(progress, config)
     manager: Any
     if backend == "mp":

@@ -71,6 +71,10 @@ class CoordinatorState:
         if isinstance(msg, EngineDead):
             self.dead[msg.rank] = msg.cause
             self.counts[msg.rank] = [0, 0]
+        elif not msg.input_addresses or not all(a.startswith(("ipc://", "tcp://")) for a in msg.input_addresses):
+            self.rejected += 1
+            logger.warning("coordinator: dropped EngineRevived with bad addresses %r", msg.input_addresses)
+            return
         else:
             self.dead.pop(msg.rank, None)
             self.moved[msg.rank] = list(msg.input_addresses)

@@ -27,3 +27,4 @@ class ClusterEndpoints(msgspec.Struct, frozen=True):
     lockstep: bool
     capacity: int = 0
     ipc_prefix: str = ""  # names this launch's IPC directories (cluster name + a random tag)
+    heartbeat_interval_s: float = 1.0  # the coordinator publishes at least this often

@@ -8,8 +8,10 @@ spawned process.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+from collections.abc import Callable
 from contextlib import ExitStack
 
 import zmq
@@ -23,6 +25,8 @@ from raydp.logs import configure_component_logging
 from raydp.protocol import Init, Ready
 from raydp.transport import IpcDir, SocketOptions, bind_endpoints, make_socket, node_ip, pick_address
 from raydp.waves import EngineWaves
+
+logger = logging.getLogger("raydp.engine")
 
 # Environment variables that restrict a process to some devices, per Ray resource.
 VISIBILITY_ENV = {
@@ -64,7 +68,7 @@ class EngineHost:
         self._wake_address = f"inproc://raydp-engine-wake-{rank}"
         self._loop: EngineLoop | None = None
         self._stopping = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by a signal handler on the same thread
         self._done = False
         self._collective: GlooDPGroup | None = None
 
@@ -101,11 +105,19 @@ class EngineHost:
             with self._lock:
                 self._loop = None
                 self._done = True
-            self.engine.shutdown()
-            if self._collective is not None:
-                self._collective.close()
-            self.ctx.destroy(linger=0)
-            self.ipc_dir.remove()
+            self._release()
+
+    def _release(self) -> None:
+        """Each step runs even if an earlier one raises; the engine's own error stays the cause."""
+        steps: list[Callable[[], object]] = [self.engine.shutdown]
+        if self._collective is not None:
+            steps.append(self._collective.close)
+        steps += [lambda: self.ctx.destroy(linger=0), self.ipc_dir.remove]
+        for step in steps:
+            try:
+                step()
+            except Exception:
+                logger.exception("rank %d: cleanup step failed", self.rank)
 
     def _serve(self, init: Init, input_sock: zmq.Socket[bytes], opts: SocketOptions) -> None:
         with ExitStack() as stack:

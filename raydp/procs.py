@@ -19,6 +19,7 @@ import logging
 import multiprocessing as mp
 import signal
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -77,7 +78,11 @@ def shutdown(procs: Sequence[Proc], grace_s: float = GRACE_S) -> None:
     alive = [p for p in procs if p.process.is_alive()]
     for p in alive:
         p.process.terminate()
-    wait([p.process.sentinel for p in alive], timeout=grace_s)
+    deadline = time.monotonic() + grace_s
+    pending = [p.process.sentinel for p in alive]
+    while pending and time.monotonic() < deadline:  # wait() returns at the first exit
+        ready = wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+        pending = [s for s in pending if s not in ready]
     for p in alive:
         if p.process.is_alive():
             _kill_tree(p.process.pid)
@@ -315,7 +320,9 @@ class CoreEngineProcManager:
         engines = [EngineEndpoint(r, LOCAL_NODE, result.ready[r].input_addresses) for r in range(cfg.dp_size)]
         self._coordinator_client = CoordinatorClient(coordinator, LOCAL_NODE, socket_options(cfg))
         owned.closers.append(self._coordinator_client.close)
-        return ClusterEndpoints(cfg.name, engines, coordinator, cfg.lockstep, result.capacity, self.ipc_prefix)
+        return ClusterEndpoints(
+            cfg.name, engines, coordinator, cfg.lockstep, result.capacity, self.ipc_prefix, cfg.heartbeat_interval_s
+        )
 
     def _dp_master(self) -> str:
         if not self.config.lockstep:
@@ -331,10 +338,14 @@ class CoreEngineProcManager:
 
     def _ask(self, *command: Any, timeout_s: float = CONTROL_TIMEOUT_S) -> Any:
         conn = self._owned.conn
-        assert conn is not None
+        if conn is None:
+            raise StartupError("the coordinator process stopped answering")
         with self._lock:
             _send(conn, list(command))
             if not conn.poll(timeout_s):
+                # A late answer would be read as the reply to the next question.
+                conn.close()
+                self._owned.conn = None
                 raise StartupError(f"the coordinator process did not answer {command[0]!r}")
             return _recv(conn, Any)
 

@@ -16,10 +16,13 @@ logger = logging.getLogger("raydp.client")
 class RequestState:
     """Book-keeping of one in-flight request, owned by the client's IO thread."""
 
-    __slots__ = ("got_output", "listener", "rank", "request", "retryable")
+    __slots__ = ("got_output", "handle", "listener", "rank", "request", "retryable")
 
-    def __init__(self, request: Request, rank: int, listener: Listener, retryable: bool) -> None:
+    def __init__(
+        self, request: Request, rank: int, listener: Listener, retryable: bool, handle: RequestHandle | None = None
+    ) -> None:
         self.request, self.rank, self.listener, self.retryable = request, rank, listener, retryable
+        self.handle = handle  # told which rank serves it, also after a failover
         self.got_output = False
 
     def deliver(self, item: Output | RaydpError) -> None:

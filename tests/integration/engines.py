@@ -14,3 +14,12 @@ class BrokenConstructorEngine(EchoEngine):
         if context.rank == bad_rank:
             raise RuntimeError(f"cannot load weights on rank {context.rank}: checksum mismatch")
         super().__init__(context, **kw)
+
+
+class PoisonEngine(EchoEngine):
+    """Its step raises once a request carries token 666, as a device fault would."""
+
+    def step(self) -> list[Any]:
+        if any(666 in req.prompt_token_ids for req in self._waiting.values()):
+            raise RuntimeError("device fault on a poisoned batch")
+        return super().step()

@@ -41,3 +41,16 @@ def test_a_killed_dense_rank_restarts_once_then_stays_dead(two_nodes: Any) -> No
             cluster.wait(timeout=10)
         assert info.value.rank == 1 and not info.value.restarting
     assert wait_until(lambda: not live_groups("restart"))
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_whose_step_raised_is_restarted(two_nodes: Any) -> None:
+    with raydp.launch(name="poison", dp_size=2, max_restarts=1, progress=False,
+                      engine="tests.integration.engines:PoisonEngine") as cluster:
+        client = cluster.client()
+        with pytest.raises(raydp.RequestError, match="device fault"):
+            client.generate([666], max_tokens=1, rank=0, timeout=30)
+        assert wait_until(lambda: bool(cluster.deaths), timeout=10)
+        assert cluster.deaths[0].cause.value == "engine error" and cluster.deaths[0].restarting
+        assert wait_until(lambda: serves(client, 0), timeout=60), "rank 0 came back"
+        assert cluster.wait(timeout=0.5) is None
