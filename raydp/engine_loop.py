@@ -15,6 +15,7 @@ in-flight request with it and then propagates, so the rank is reported dead.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import time
@@ -51,6 +52,7 @@ from raydp.waves import EngineWaves
 logger = logging.getLogger("raydp.engine")
 IDLE_POLL_MS = 1000
 INPUT_BUDGET = 512  # messages taken per socket between two steps
+BACKLOG_LIMIT = 10_000  # output batches a slow client may fall behind before it is dropped
 # The engine core's own methods: the loop drives these, a utility call may not.
 ENGINE_PROTOCOL = frozenset(
     {"add_request", "abort", "step", "has_unfinished", "load", "execute_dummy_batch", "shutdown",
@@ -104,6 +106,7 @@ class EngineLoop:
         self._last_load: tuple[int, int] = (-1, -1)
         self._last_load_sent = 0.0
         self._stopping = False
+        self._backlog: dict[bytes, collections.deque[bytes]] = {}
 
     # ---- the loop ---------------------------------------------------------------
 
@@ -111,7 +114,9 @@ class EngineLoop:
         """Loop until a Shutdown broadcast or :meth:`stop`; re-raises engine failures."""
         try:
             while not self._stopping:
-                self._poll_inputs(block=not self._should_step())
+                if self._backlog:
+                    self._flush_backlogs()
+                self._poll_inputs(block=not self._should_step() and not self._backlog)
                 if self._stopping:
                     break
                 busy = self._should_step()
@@ -242,21 +247,41 @@ class EngineLoop:
         self._send_body(client, encode(batch))
 
     def _send_body(self, client: bytes, body: bytes) -> None:
-        # Never block: a client that is gone, or so far behind that its queue is
-        # full, must not stall the other clients of this rank.
+        # Never block: a slow client's outputs wait in its own backlog, so it
+        # cannot stall the other clients of this rank, and nothing is dropped.
+        backlog = self._backlog.get(client)
+        if backlog is not None:
+            backlog.append(body)
+            if len(backlog) > BACKLOG_LIMIT:
+                self._forget_client(client, f"{len(backlog)} output batches behind")
+            return
+        if not self._try_send(client, body):
+            self._backlog[client] = collections.deque([body])
+
+    def _try_send(self, client: bytes, body: bytes) -> bool:
+        """Send now if the client's queue has room; False if it is full."""
         try:
             self.sockets.input.send_multipart([client, body], flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            self._forget_client(client)
+            return False
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
-            self._forget_client(client)
+            self._forget_client(client, "disconnected")
+        return True
 
-    def _forget_client(self, client: bytes) -> None:
-        """The client went away: its requests have nobody to report to, abort them."""
+    def _flush_backlogs(self) -> None:
+        for client, backlog in list(self._backlog.items()):
+            while backlog and self._try_send(client, backlog[0]):
+                backlog.popleft()
+            if not backlog:
+                self._backlog.pop(client, None)
+
+    def _forget_client(self, client: bytes, why: str) -> None:
+        """The client is gone (or hopelessly behind): abort its requests, drop its backlog."""
+        self._backlog.pop(client, None)
         ids = [rid for rid, owner in self._owners.items() if owner == client]
-        logger.warning("rank %d: client %s is gone; aborting %d requests", self.rank, client.hex(), len(ids))
+        logger.warning("rank %d: client %s %s; aborting its %d requests", self.rank, client.hex(), why, len(ids))
         if ids:
             self.engine.abort(ids)
             for rid in ids:

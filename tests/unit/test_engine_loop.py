@@ -55,13 +55,13 @@ class Rig:
         self.thread.join(timeout=5)
 
 
-def start(engine: EchoEngine) -> Rig:
+def start(engine: EchoEngine, input_opts: SocketOptions = OPTS) -> Rig:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     collect = make_socket(ctx, zmq.PULL, OPTS)
     collect.bind("inproc://collect")
     broadcast = make_socket(ctx, zmq.XPUB, OPTS)
     broadcast.bind("inproc://broadcast")
-    input_sock = make_socket(ctx, zmq.ROUTER, OPTS)
+    input_sock = make_socket(ctx, zmq.ROUTER, input_opts)
     input_sock.bind("inproc://input")
     push = make_socket(ctx, zmq.PUSH, OPTS)
     push.connect("inproc://collect")
@@ -203,4 +203,21 @@ def test_a_failing_step_fails_every_request_then_the_loop() -> None:
         rig.thread.join(timeout=5)
         assert rig.errors and "device fell off the bus" in str(rig.errors[0])
     finally:
+        rig.ctx.destroy(linger=0)
+
+
+@pytest.mark.timeout(30)
+def test_a_slow_client_loses_nothing_and_stalls_nobody() -> None:
+    rig = start(EchoEngine(EngineContext(0, 0, 1, 1, "n")), SocketOptions(high_water_mark=2))
+    try:
+        slow = make_socket(rig.ctx, zmq.DEALER, SocketOptions(high_water_mark=2), identity=b"slow")
+        slow.connect("inproc://input")
+        fast = rig.client(b"fast")
+        send(slow, RequestType.ADD, Request("s", [1], 300))
+        time.sleep(0.3)  # the slow client reads nothing: its outputs back up at the engine
+        send(fast, RequestType.ADD, Request("f", [2], 5))
+        assert outputs(fast, {"f"}) == {"f": [2] * 5}, "other clients are served meanwhile"
+        assert outputs(slow, {"s"}, timeout=10) == {"s": [1] * 300}, "every output reaches the slow client"
+    finally:
+        rig.stop()
         rig.ctx.destroy(linger=0)
