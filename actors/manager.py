@@ -6,8 +6,10 @@ handshake, and then watches every ``run()`` ref on a background thread with
 ``ray.wait`` at a short timeout, so a death is reported within a fraction of a
 second as a typed :class:`~raydp.errors.ComponentDeadError`.
 
-Everything it creates is recorded in an ``_Owned`` object that ``close()``,
-garbage collection and interpreter exit all release; release is idempotent.
+In dense mode a dead rank is restarted in its own placement group while the
+restart policy (``max_restarts``) allows; in lockstep mode a death stops the
+whole gang. Everything it creates is recorded in an :class:`~actors.owned.Owned`
+that ``close()``, garbage collection and interpreter exit all release, once.
 """
 
 from __future__ import annotations
