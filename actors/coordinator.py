@@ -7,11 +7,12 @@ from typing import Any
 
 import ray
 
+from raydp.config import TransportKind
 from raydp.coordinator_loop import CoordinatorLoop
 from raydp.coordinator_state import CoordinatorState
 from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints
 from raydp.logs import configure_component_logging
-from raydp.transport import SocketOptions, TransportKind
+from raydp.transport import SocketOptions
 
 
 class CoordinatorActor:

@@ -73,7 +73,6 @@ class RankSlot:
 class _Startup:
     """What startup learned, kept for restarts; ``run_refs`` maps a ref to its rank (-1: coordinator)."""
 
-    coordinator: Any = None
     coordinator_endpoints: CoordinatorEndpoints | None = None
     run_refs: dict[Any, int] = field(default_factory=dict)
     devices: list[tuple[str, ...]] = field(default_factory=list)
@@ -248,7 +247,6 @@ class ActorManager:
                     socket_options(cfg), cfg.name, self.ipc_prefix)
         )
         self._owned.coordinator = actor
-        startup.coordinator = actor
         startup.coordinator_endpoints = ray.get(actor.endpoints.remote(), timeout=cfg.startup_timeout_s)
         ref = actor.run.remote()
         startup.run_refs[ref] = -1

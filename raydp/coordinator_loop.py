@@ -23,11 +23,12 @@ from typing import Any
 
 import zmq
 
+from raydp.config import TransportKind
 from raydp.coordinator_state import CoordinatorState
 from raydp.endpoints import CoordinatorEndpoints
 from raydp.errors import ProtocolError
 from raydp.protocol import BROADCAST_TOPIC, Shutdown, StartDPWave, coordinator_decoder, encode, presence_topic
-from raydp.transport import IpcDir, SocketOptions, TransportKind, bind_endpoints, make_socket
+from raydp.transport import IpcDir, SocketOptions, bind_endpoints, make_socket
 
 logger = logging.getLogger("raydp.coordinator")
 _PRESENCE = presence_topic(0)[:-2]

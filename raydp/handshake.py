@@ -24,6 +24,7 @@ from typing import NoReturn
 
 import zmq
 
+from raydp.config import TransportKind
 from raydp.errors import HandshakeError, ProtocolError, StartupError
 from raydp.protocol import (
     Hello,
@@ -35,7 +36,7 @@ from raydp.protocol import (
     identity_rank,
     rank_identity,
 )
-from raydp.transport import IpcDir, SocketOptions, TransportKind, bind_endpoints, make_socket
+from raydp.transport import IpcDir, SocketOptions, bind_endpoints, make_socket
 
 logger = logging.getLogger("raydp.handshake")
 POLL_MS = 20

@@ -20,14 +20,13 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import zmq
 
+from raydp.config import TransportKind
 from raydp.errors import ConfigError
 
 DEFAULT_LINGER_MS = 0
-TransportKind = Literal["auto", "ipc", "tcp"]
 
 
 @dataclass(frozen=True)
