@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SHIP_EXCLUDES = [".venv", ".git", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"]
 DEFAULT_ENTRYPOINT = ["python", "-m", "raydp", "demo", "--no-progress"]
 
 
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
     entrypoint = " ".join(args.entrypoint or DEFAULT_ENTRYPOINT)
     job_id = client.submit_job(
         entrypoint=entrypoint,
-        runtime_env={"working_dir": str(ROOT), "excludes": [".venv", ".git", "*.egg-info"]},
+        runtime_env={"working_dir": str(ROOT), "excludes": SHIP_EXCLUDES},
     )
     print(f"submitted {job_id}: {entrypoint}", flush=True)
     if args.no_wait:
