@@ -7,7 +7,6 @@ object offering ``any_unfinished`` (the unit tests use an in-process one).
 from __future__ import annotations
 
 import datetime
-import socket
 from typing import Any, Protocol
 
 
@@ -19,20 +18,43 @@ class DPCollective(Protocol):
     def close(self) -> None: ...
 
 
-class GlooDPGroup:
-    """A gloo process group of ``dp_size`` ranks rendezvousing at ``master``."""
+class Rendezvous:
+    """The TCP store the DP ranks meet at, listening from construction on.
 
-    def __init__(self, master: str, rank: int, dp_size: int, timeout_s: float = 300.0) -> None:
+    It binds port 0 and keeps the socket, because choosing a "free" port and
+    binding it later races with every outgoing connection on the host: the
+    kernel hands the same ephemeral ports out to ``connect()``.
+    """
+
+    def __init__(self, ip: str, dp_size: int, timeout_s: float = 300.0) -> None:
+        import torch.distributed as dist
+
+        self.store: Any = dist.TCPStore(
+            ip, 0, dp_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+        )
+        self.address = f"{ip}:{self.store.port}"
+
+    def close(self) -> None:
+        # The server stops when its last reference goes.
+        self.store = None
+
+
+class GlooDPGroup:
+    """A gloo process group of ``dp_size`` ranks meeting at ``master``.
+
+    The rank that hosts the :class:`Rendezvous` passes its store; the others
+    connect to it as clients.
+    """
+
+    def __init__(self, master: str, rank: int, dp_size: int, timeout_s: float = 300.0, store: Any = None) -> None:
         import torch.distributed as dist
 
         self._dist = dist
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://{master}",
-            rank=rank,
-            world_size=dp_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if store is None:
+            host, _, port = master.rpartition(":")
+            store = dist.TCPStore(host, int(port), dp_size, is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=dp_size, timeout=timeout)
         self.group = dist.group.WORLD
 
     def any_unfinished(self, local: bool) -> bool:
@@ -45,11 +67,3 @@ class GlooDPGroup:
     def close(self) -> None:
         if self._dist.is_initialized():
             self._dist.destroy_process_group()
-
-
-def free_port(ip: str) -> int:
-    """A TCP port that was free on ``ip`` a moment ago (for the gloo rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind((ip, 0))
-        port: int = sock.getsockname()[1]
-        return port

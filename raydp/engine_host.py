@@ -16,7 +16,7 @@ from contextlib import ExitStack
 
 import zmq
 
-from raydp.collective import GlooDPGroup, free_port
+from raydp.collective import GlooDPGroup, Rendezvous
 from raydp.config import RaydpConfig
 from raydp.engine import EngineContext, check_engine_class, load_engine_class
 from raydp.engine_loop import EngineLoop, EngineSockets
@@ -71,11 +71,14 @@ class EngineHost:
         self._lock = threading.RLock()  # re-entered by a signal handler on the same thread
         self._done = False
         self._collective: GlooDPGroup | None = None
+        self._rendezvous: Rendezvous | None = None
 
     def dp_master(self) -> str:
-        """``ip:port`` for the gloo rendezvous (asked of rank 0)."""
-        ip = node_ip()
-        return f"{ip}:{free_port(ip)}"
+        """``ip:port`` of the gloo rendezvous this rank hosts (asked of rank 0), listening already."""
+        with self._lock:
+            if self._rendezvous is None:
+                self._rendezvous = Rendezvous(node_ip(), self.config.dp_size)
+            return self._rendezvous.address
 
     def run(self, handshake_addresses: list[str], frontend_node_id: str) -> None:
         """Handshake, then serve until Shutdown; raises what the engine raised."""
@@ -87,7 +90,10 @@ class EngineHost:
             def make_ready(init: Init) -> Ready:
                 # Join the DP group before READY, so launch() returns with it formed.
                 if init.parallel.lockstep:
-                    self._collective = GlooDPGroup(init.parallel.dp_master, self.rank, init.parallel.dp_size)
+                    store = self._rendezvous.store if self._rendezvous is not None else None
+                    self._collective = GlooDPGroup(
+                        init.parallel.dp_master, self.rank, init.parallel.dp_size, store=store
+                    )
                 capacity = int(getattr(self.engine, "capacity", lambda: 0)())
                 return Ready(capacity, self.config.config_hash(), addresses)
 
@@ -112,6 +118,8 @@ class EngineHost:
         steps: list[Callable[[], object]] = [self.engine.shutdown]
         if self._collective is not None:
             steps.append(self._collective.close)
+        if self._rendezvous is not None:
+            steps.append(self._rendezvous.close)
         steps += [lambda: self.ctx.destroy(linger=0), self.ipc_dir.remove]
         for step in steps:
             try:

@@ -325,11 +325,14 @@ class CoreEngineProcManager:
         )
 
     def _dp_master(self) -> str:
+        """The parent hosts the rendezvous: it outlives every rank, and binding here leaves no race."""
         if not self.config.lockstep:
             return ""
-        from raydp.collective import free_port
+        from raydp.collective import Rendezvous
 
-        return f"127.0.0.1:{free_port('127.0.0.1')}"
+        rendezvous = Rendezvous("127.0.0.1", self.config.dp_size)
+        self._owned.closers.append(rendezvous.close)
+        return rendezvous.address
 
     def _wait_coordinator(self) -> None:
         wait_s = self.config.handshake_timeout_s

@@ -537,15 +537,12 @@ def collective_floor_worker(rank: int, port: int, delays: list[float], window_s:
     ends the all-reduce loop through the reduced value, so both ranks stop
     on the same step.
     """
-    import datetime
-
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=DP_SIZE,
-        timeout=datetime.timedelta(seconds=TIMEOUT_S),
-    )
+    from raydp.collective import GlooDPGroup
+
+    GlooDPGroup(f"127.0.0.1:{port}", rank, DP_SIZE, timeout_s=TIMEOUT_S)
     try:
         for _ in range(BUSY_STEPS):
             dist.all_reduce(torch.ones(1))
@@ -576,11 +573,12 @@ def collective_floor_worker(rank: int, port: int, delays: list[float], window_s:
 
 def collective_floor(sizes: Sizes) -> dict[float, tuple[float, float]]:
     """Per delay: (bare loop steps/s, bare loop + gloo all-reduce steps/s), mean of 2 ranks."""
-    from raydp.collective import free_port
+    from raydp.collective import Rendezvous
 
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()
-    port = free_port("127.0.0.1")
+    rendezvous = Rendezvous("127.0.0.1", DP_SIZE, timeout_s=TIMEOUT_S)
+    port = rendezvous.store.port
     window = sizes.step_window_s * sizes.step_windows
     procs = [
         spawn.Process(target=collective_floor_worker, args=(rank, port, list(sizes.step_delays_s), window, results))
@@ -595,6 +593,7 @@ def collective_floor(sizes: Sizes) -> dict[float, tuple[float, float]]:
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.terminate()
+        rendezvous.close()
     return {
         delay: (statistics.fmean(r[delay][0] for r in per_rank), statistics.fmean(r[delay][1] for r in per_rank))
         for delay in sizes.step_delays_s
