@@ -28,7 +28,8 @@ from raydp.errors import (
 )
 
 if TYPE_CHECKING:
-    from raydp.client import AsyncClient, Client
+    from raydp.async_client import AsyncClient
+    from raydp.client import Client
     from raydp.cluster import Cluster, attach, launch
     from raydp.engine import EchoEngine, EngineContext, EngineCore
 
@@ -60,7 +61,7 @@ __all__ = [
 
 # Ray and torch are heavy: import the modules that need them on first use.
 _LAZY = {
-    "AsyncClient": "raydp.client",
+    "AsyncClient": "raydp.async_client",
     "Client": "raydp.client",
     "Cluster": "raydp.cluster",
     "attach": "raydp.cluster",

@@ -20,7 +20,8 @@ from typing import Any
 
 import msgspec
 
-from raydp.client import AsyncClient, Client
+from raydp.async_client import AsyncClient
+from raydp.client import Client
 from raydp.endpoints import ClusterEndpoints
 from raydp.errors import ComponentDeadError, ConfigError, RaydpError
 

@@ -16,15 +16,12 @@ The rank for a request is picked on the IO thread at send time
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
 import itertools
 import logging
-import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -32,6 +29,7 @@ import msgspec
 import zmq
 
 from raydp.balancer import LoadBalancer
+from raydp.client_sockets import ClientSockets
 from raydp.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.errors import (
     ClusterClosedError,
@@ -41,7 +39,6 @@ from raydp.errors import (
     EngineDeadError,
     ProtocolError,
     RaydpError,
-    RequestError,
 )
 from raydp.protocol import (
     Abort,
@@ -56,7 +53,7 @@ from raydp.protocol import (
     snapshot_decoder,
 )
 from raydp.requests import Listener, RequestHandle, RequestState
-from raydp.transport import SocketOptions, make_socket, pick_address
+from raydp.transport import SocketOptions
 
 logger = logging.getLogger("raydp.client")
 MAX_TOKEN_ID = 2**31 - 1
@@ -99,7 +96,7 @@ class Client:
         self._last_snapshot: StatsSnapshot | None = None
         self._last_heard = time.monotonic()
         self._silence_limit = max(SILENCE_MIN_S, SILENCE_HEARTBEATS * endpoints.heartbeat_interval_s)
-        self._io = _ClientSockets(endpoints, node_id, options or SocketOptions())
+        self._io = ClientSockets(endpoints, node_id, options or SocketOptions())
         self._thread = threading.Thread(target=self._io_loop, name="raydp-client-io", daemon=True)
         self._thread.start()
 
@@ -436,129 +433,3 @@ def _cause(text: str) -> DeathCause:
         return DeathCause(text)
     except ValueError:
         return DeathCause.UNKNOWN
-
-
-class _ClientSockets:
-    """The client's sockets; used only from the IO thread (``ring`` excepted)."""
-
-    def __init__(self, endpoints: ClusterEndpoints, node_id: str | None, opts: SocketOptions) -> None:
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.identity = b"c" + secrets.token_bytes(7)
-        self.node_id, self.opts = node_id, opts
-        try:
-            self._connect(endpoints)
-        except BaseException:  # e.g. a bad address: do not leak the context
-            self.ctx.destroy(linger=0)
-            raise
-
-    def _connect(self, endpoints: ClusterEndpoints) -> None:
-        node_id, opts = self.node_id, self.opts
-        self.engines = [self._engine_socket(ep) for ep in endpoints.engines]
-        coord = endpoints.coordinator
-        same = coord.node_id == node_id
-        self.stats = make_socket(self.ctx, zmq.SUB, opts)
-        self.stats.setsockopt(zmq.SUBSCRIBE, b"")
-        self.stats.connect(pick_address(coord.publish, same_node=same))
-        self.collect = make_socket(self.ctx, zmq.PUSH, opts)
-        self.collect.connect(pick_address(coord.collect, same_node=same))
-        wake_address = f"inproc://raydp-client-wake-{self.identity.hex()}"
-        self.wake = make_socket(self.ctx, zmq.PAIR, opts)
-        self.wake.bind(wake_address)
-        self._bell = make_socket(self.ctx, zmq.PAIR, opts)
-        self._bell.connect(wake_address)
-        self.poller = zmq.Poller()
-        for sock in (*self.engines, self.stats, self.wake):
-            self.poller.register(sock, zmq.POLLIN)
-
-    def _engine_socket(self, ep: EngineEndpoint) -> zmq.Socket[bytes]:
-        sock = make_socket(self.ctx, zmq.DEALER, self.opts, identity=self.identity)
-        sock.connect(pick_address(ep.input_addresses, same_node=ep.node_id == self.node_id))
-        return sock
-
-    def reconnect(self, ep: EngineEndpoint) -> None:
-        new = self._engine_socket(ep)  # first, so a bad address leaves the old one in place
-        old = self.engines[ep.rank]
-        self.poller.unregister(old)
-        old.close(linger=0)
-        self.engines[ep.rank] = new
-        self.poller.register(new, zmq.POLLIN)
-
-    def poll(self, timeout_ms: int) -> list[zmq.Socket[bytes]]:
-        return [sock for sock, _ in self.poller.poll(timeout_ms)]
-
-    def ring(self) -> None:
-        """Wake the IO thread (callers hold the client's lock)."""
-        try:
-            self._bell.send(b"", flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # full: the IO thread has rings to read already; closed: nobody to wake
-
-    def drain_wake(self) -> None:
-        while self.recv_nowait(self.wake):
-            pass
-
-    @staticmethod
-    def recv_nowait(sock: zmq.Socket[bytes]) -> list[bytes] | None:
-        try:
-            return sock.recv_multipart(flags=zmq.NOBLOCK)
-        except zmq.Again:
-            return None
-
-    def send_input(self, rank: int, tag: RequestType, body: bytes) -> bool:
-        """Queue a message for ``rank``; False if its queue is full (never blocks the IO thread)."""
-        try:
-            self.engines[rank].send_multipart([tag.value, body], flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return False
-        return True
-
-    def to_coordinator(self, msg: Any) -> None:
-        try:
-            self.collect.send(encode(msg), flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            logger.warning("client: coordinator queue full, dropped %s", type(msg).__name__)
-
-    def close(self) -> None:
-        self.ctx.destroy(linger=0)
-
-
-class AsyncClient:
-    """asyncio front-end over a :class:`Client` (for API servers)."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int = 16, **kw: Any) -> list[int]:
-        tokens: list[int] = []
-        async for chunk in self.stream(prompt_token_ids, max_tokens, **kw):
-            tokens.extend(chunk)
-        return tokens
-
-    async def stream(
-        self, prompt_token_ids: Sequence[int], max_tokens: int = 16, **kw: Any
-    ) -> AsyncIterator[list[int]]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Output | RaydpError] = asyncio.Queue()
-
-        def listener(item: Output | RaydpError) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        c = self.client
-        request = c._make_request(prompt_token_ids, max_tokens, kw.get("rank"), kw.get("request_id"))
-        c._submit(request, kw.get("rank"), listener, bool(kw.get("retryable", False)))
-        finished = False
-        try:
-            while not finished:
-                item = await queue.get()
-                if not isinstance(item, Output):
-                    finished = True
-                    raise item
-                finished = item.finished
-                if item.error is not None:
-                    raise RequestError(item.request_id, item.error)
-                if item.token_ids:
-                    yield list(item.token_ids)
-        finally:
-            if not finished:  # the consumer went away (e.g. an HTTP client hung up)
-                with contextlib.suppress(ClusterClosedError):
-                    c.abort(request.request_id)

@@ -1,0 +1,103 @@
+"""The client's ZMQ sockets, owned by its IO thread.
+
+Kept apart from :mod:`raydp.client` so that the request bookkeeping reads
+without the socket plumbing.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+import zmq
+
+from raydp.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.protocol import RequestType, encode
+from raydp.transport import SocketOptions, make_socket, pick_address
+
+logger = logging.getLogger("raydp.client")
+
+
+class ClientSockets:
+    """The client's sockets; used only from the IO thread (``ring`` excepted)."""
+
+    def __init__(self, endpoints: ClusterEndpoints, node_id: str | None, opts: SocketOptions) -> None:
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.identity = b"c" + secrets.token_bytes(7)
+        self.node_id, self.opts = node_id, opts
+        try:
+            self._connect(endpoints)
+        except BaseException:  # e.g. a bad address: do not leak the context
+            self.ctx.destroy(linger=0)
+            raise
+
+    def _connect(self, endpoints: ClusterEndpoints) -> None:
+        node_id, opts = self.node_id, self.opts
+        self.engines = [self._engine_socket(ep) for ep in endpoints.engines]
+        coord = endpoints.coordinator
+        same = coord.node_id == node_id
+        self.stats = make_socket(self.ctx, zmq.SUB, opts)
+        self.stats.setsockopt(zmq.SUBSCRIBE, b"")
+        self.stats.connect(pick_address(coord.publish, same_node=same))
+        self.collect = make_socket(self.ctx, zmq.PUSH, opts)
+        self.collect.connect(pick_address(coord.collect, same_node=same))
+        wake_address = f"inproc://raydp-client-wake-{self.identity.hex()}"
+        self.wake = make_socket(self.ctx, zmq.PAIR, opts)
+        self.wake.bind(wake_address)
+        self._bell = make_socket(self.ctx, zmq.PAIR, opts)
+        self._bell.connect(wake_address)
+        self.poller = zmq.Poller()
+        for sock in (*self.engines, self.stats, self.wake):
+            self.poller.register(sock, zmq.POLLIN)
+
+    def _engine_socket(self, ep: EngineEndpoint) -> zmq.Socket[bytes]:
+        sock = make_socket(self.ctx, zmq.DEALER, self.opts, identity=self.identity)
+        sock.connect(pick_address(ep.input_addresses, same_node=ep.node_id == self.node_id))
+        return sock
+
+    def reconnect(self, ep: EngineEndpoint) -> None:
+        new = self._engine_socket(ep)  # first, so a bad address leaves the old one in place
+        old = self.engines[ep.rank]
+        self.poller.unregister(old)
+        old.close(linger=0)
+        self.engines[ep.rank] = new
+        self.poller.register(new, zmq.POLLIN)
+
+    def poll(self, timeout_ms: int) -> list[zmq.Socket[bytes]]:
+        return [sock for sock, _ in self.poller.poll(timeout_ms)]
+
+    def ring(self) -> None:
+        """Wake the IO thread (callers hold the client's lock)."""
+        try:
+            self._bell.send(b"", flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # full: the IO thread has rings to read already; closed: nobody to wake
+
+    def drain_wake(self) -> None:
+        while self.recv_nowait(self.wake):
+            pass
+
+    @staticmethod
+    def recv_nowait(sock: zmq.Socket[bytes]) -> list[bytes] | None:
+        try:
+            return sock.recv_multipart(flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+
+    def send_input(self, rank: int, tag: RequestType, body: bytes) -> bool:
+        """Queue a message for ``rank``; False if its queue is full (never blocks the IO thread)."""
+        try:
+            self.engines[rank].send_multipart([tag.value, body], flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        return True
+
+    def to_coordinator(self, msg: Any) -> None:
+        try:
+            self.collect.send(encode(msg), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            logger.warning("client: coordinator queue full, dropped %s", type(msg).__name__)
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
