@@ -31,13 +31,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.coordinator import CoordinatorActor
 from actors.deaths import death_of
-from actors.engine import EngineCoreActor, probe_device_ids
+from actors.engine import EngineCoreActor
 from actors.owned import Owned
-from actors.terminate import NAMESPACE
+from actors.slots import RankSlot, place_ranks, probe_devices
+from actors.terminate import NAMESPACE, kill_and_wait
 from actors.watch import check_started, watch_run_refs
-from placement.groups import create_groups, validate_user_groups, wait_ready
-from placement.inventory import read_inventory
-from placement.planner import PlacementPlan, plan_placement
 from raydp.config import RaydpConfig
 from raydp.coordinator_client import CoordinatorClient
 from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
@@ -57,16 +55,6 @@ from raydp.transport import IpcDir, ipc_prefix, pick_address
 logger = logging.getLogger("raydp.manager")
 DeathListener = Callable[[ComponentDeadError], None]
 RestartListener = Callable[[EngineEndpoint], None]
-
-
-@dataclass(frozen=True)
-class RankSlot:
-    """Where one rank lives: its group and node."""
-
-    rank: int
-    local_rank: int
-    node_id: str
-    group: PlacementGroup
 
 
 @dataclass
@@ -138,10 +126,10 @@ class ActorManager:
     def start(self) -> ClusterEndpoints:
         """Create everything and wait for it; on any failure release it all and raise."""
         try:
-            self.slots = self._place()
+            self.slots = place_ranks(self.config, self._user_groups, self.driver_node_id, self._owned)
             self._owned.nodes.update(s.node_id for s in self.slots)
             startup = self._startup
-            startup.devices = self._probe_devices()
+            startup.devices = probe_devices(self.config, self.slots)
             self._start_coordinator(startup)
             ranks = [s.rank for s in self.slots]
             self._start_engines(startup, ranks)
@@ -172,57 +160,6 @@ class ActorManager:
         """Stop watching, shut the actors down, remove created groups. Idempotent."""
         self._finalizer()
         self._owned.release()
-
-    # ---- placement ---------------------------------------------------------------
-
-    def _place(self) -> tuple[RankSlot, ...]:
-        cfg = self.config
-        if self._user_groups is not None:
-            validate_user_groups(
-                self._user_groups, dp_size=cfg.dp_size, world_size=cfg.world_size, accelerator=cfg.accelerator
-            )
-            groups = self._user_groups
-            wait_ready(groups, cfg.placement_timeout_s)
-            return _slots_from_groups(groups)
-        plan = self._plan()
-        lifetime = "detached" if cfg.detached else None
-        groups = create_groups(plan, cfg.name, lifetime=lifetime)
-        self._owned.groups.extend(groups)
-        wait_ready(groups, cfg.placement_timeout_s)
-        return tuple(
-            RankSlot(r.rank, r.local_rank, r.node_id, g) for r, g in zip(plan.ranks, groups, strict=True)
-        )
-
-    def _plan(self) -> PlacementPlan:
-        cfg = self.config
-        return plan_placement(
-            read_inventory(cfg.accelerator),
-            dp_size=cfg.dp_size,
-            world_size=cfg.world_size,
-            dp_size_local=cfg.dp_size_local,
-            strategy=cfg.placement_strategy,
-            master_node_id=cfg.master_node_id or self.driver_node_id,
-            node_allowlist=cfg.node_allowlist,
-        )
-
-    def _probe_devices(self) -> list[tuple[str, ...]]:
-        """Ask each device bundle which device ids Ray gave it (none for CPU bundles)."""
-        cfg = self.config
-        if cfg.accelerator == "CPU":
-            return [() for _ in self.slots]
-        refs = [
-            [
-                probe_device_ids.options(
-                    **_device_request(cfg.accelerator),
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, i),
-                ).remote(cfg.accelerator)
-                for i in range(cfg.world_size)
-            ]
-            for slot in self.slots
-        ]
-        ids = ray.get([r for rank_refs in refs for r in rank_refs], timeout=cfg.startup_timeout_s)
-        per_rank = [ids[i * cfg.world_size : (i + 1) * cfg.world_size] for i in range(len(self.slots))]
-        return [tuple(d for bundle in rank for d in bundle) for rank in per_rank]
 
     # ---- actors ---------------------------------------------------------------------
 
@@ -422,7 +359,7 @@ class ActorManager:
         try:
             # An engine whose step raised is still alive, holding its name and its
             # bundle: it must be gone before its successor can take them.
-            _kill_and_wait(self._owned.engines[rank])
+            kill_and_wait(self._owned.engines[rank])
             with self._owned.lock:
                 if self._owned.released:
                     return
@@ -430,7 +367,7 @@ class ActorManager:
             result, refs = self._handshake(self._startup, [rank], {})
             self._wait_coordinator(refs)
         except Exception as exc:
-            _kill_and_wait(self._owned.engines[rank])  # never leave a half-started successor
+            kill_and_wait(self._owned.engines[rank])  # never leave a half-started successor
             if not self._owned.stop.is_set():
                 with self._report_lock:
                     self._restarts_left[rank] = 0
@@ -454,42 +391,3 @@ class ActorManager:
         logger.warning("engine rank %d restarted and rejoined", rank)
         for listener in list(self._restart_listeners):
             listener(endpoint)
-
-
-def _kill_and_wait(actor: Any, timeout_s: float = 10.0) -> None:
-    """Kill ``actor`` and wait until Ray has released its name and resources.
-
-    ``ray.kill`` returns before the actor is gone; a call to it fails once it is.
-    """
-    from ray.exceptions import RayActorError
-
-    ray.kill(actor, no_restart=True)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            ray.get(actor.wait_for_init.remote(), timeout=timeout_s)
-        except RayActorError:
-            return
-        except Exception:  # a get timeout: the actor is wedged; Ray will reap it
-            return
-        time.sleep(0.05)
-
-
-def _device_request(accelerator: str) -> dict[str, Any]:
-    """Ray wants GPUs asked for as ``num_gpus``, custom resources in ``resources``."""
-    if accelerator == "GPU":
-        return {"num_gpus": 1}
-    return {"resources": {accelerator: 1}}
-
-
-def _slots_from_groups(groups: Sequence[PlacementGroup]) -> tuple[RankSlot, ...]:
-    from ray.util.placement_group import placement_group_table
-
-    nodes = [placement_group_table(g)["bundles_to_node_id"] for g in groups]
-    slots, per_node = [], dict[str, int]()
-    for rank, (group, bundle_nodes) in enumerate(zip(groups, nodes, strict=True)):
-        node = bundle_nodes[max(bundle_nodes)]
-        local = per_node.get(node, 0)
-        per_node[node] = local + 1
-        slots.append(RankSlot(rank, local, node, group))
-    return tuple(slots)

@@ -1,7 +1,9 @@
-"""Ending a cluster that this process did not launch (``Cluster.shutdown`` on an attached handle)."""
+"""Ending actors and clusters: a cluster this process did not launch (``Cluster.shutdown`` on an
+attached handle), and one actor whose name and bundle a successor needs."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -41,3 +43,22 @@ def _named_actors(name: str) -> list[Any]:
 def _is_rank_group(candidate: str, name: str) -> bool:
     prefix = f"{name}-dp"
     return candidate.startswith(prefix) and candidate[len(prefix):].isdigit()
+
+
+def kill_and_wait(actor: Any, timeout_s: float = 10.0) -> None:
+    """Kill ``actor`` and wait until Ray has released its name and resources.
+
+    ``ray.kill`` returns before the actor is gone; a call to it fails once it is.
+    """
+    from ray.exceptions import RayActorError
+
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.wait_for_init.remote(), timeout=timeout_s)
+        except RayActorError:
+            return
+        except Exception:  # a get timeout: the actor is wedged; Ray will reap it
+            return
+        time.sleep(0.05)

@@ -1,0 +1,94 @@
+"""Where each rank runs: its placement group, node and devices.
+
+Split from the manager so that its startup reads as the sequence of steps it
+is; everything here runs once per launch, before any actor exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from actors.engine import probe_device_ids
+from actors.owned import Owned
+from placement.groups import create_groups, validate_user_groups, wait_ready
+from placement.inventory import read_inventory
+from placement.planner import plan_placement
+from raydp.config import RaydpConfig
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    """Where one rank lives: its group and node."""
+
+    rank: int
+    local_rank: int
+    node_id: str
+    group: PlacementGroup
+
+
+def place_ranks(
+    config: RaydpConfig, user_groups: Sequence[PlacementGroup] | None, driver_node_id: str, owned: Owned
+) -> tuple[RankSlot, ...]:
+    """Validate the user's groups, or plan and create ours (recorded in ``owned``); wait until ready."""
+    cfg = config
+    if user_groups is not None:
+        validate_user_groups(user_groups, dp_size=cfg.dp_size, world_size=cfg.world_size, accelerator=cfg.accelerator)
+        wait_ready(user_groups, cfg.placement_timeout_s)
+        return _slots_from_groups(user_groups)
+    plan = plan_placement(
+        read_inventory(cfg.accelerator),
+        dp_size=cfg.dp_size,
+        world_size=cfg.world_size,
+        dp_size_local=cfg.dp_size_local,
+        strategy=cfg.placement_strategy,
+        master_node_id=cfg.master_node_id or driver_node_id,
+        node_allowlist=cfg.node_allowlist,
+    )
+    groups = create_groups(plan, cfg.name, lifetime="detached" if cfg.detached else None)
+    owned.groups.extend(groups)
+    wait_ready(groups, cfg.placement_timeout_s)
+    return tuple(RankSlot(r.rank, r.local_rank, r.node_id, g) for r, g in zip(plan.ranks, groups, strict=True))
+
+
+def probe_devices(config: RaydpConfig, slots: Sequence[RankSlot]) -> list[tuple[str, ...]]:
+    """Ask each device bundle which device ids Ray gave it (none for CPU bundles)."""
+    cfg = config
+    if cfg.accelerator == "CPU":
+        return [() for _ in slots]
+    refs = [
+        probe_device_ids.options(
+            **_device_request(cfg.accelerator),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, i),
+        ).remote(cfg.accelerator)
+        for slot in slots
+        for i in range(cfg.world_size)
+    ]
+    ids = ray.get(refs, timeout=cfg.startup_timeout_s)
+    ws = cfg.world_size
+    return [tuple(d for bundle in ids[i * ws : (i + 1) * ws] for d in bundle) for i in range(len(slots))]
+
+
+def _device_request(accelerator: str) -> dict[str, Any]:
+    """Ray wants GPUs asked for as ``num_gpus``, custom resources in ``resources``."""
+    if accelerator == "GPU":
+        return {"num_gpus": 1}
+    return {"resources": {accelerator: 1}}
+
+
+def _slots_from_groups(groups: Sequence[PlacementGroup]) -> tuple[RankSlot, ...]:
+    from ray.util.placement_group import placement_group_table
+
+    nodes = [placement_group_table(g)["bundles_to_node_id"] for g in groups]
+    slots, per_node = [], dict[str, int]()
+    for rank, (group, bundle_nodes) in enumerate(zip(groups, nodes, strict=True)):
+        node = bundle_nodes[max(bundle_nodes)]  # the engine core's CPU bundle comes last
+        local = per_node.get(node, 0)
+        per_node[node] = local + 1
+        slots.append(RankSlot(rank, local, node, group))
+    return tuple(slots)
