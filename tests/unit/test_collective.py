@@ -1,0 +1,57 @@
+"""The lockstep DP group over real processes and a real TCP rendezvous."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import socket
+from typing import Any
+
+import pytest
+
+from raydp.collective import GlooDPGroup, Rendezvous
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _rank_main(master: str, rank: int, size: int, unfinished: bool, results: Any) -> None:
+    group = GlooDPGroup(master, rank, size, timeout_s=60)
+    try:
+        results.put((rank, group.any_unfinished(unfinished)))
+    finally:
+        group.close()
+
+
+def test_the_rendezvous_port_is_taken_from_the_moment_it_is_announced() -> None:
+    """The address handed to the ranks cannot be grabbed by anyone else meanwhile (the old EADDRINUSE race)."""
+    rendezvous = Rendezvous("127.0.0.1", 2, timeout_s=30)
+    try:
+        host, _, port = rendezvous.address.rpartition(":")
+        with socket.socket() as other, pytest.raises(OSError) as caught:
+            other.bind((host, int(port)))
+        assert caught.value.errno == errno.EADDRINUSE
+    finally:
+        rendezvous.close()
+
+
+def test_ranks_meet_at_a_hosted_rendezvous_and_agree_on_unfinished_work() -> None:
+    spawn = multiprocessing.get_context("spawn")
+    results = spawn.Queue()
+    rendezvous = Rendezvous("127.0.0.1", 3, timeout_s=60)
+    flags = [False, True, False]  # only rank 1 has work: every rank must hear it
+    procs = [
+        spawn.Process(target=_rank_main, args=(rendezvous.address, rank, 3, flags[rank], results))
+        for rank in range(3)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        answers = dict(results.get(timeout=60) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+        rendezvous.close()
+    assert answers == {0: True, 1: True, 2: True}
+    assert [p.exitcode for p in procs] == [0, 0, 0]
