@@ -323,7 +323,9 @@ class ActorManager:
         err: ComponentDeadError
         restarting = self._may_restart(rank, cause)
         if rank < 0:
-            err = CoordinatorDeadError("coordinator", self.slots[0].node_id, cause, detail)
+            coord = self._startup.coordinator_endpoints
+            node = coord.node_id if coord is not None else None  # it may land off the master: soft affinity
+            err = CoordinatorDeadError(f"of cluster {self.config.name!r}", node, cause, detail)
         else:
             err = EngineDeadError(rank, self.slots[rank].node_id, cause, detail, restarting)
         logger.error("%s", err)

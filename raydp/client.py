@@ -253,7 +253,7 @@ class Client:
         if not self._follow_liveness or time.monotonic() - self._last_heard < self._silence_limit:
             return False
         self._fatal = CoordinatorDeadError(
-            "coordinator", self.endpoints.coordinator.node_id, DeathCause.UNKNOWN,
+            f"of cluster {self.endpoints.name!r}", self.endpoints.coordinator.node_id, DeathCause.UNKNOWN,
             f"no snapshot for {self._silence_limit:.0f}s",
         )
         logger.error("client: %s", self._fatal)

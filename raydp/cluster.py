@@ -288,7 +288,7 @@ def attach(name: str, *, address: str | None = None) -> Cluster:
     try:
         endpoints = ray.get(coordinator.cluster.remote(), timeout=30)
     except ray.exceptions.RayError as exc:
-        raise CoordinatorDeadError("coordinator", None, DeathCause.UNKNOWN, repr(exc)) from exc
+        raise CoordinatorDeadError(f"of cluster {name!r}", None, DeathCause.UNKNOWN, repr(exc)) from exc
     if endpoints is None:
         raise ConfigError(f"name={name!r}: the cluster is still starting")
     return Cluster(None, endpoints, owns_actors=False)

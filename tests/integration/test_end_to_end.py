@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import ray
 
@@ -64,6 +69,28 @@ def test_dropping_the_last_handle_closes_the_cluster(two_nodes) -> None:  # type
     assert live_groups("orphan") == []
     with pytest.raises(raydp.ClusterClosedError):
         client.submit([1])
+
+
+EXITING_DRIVER = """
+import raydp
+cluster = raydp.launch(name="atexit", dp_size=2, progress=False)
+assert cluster.client().generate([1], max_tokens=2, timeout=60) == [1, 1]
+print("served", flush=True)
+"""  # and exits with the cluster open: no close(), no with-block
+
+
+@pytest.mark.timeout(180)
+def test_a_driver_that_exits_without_close_leaves_nothing(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "RAY_ADDRESS": two_nodes.address, "PYTHONPATH": str(repo)}
+    out = subprocess.run(
+        [sys.executable, "-c", EXITING_DRIVER], capture_output=True, text=True, env=env, timeout=150, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "served" in out.stdout
+    assert wait_until(lambda: not live_actors("atexit"), timeout=30), live_actors("atexit")
+    assert live_groups("atexit") == []
+    assert wait_until(lambda: socket_dirs("atexit") == []), socket_dirs("atexit")
 
 
 @pytest.mark.timeout(180)

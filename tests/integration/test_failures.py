@@ -8,7 +8,7 @@ import pytest
 import ray
 
 import raydp
-from raydp.errors import DeathCause, EngineDeadError, StartupError
+from raydp.errors import CoordinatorDeadError, DeathCause, EngineDeadError, StartupError
 from tests.integration.helpers import live_actors, live_groups, socket_dirs, wait_until
 
 
@@ -73,3 +73,47 @@ def test_engine_constructor_error_fails_launch_with_its_traceback(two_nodes) -> 
     assert wait_until(lambda: not live_actors("broken"))
     assert live_groups("broken") == []
     assert socket_dirs("broken") == []
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_coordinator_ends_wait_while_dense_ranks_keep_serving(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    """Dense engines do not need the coordinator to serve, but the operator must hear it is gone."""
+    cluster = raydp.launch(name="coorddead", dp_size=2, progress=False)
+    try:
+        client = cluster.client()
+        killed_at = time.monotonic()
+        ray.kill(cluster._manager.coordinator, no_restart=True)
+        with pytest.raises(CoordinatorDeadError) as info:
+            cluster.wait(timeout=10)
+        print(f"\nCoordinatorDeadError after {(time.monotonic() - killed_at) * 1000:.0f} ms")
+        assert info.value.cause is DeathCause.KILLED
+        assert info.value.node_id == cluster.endpoints.coordinator.node_id
+        assert "coordinator of cluster 'coorddead'" in str(info.value) and "killed" in str(info.value)
+        handles = [client.submit([5], max_tokens=3, rank=r) for r in (0, 1)]
+        assert [h.result(timeout=30) for h in handles] == [[5, 5, 5]] * 2
+    finally:
+        cluster.close()
+    assert wait_until(lambda: not live_actors("coorddead"))
+    assert live_groups("coorddead") == []
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_coordinator_fails_lockstep_work_loudly(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    """Lockstep ranks cannot wake each other without it: the gang stops and in-flight work fails."""
+    cluster = raydp.launch(
+        name="coordgang", dp_size=2, lockstep=True, engine_kwargs={"step_delay_s": 0.01}, progress=False
+    )
+    try:
+        client = cluster.client()
+        assert client.generate([1], max_tokens=2, rank=1, timeout=60) == [1, 1]
+        in_flight = client.submit([2], max_tokens=100_000, rank=0)
+        ray.kill(cluster._manager.coordinator, no_restart=True)
+        with pytest.raises(CoordinatorDeadError):
+            cluster.wait(timeout=10)
+        with pytest.raises(EngineDeadError, match="rank 0"):
+            in_flight.result(timeout=15)
+    finally:
+        cluster.close()
+    assert wait_until(lambda: not live_actors("coordgang"))
+    assert live_groups("coordgang") == []
+    assert socket_dirs("coordgang") == []
