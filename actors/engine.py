@@ -9,6 +9,7 @@ import ray
 
 from raydp.config import RaydpConfig
 from raydp.engine_host import EngineHost
+from raydp.security import CurveKeys
 
 
 class EngineCoreActor:
@@ -42,10 +43,11 @@ class EngineCoreActor:
         device_ids: tuple[str, ...] = (),
         ipc_prefix: str = "",
         engine_cls: type | None = None,
+        curve: CurveKeys | None = None,
     ) -> None:
         node_id = ray.get_runtime_context().get_node_id()
         self.host = EngineHost(
-            config, rank, local_rank, node_id, frontend_node_id, device_ids, ipc_prefix, engine_cls
+            config, rank, local_rank, node_id, frontend_node_id, device_ids, ipc_prefix, engine_cls, curve
         )
 
     def __repr__(self) -> str:

@@ -50,6 +50,7 @@ from raydp.errors import (
 )
 from raydp.handshake import HandshakeResult, HandshakeServer
 from raydp.protocol import EngineAddresses, Init, ParallelConfig
+from raydp.security import CurveKeys, guard
 from raydp.transport import IpcDir, ipc_prefix, pick_address
 
 logger = logging.getLogger("raydp.manager")
@@ -90,6 +91,8 @@ class ActorManager:
         self._coordinator_client: CoordinatorClient | None = None
         self._report_lock = threading.RLock()
         self.ipc_prefix = ipc_prefix(config.name)
+        # Made per launch and handed out only through Ray (actor arguments, endpoints).
+        self._curve = CurveKeys.generate() if config.uses_curve else None
         self._owned = Owned(name=self.ipc_prefix)
         self._finalizer = weakref.finalize(self, self._owned.release)
         if config.detached:
@@ -149,7 +152,7 @@ class ActorManager:
         self.endpoints = self._cluster_endpoints(startup, result)
         self._owned.coordinator.set_cluster.remote(self.endpoints)
         self._coordinator_client = CoordinatorClient(
-            self.endpoints.coordinator, self.driver_node_id, socket_options(self.config)
+            self.endpoints.coordinator, self.driver_node_id, socket_options(self.config, self._curve)
         )
         self._owned.closers.append(self._coordinator_client.close)
         self._restarts_left = {s.rank: self.config.max_restarts for s in self.slots}
@@ -181,7 +184,7 @@ class ActorManager:
                 **self._actor_options(f"{cfg.name}-coordinator"),
             )
             .remote(cfg.dp_size, cfg.stats_interval_s, cfg.heartbeat_interval_s, cfg.transport,
-                    socket_options(cfg), cfg.name, self.ipc_prefix)
+                    socket_options(cfg, self._curve), cfg.name, self.ipc_prefix)
         )
         self._owned.coordinator = actor
         startup.coordinator_endpoints = ray.get(actor.endpoints.remote(), timeout=cfg.startup_timeout_s)
@@ -202,7 +205,7 @@ class ActorManager:
                 **self._actor_options(f"{cfg.name}-dp{rank}"),
             ).remote(
                 cfg, rank, slot.local_rank, self.driver_node_id, startup.devices[rank], self.ipc_prefix,
-                self._engine_cls,
+                self._engine_cls, self._curve,
             )
             if rank < len(engines):
                 engines[rank] = actor
@@ -222,7 +225,12 @@ class ActorManager:
         if owned.ctx is None:
             owned.ctx = zmq.Context()
             owned.ipc_dir = IpcDir(f"{self.ipc_prefix}-frontend")
-        server = HandshakeServer(owned.ctx, socket_options(cfg), transport=cfg.transport, ipc_dir=owned.ipc_dir)
+            gate = guard(owned.ctx, self._curve)
+            if gate is not None:
+                owned.closers.append(gate.stop)  # before the context is destroyed
+        server = HandshakeServer(
+            owned.ctx, socket_options(cfg, self._curve), transport=cfg.transport, ipc_dir=owned.ipc_dir
+        )
         watched = dict(also_watch)
         refs = {}
         for rank in ranks:
@@ -290,7 +298,7 @@ class ActorManager:
         ]
         return ClusterEndpoints(
             self.config.name, engines, startup.coordinator_endpoints, self.config.lockstep, result.capacity,
-            self.ipc_prefix, self.config.heartbeat_interval_s,
+            self.ipc_prefix, self.config.heartbeat_interval_s, self._curve,
         )
 
     # ---- watching -------------------------------------------------------------------

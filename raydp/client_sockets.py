@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from dataclasses import replace
 from typing import Any
 
 import zmq
@@ -25,7 +26,7 @@ class ClientSockets:
     def __init__(self, endpoints: ClusterEndpoints, node_id: str | None, opts: SocketOptions) -> None:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.identity = b"c" + secrets.token_bytes(7)
-        self.node_id, self.opts = node_id, opts
+        self.node_id, self.opts = node_id, replace(opts, curve=endpoints.curve)
         try:
             self._connect(endpoints)
         except BaseException:  # e.g. a bad address: do not leak the context
@@ -43,9 +44,10 @@ class ClientSockets:
         self.collect = make_socket(self.ctx, zmq.PUSH, opts)
         self.collect.connect(pick_address(coord.collect, same_node=same))
         wake_address = f"inproc://raydp-client-wake-{self.identity.hex()}"
-        self.wake = make_socket(self.ctx, zmq.PAIR, opts)
+        inproc = replace(opts, curve=None)
+        self.wake = make_socket(self.ctx, zmq.PAIR, inproc)
         self.wake.bind(wake_address)
-        self._bell = make_socket(self.ctx, zmq.PAIR, opts)
+        self._bell = make_socket(self.ctx, zmq.PAIR, inproc)
         self._bell.connect(wake_address)
         self.poller = zmq.Poller()
         for sock in (*self.engines, self.stats, self.wake):

@@ -21,6 +21,7 @@ from raydp.errors import ConfigError
 
 PlacementStrategy = Literal["strict", "fill", "span"]
 TransportKind = Literal["auto", "ipc", "tcp"]
+AuthKind = Literal["curve", "none"]
 ENV_PREFIX = "RAYDP_"
 _NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,40}$"
 
@@ -64,6 +65,9 @@ class RaydpConfig(BaseModel):
     handshake_timeout_s: float = Field(60.0, gt=0)
     max_restarts: int = Field(0, ge=0, description="restarts allowed per rank (dense mode)")
     transport: TransportKind = "auto"
+    auth: AuthKind = Field(
+        "curve", description="'curve': TCP peers must hold the cluster's keys; 'none': trust the network"
+    )
     max_message_bytes: int = Field(64 << 20, ge=1 << 16, description="largest socket message accepted")
     high_water_mark: int = Field(100_000, ge=1)
     detached: bool = Field(False, description="actors outlive the launching driver (for attach)")
@@ -78,6 +82,11 @@ class RaydpConfig(BaseModel):
     def with_changes(self, **changes: Any) -> RaydpConfig:
         """A validated copy with ``changes`` applied (``model_copy`` would skip validation)."""
         return RaydpConfig(**{**self.model_dump(), **changes})
+
+    @property
+    def uses_curve(self) -> bool:
+        """IPC-only clusters rely on their 0700 socket directories instead."""
+        return self.auth == "curve" and self.transport != "ipc"
 
     @property
     def world_size(self) -> int:

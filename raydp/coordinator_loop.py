@@ -28,6 +28,7 @@ from raydp.coordinator_state import CoordinatorState
 from raydp.endpoints import CoordinatorEndpoints
 from raydp.errors import ProtocolError
 from raydp.protocol import BROADCAST_TOPIC, Shutdown, StartDPWave, coordinator_decoder, encode, presence_topic
+from raydp.security import guard
 from raydp.transport import IpcDir, SocketOptions, bind_endpoints, make_socket
 
 logger = logging.getLogger("raydp.coordinator")
@@ -50,9 +51,11 @@ class CoordinatorLoop:
         self.state = state
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.ipc_dir = IpcDir(ipc_prefix) if transport != "tcp" else None
+        self._gate = guard(self.ctx, opts.curve)
         try:
             self.endpoints = self._bind(opts, transport, node_id, ip)
         except BaseException:  # a failed bind must not leak the context or the directory
+            self._stop_gate()
             self.ctx.destroy(linger=0)
             if self.ipc_dir is not None:
                 self.ipc_dir.remove()
@@ -66,9 +69,9 @@ class CoordinatorLoop:
     def _bind(
         self, opts: SocketOptions, transport: TransportKind, node_id: str, ip: str | None
     ) -> CoordinatorEndpoints:
-        self.publish = make_socket(self.ctx, zmq.PUB, opts)
-        self.collect = make_socket(self.ctx, zmq.PULL, opts)
-        self.broadcast = make_socket(self.ctx, zmq.XPUB, opts)
+        self.publish = make_socket(self.ctx, zmq.PUB, opts, serves=True)
+        self.collect = make_socket(self.ctx, zmq.PULL, opts, serves=True)
+        self.broadcast = make_socket(self.ctx, zmq.XPUB, opts, serves=True)
         self.broadcast.setsockopt(zmq.XPUB_VERBOSE, 1)
 
         def bind(sock: zmq.Socket[bytes], name: str) -> list[str]:
@@ -163,11 +166,16 @@ class CoordinatorLoop:
     def stop(self) -> None:
         self._stop.set()
 
+    def _stop_gate(self) -> None:
+        if self._gate is not None:
+            self._gate.stop()
+
     def close(self) -> None:
         """Tell engines to leave, then close every socket and the IPC directory."""
         self.stop()
         with contextlib.suppress(zmq.ZMQError):
             self._broadcast(Shutdown())
+        self._stop_gate()
         self.ctx.destroy(linger=100)
         if self.ipc_dir is not None:
             self.ipc_dir.remove()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from raydp.security import CurveKeys
+
 
 class EngineEndpoint(msgspec.Struct, frozen=True):
     rank: int
@@ -28,3 +30,4 @@ class ClusterEndpoints(msgspec.Struct, frozen=True):
     capacity: int = 0
     ipc_prefix: str = ""  # names this launch's IPC directories (cluster name + a random tag)
     heartbeat_interval_s: float = 1.0  # the coordinator publishes at least this often
+    curve: CurveKeys | None = None  # set when TCP peers must authenticate (config.auth)

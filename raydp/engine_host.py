@@ -23,6 +23,7 @@ from raydp.engine_loop import EngineLoop, EngineSockets
 from raydp.handshake import engine_handshake
 from raydp.logs import configure_component_logging
 from raydp.protocol import Init, Ready
+from raydp.security import CurveKeys, guard
 from raydp.transport import IpcDir, SocketOptions, bind_endpoints, make_socket, node_ip, pick_address
 from raydp.waves import EngineWaves
 
@@ -36,8 +37,10 @@ VISIBILITY_ENV = {
 }
 
 
-def socket_options(config: RaydpConfig) -> SocketOptions:
-    return SocketOptions(high_water_mark=config.high_water_mark, max_message_bytes=config.max_message_bytes)
+def socket_options(config: RaydpConfig, curve: CurveKeys | None = None) -> SocketOptions:
+    return SocketOptions(
+        high_water_mark=config.high_water_mark, max_message_bytes=config.max_message_bytes, curve=curve
+    )
 
 
 class EngineHost:
@@ -53,8 +56,10 @@ class EngineHost:
         device_ids: tuple[str, ...] = (),
         ipc_prefix: str = "",
         engine_cls: type | None = None,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.config, self.rank, self.node_id = config, rank, node_id
+        self._curve = curve
         self.local = node_id == frontend_node_id
         self.tag = f"{config.name} dp{rank} lr{local_rank} node {node_id[:8]}"
         configure_component_logging(self.tag)
@@ -64,6 +69,7 @@ class EngineHost:
         factory = check_engine_class(engine_cls, config.engine) if engine_cls else load_engine_class(config.engine)
         self.engine = factory(context, **config.engine_kwargs)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._gate = guard(self.ctx, curve)
         self.ipc_dir = IpcDir(f"{ipc_prefix or config.name}-dp{rank}")
         self._wake_address = f"inproc://raydp-engine-wake-{rank}"
         self._loop: EngineLoop | None = None
@@ -82,8 +88,8 @@ class EngineHost:
 
     def run(self, handshake_addresses: list[str], frontend_node_id: str) -> None:
         """Handshake, then serve until Shutdown; raises what the engine raised."""
-        opts = socket_options(self.config)
-        input_sock = make_socket(self.ctx, zmq.ROUTER, opts)
+        opts = socket_options(self.config, self._curve)
+        input_sock = make_socket(self.ctx, zmq.ROUTER, opts, serves=True)
         try:
             addresses = bind_endpoints(input_sock, "input", transport=self.config.transport, ipc_dir=self.ipc_dir)
 
@@ -120,6 +126,8 @@ class EngineHost:
             steps.append(self._collective.close)
         if self._rendezvous is not None:
             steps.append(self._rendezvous.close)
+        if self._gate is not None:
+            steps.append(self._gate.stop)
         steps += [lambda: self.ctx.destroy(linger=0), self.ipc_dir.remove]
         for step in steps:
             try:

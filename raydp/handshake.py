@@ -70,7 +70,7 @@ class HandshakeServer:
         ipc_dir: IpcDir | None,
         ip: str | None = None,
     ) -> None:
-        self._sock = make_socket(ctx, zmq.ROUTER, opts)
+        self._sock = make_socket(ctx, zmq.ROUTER, opts, serves=True)
         self.addresses = bind_endpoints(self._sock, "handshake", transport=transport, ipc_dir=ipc_dir, ip=ip)
 
     def run(

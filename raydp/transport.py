@@ -4,6 +4,9 @@ Every socket raydp opens comes from :func:`make_socket`, which sets linger, the
 high-water marks and the maximum message size, so no socket can hang
 ``close()``, grow without bound or be made to allocate a huge message.
 
+Cross-node traffic is CURVE-authenticated when the cluster has keys
+(:mod:`raydp.security`); inproc wake-up sockets never carry them.
+
 Addresses: a binder listens on an IPC path inside a per-cluster 0700
 directory (same-node peers) and, unless the transport is ``ipc``, on TCP at
 the node's own IP (other nodes). A connector picks IPC when it runs on the
@@ -25,17 +28,19 @@ import zmq
 
 from raydp.config import TransportKind
 from raydp.errors import ConfigError
+from raydp.security import CurveKeys, secure_client, secure_server
 
 DEFAULT_LINGER_MS = 0
 
 
 @dataclass(frozen=True)
 class SocketOptions:
-    """The limits every raydp socket carries."""
+    """The limits every raydp socket carries, and the cluster's CURVE keys if it uses them."""
 
     high_water_mark: int = 100_000
     max_message_bytes: int = 64 << 20
     linger_ms: int = DEFAULT_LINGER_MS
+    curve: CurveKeys | None = None
 
 
 def make_socket(
@@ -44,8 +49,13 @@ def make_socket(
     opts: SocketOptions,
     *,
     identity: bytes | None = None,
+    serves: bool = False,
 ) -> zmq.Socket[bytes]:
-    """A socket of ``kind`` with linger, HWMs and MAXMSGSIZE set."""
+    """A socket of ``kind`` with linger, HWMs and MAXMSGSIZE set.
+
+    With ``opts.curve`` it is CURVE-secured: as a server if it ``serves``
+    (binds for other components), else as a member connecting to one.
+    """
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, opts.linger_ms)
     sock.setsockopt(zmq.SNDHWM, opts.high_water_mark)
@@ -56,6 +66,8 @@ def make_socket(
     if kind == zmq.ROUTER:
         # Unroutable sends raise instead of vanishing, so a lost peer is noticed.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if opts.curve is not None:
+        (secure_server if serves else secure_client)(sock, opts.curve)
     return sock
 
 

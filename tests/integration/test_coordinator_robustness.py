@@ -1,4 +1,9 @@
-"""Garbage on any coordinator socket is dropped; the coordinator keeps serving."""
+"""Garbage on any coordinator socket is dropped; the coordinator keeps serving.
+
+The garbage comes from a peer holding the cluster's keys (a buggy member, the
+worst case CURVE lets through); outsiders are refused before decoding
+(tests/integration/test_security.py).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import zmq
 
 import raydp
 from raydp.protocol import EngineStats, Request, encode
+from raydp.transport import SocketOptions, make_socket
 from tests.integration.helpers import wait_until
 
 
@@ -33,17 +39,18 @@ def test_garbage_on_every_socket_leaves_the_coordinator_serving(two_nodes: Any) 
         coord = cluster.endpoints.coordinator
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         try:
-            push = ctx.socket(zmq.PUSH)
+            member = SocketOptions(curve=cluster.endpoints.curve)
+            push = make_socket(ctx, zmq.PUSH, member)
             push.connect(coord.collect[-1])
             for junk in (b"", b"\xc1", os.urandom(64), encode(Request("r", [1])), b"\x93\x04\xa1x\x00"):
                 push.send(junk)
             push.send_multipart([b"two", b"frames"])
-            xsub = ctx.socket(zmq.XSUB)
+            xsub = make_socket(ctx, zmq.XSUB, member)
             xsub.connect(coord.broadcast[-1])
             forged_rank_9 = b"\x01\xffrank\x09\x00"
             for junk in (b"\x01\xffrank\x05", forged_rank_9, b"\x01\xffrank\x05\x00\x00\x00", b"\x00"):
                 xsub.send(junk)
-            to_publish = ctx.socket(zmq.XSUB)
+            to_publish = make_socket(ctx, zmq.XSUB, member)
             to_publish.connect(coord.publish[-1])
             to_publish.send(b"\x01")
             to_publish.send(os.urandom(32))

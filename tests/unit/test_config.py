@@ -208,3 +208,16 @@ def test_config_hash_differs_when_a_shared_field_differs(change: dict[str, objec
 def test_empty_allowlist_env_means_unset() -> None:
     cfg = RaydpConfig.create(env={"RAYDP_NODE_ALLOWLIST": " , "})
     assert cfg.node_allowlist is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "curve"),
+    [({}, True), ({"transport": "tcp"}, True), ({"transport": "ipc"}, False), ({"auth": "none"}, False)],
+)
+def test_curve_guards_every_cluster_reachable_over_tcp(fields: dict[str, str], curve: bool) -> None:
+    assert RaydpConfig(**fields).uses_curve is curve
+
+
+def test_bad_auth_names_what_is_allowed() -> None:
+    with pytest.raises(ConfigError, match=r"auth='tls'.*'curve'.*'none'"):
+        RaydpConfig.create(env={"RAYDP_AUTH": "tls"})

@@ -1,0 +1,91 @@
+"""CURVE authentication for a cluster's sockets.
+
+Each launch makes two key pairs: the *server* pair, which every binding
+socket (engine inputs, the coordinator's three sockets, the handshake ROUTER)
+presents, and the *member* pair, which every connecting socket presents. A
+:class:`Gatekeeper` (a ZAP handler on each context that binds) admits only
+the member key, so a peer that was not handed the keys cannot connect, send a
+request, or forge a control message; traffic is encrypted as well.
+
+The keys travel only through Ray (actor arguments, the coordinator's
+``cluster()`` answer) and multiprocessing pipes, never over ZMQ and never to
+disk; their ``repr`` hides the secrets so logs do not leak them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+ZAP_DOMAIN = "raydp"
+logger = logging.getLogger("raydp.security")
+
+
+class CurveKeys(msgspec.Struct, frozen=True):
+    """One cluster's key pairs (Z85 text, as libzmq takes them)."""
+
+    server_public: bytes
+    server_secret: bytes
+    member_public: bytes
+    member_secret: bytes
+
+    @classmethod
+    def generate(cls) -> CurveKeys:
+        server_public, server_secret = zmq.curve_keypair()
+        member_public, member_secret = zmq.curve_keypair()
+        return cls(server_public, server_secret, member_public, member_secret)
+
+    def __repr__(self) -> str:
+        return f"CurveKeys(server_public={self.server_public.decode()!r}, secrets hidden)"
+
+
+def secure_server(sock: zmq.Socket[bytes], keys: CurveKeys) -> None:
+    """Make a binding socket demand CURVE; its context needs a :class:`Gatekeeper`."""
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.server_secret)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.server_public)
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
+
+
+def secure_client(sock: zmq.Socket[bytes], keys: CurveKeys) -> None:
+    """Make a connecting socket prove it is a member of the cluster."""
+    sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.member_public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.member_secret)
+
+
+class _MembersOnly:
+    def __init__(self, member_public: bytes) -> None:
+        self._member = member_public
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        allowed = key == self._member
+        if not allowed:
+            logger.warning("refused a connection with an unknown CURVE key %s", key.decode(errors="replace"))
+        return allowed
+
+
+class Gatekeeper:
+    """The ZAP handler of one context: admits connections with the member key only.
+
+    Start it before any secured socket of the context binds (without a handler
+    libzmq admits everyone), and stop it before the context is destroyed.
+    """
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], keys: CurveKeys) -> None:
+        self._auth: ThreadAuthenticator | None = ThreadAuthenticator(ctx, log=logger)
+        self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_MembersOnly(keys.member_public))
+        self._auth.start()
+
+    def stop(self) -> None:
+        auth, self._auth = self._auth, None
+        if auth is not None:
+            auth.stop()
+
+
+def guard(ctx: zmq.Context[zmq.Socket[bytes]], keys: CurveKeys | None) -> Gatekeeper | None:
+    """A running :class:`Gatekeeper` for ``ctx``, or None when the cluster does not use CURVE."""
+    return Gatekeeper(ctx, keys) if keys is not None else None

@@ -1,0 +1,65 @@
+"""CURVE over real TCP sockets: members get through, everyone else is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from raydp.security import CurveKeys, Gatekeeper
+from raydp.transport import SocketOptions, make_socket
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[zmq.Socket[bytes], str, CurveKeys]]:
+    """A secured PULL on 127.0.0.1, as engines and the coordinator bind theirs."""
+    keys = CurveKeys.generate()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    gate = Gatekeeper(ctx, keys)
+    sock = make_socket(ctx, zmq.PULL, SocketOptions(curve=keys), serves=True)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    yield sock, f"tcp://127.0.0.1:{port}", keys
+    gate.stop()
+    ctx.destroy(linger=0)
+
+
+def _send_from(address: str, opts: SocketOptions) -> None:
+    """Send one message and give it half a second to leave (what a refused peer gets)."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock = make_socket(ctx, zmq.PUSH, opts)
+    sock.connect(address)
+    sock.send(b"hello")
+    ctx.destroy(linger=500)
+
+
+def test_a_member_gets_through(server: tuple[zmq.Socket[bytes], str, CurveKeys]) -> None:
+    sock, address, keys = server
+    _send_from(address, SocketOptions(curve=keys, linger_ms=500))
+    assert sock.poll(5000), "the member's message arrives"
+    assert sock.recv() == b"hello"
+
+
+@pytest.mark.parametrize("who", ["plain", "wrong member key", "wrong server key"])
+def test_an_outsider_is_refused(server: tuple[zmq.Socket[bytes], str, CurveKeys], who: str) -> None:
+    sock, address, keys = server
+    other = CurveKeys.generate()
+    curve = {
+        "plain": None,
+        "wrong member key": CurveKeys(keys.server_public, b"", other.member_public, other.member_secret),
+        "wrong server key": CurveKeys(other.server_public, b"", keys.member_public, keys.member_secret),
+    }[who]
+    _send_from(address, SocketOptions(curve=curve, linger_ms=500))
+    assert not sock.poll(1000), f"{who}: nothing may arrive"
+    _send_from(address, SocketOptions(curve=keys, linger_ms=500))
+    assert sock.poll(5000), "members still get through after a refusal"
+
+
+def test_keys_never_show_their_secrets() -> None:
+    keys = CurveKeys.generate()
+    text = repr(keys)
+    assert keys.server_public.decode() in text
+    assert keys.server_secret.decode() not in text
+    assert keys.member_secret.decode() not in text
