@@ -15,7 +15,7 @@ import zmq
 
 from raydp.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.protocol import RequestType, encode
-from raydp.transport import SocketOptions, make_socket, pick_address
+from raydp.transport import SocketOptions, input_options, make_socket, pick_address
 
 logger = logging.getLogger("raydp.client")
 
@@ -54,8 +54,9 @@ class ClientSockets:
             self.poller.register(sock, zmq.POLLIN)
 
     def _engine_socket(self, ep: EngineEndpoint) -> zmq.Socket[bytes]:
-        sock = make_socket(self.ctx, zmq.DEALER, self.opts, identity=self.identity)
-        sock.connect(pick_address(ep.input_addresses, same_node=ep.node_id == self.node_id))
+        address = pick_address(ep.input_addresses, same_node=ep.node_id == self.node_id)
+        sock = make_socket(self.ctx, zmq.DEALER, input_options(self.opts, address), identity=self.identity)
+        sock.connect(address)
         return sock
 
     def reconnect(self, ep: EngineEndpoint) -> None:

@@ -24,7 +24,7 @@ from raydp.handshake import engine_handshake
 from raydp.logs import configure_component_logging
 from raydp.protocol import Init, Ready
 from raydp.security import CurveKeys, guard
-from raydp.transport import IpcDir, SocketOptions, bind_endpoints, make_socket, node_ip, pick_address
+from raydp.transport import IpcDir, SocketOptions, bind_inputs, make_socket, node_ip, pick_address
 from raydp.waves import EngineWaves
 
 logger = logging.getLogger("raydp.engine")
@@ -89,9 +89,8 @@ class EngineHost:
     def run(self, handshake_addresses: list[str], frontend_node_id: str) -> None:
         """Handshake, then serve until Shutdown; raises what the engine raised."""
         opts = socket_options(self.config, self._curve)
-        input_sock = make_socket(self.ctx, zmq.ROUTER, opts, serves=True)
+        inputs, addresses = bind_inputs(self.ctx, opts, self.config.transport, self.ipc_dir)
         try:
-            addresses = bind_endpoints(input_sock, "input", transport=self.config.transport, ipc_dir=self.ipc_dir)
 
             def make_ready(init: Init) -> Ready:
                 # Join the DP group before READY, so launch() returns with it formed.
@@ -112,7 +111,7 @@ class EngineHost:
                 make_ready=make_ready,
                 timeout_s=self.config.handshake_timeout_s,
             )
-            self._serve(init, input_sock, opts)
+            self._serve(init, inputs, opts)
         finally:
             with self._lock:
                 self._loop = None
@@ -135,7 +134,7 @@ class EngineHost:
             except Exception:
                 logger.exception("rank %d: cleanup step failed", self.rank)
 
-    def _serve(self, init: Init, input_sock: zmq.Socket[bytes], opts: SocketOptions) -> None:
+    def _serve(self, init: Init, inputs: list[zmq.Socket[bytes]], opts: SocketOptions) -> None:
         with ExitStack() as stack:
             collect = make_socket(self.ctx, zmq.PUSH, opts)
             stack.callback(collect.close, 0)
@@ -143,7 +142,7 @@ class EngineHost:
             broadcast = make_socket(self.ctx, zmq.SUB, opts)
             stack.callback(broadcast.close, 0)
             broadcast.connect(init.addresses.coordinator_broadcast)
-            sockets = EngineSockets(self.ctx, input_sock, collect, broadcast, self._wake_address, self.rank)
+            sockets = EngineSockets(self.ctx, inputs, collect, broadcast, self._wake_address, self.rank)
             stack.callback(sockets.close)
             loop = self._make_loop(init, sockets, stack)
             with self._lock:

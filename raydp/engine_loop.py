@@ -2,8 +2,11 @@
 
 :class:`EngineLoop` owns one rank's sockets once the handshake is done:
 
-* ``input`` ROUTER (bound): ``[client_id, tag, body]`` from clients; outputs go
-  back to the owning client as ``[client_id, OutputBatch]``;
+* ``input`` ROUTERs (bound): ``[client_id, tag, body]`` from clients; outputs go
+  back to the owning client as ``[client_id, OutputBatch]`` on the socket it
+  wrote to. One ROUTER, or, with CURVE, a plain one for same-node IPC clients
+  and a CURVE one for TCP clients, so local traffic skips the encryption that
+  only the network needs;
 * ``collect`` PUSH to the coordinator: load, ``WaveComplete``, ``StartWave``;
 * ``broadcast`` SUB from the coordinator: ``StartDPWave`` and ``Shutdown``;
 * ``wake`` PAIR (inproc): another thread of the process asks it to stop.
@@ -20,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import zmq
@@ -66,23 +69,38 @@ class EngineSockets:
     def __init__(
         self,
         ctx: zmq.Context[zmq.Socket[bytes]],
-        input: zmq.Socket[bytes],
+        inputs: Sequence[zmq.Socket[bytes]],
         collect: zmq.Socket[bytes],
         broadcast: zmq.Socket[bytes],
         wake_address: str,
         rank: int,
     ) -> None:
-        self.ctx, self.input, self.collect, self.broadcast = ctx, input, collect, broadcast
+        self.ctx, self.inputs, self.collect, self.broadcast = ctx, tuple(inputs), collect, broadcast
+        # With CURVE an engine has two input ROUTERs (plain IPC, secured TCP);
+        # a client is answered on the one it wrote to.
+        self._reply_on: dict[bytes, zmq.Socket[bytes]] = {}
         broadcast.setsockopt(zmq.SUBSCRIBE, BROADCAST_TOPIC)
         broadcast.setsockopt(zmq.SUBSCRIBE, presence_topic(rank))
         self.wake = make_socket(ctx, zmq.PAIR, SocketOptions())
         self.wake.bind(wake_address)
         self.poller = zmq.Poller()
-        for sock in (input, broadcast, self.wake):
+        for sock in (*self.inputs, broadcast, self.wake):
             self.poller.register(sock, zmq.POLLIN)
 
+    def heard_from(self, client: bytes, sock: zmq.Socket[bytes]) -> None:
+        if len(self.inputs) > 1:
+            self._reply_on[client] = sock
+
+    def forget(self, client: bytes) -> None:
+        self._reply_on.pop(client, None)
+
+    def send_to(self, client: bytes, body: bytes) -> None:
+        """Queue ``body`` for ``client`` without blocking (raises zmq.Again when its queue is full)."""
+        sock = self._reply_on.get(client, self.inputs[0])
+        sock.send_multipart([client, body], flags=zmq.NOBLOCK, copy=False)
+
     def close(self) -> None:
-        for sock in (self.input, self.collect, self.broadcast, self.wake):
+        for sock in (*self.inputs, self.collect, self.broadcast, self.wake):
             sock.close(linger=0)
 
 
@@ -144,9 +162,10 @@ class EngineLoop:
         if self.sockets.broadcast in events:
             for frames in _drain(self.sockets.broadcast, INPUT_BUDGET):
                 self._on_broadcast(frames)
-        if self.sockets.input in events:
-            for frames in _drain(self.sockets.input, INPUT_BUDGET):
-                self._on_input(frames)
+        for sock in self.sockets.inputs:
+            if sock in events:
+                for frames in _drain(sock, INPUT_BUDGET):
+                    self._on_input(frames, sock)
 
     def _step_once(self) -> None:
         if self.engine.has_unfinished():
@@ -162,10 +181,11 @@ class EngineLoop:
 
     # ---- inputs ----------------------------------------------------------------
 
-    def _on_input(self, frames: list[bytes]) -> None:
+    def _on_input(self, frames: list[bytes], sock: zmq.Socket[bytes]) -> None:
         if len(frames) != 3:
             return self._drop(f"input with {len(frames)} frames (want 3)")
         client, tag, body = frames
+        self.sockets.heard_from(client, sock)
         try:
             msg = decode_input(tag, body)
         except ProtocolError as exc:
@@ -261,7 +281,7 @@ class EngineLoop:
     def _try_send(self, client: bytes, body: bytes) -> bool:
         """Send now if the client's queue has room; False if it is full."""
         try:
-            self.sockets.input.send_multipart([client, body], flags=zmq.NOBLOCK, copy=False)
+            self.sockets.send_to(client, body)
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
@@ -280,6 +300,7 @@ class EngineLoop:
     def _forget_client(self, client: bytes, why: str) -> None:
         """The client is gone (or hopelessly behind): abort its requests, drop its backlog."""
         self._backlog.pop(client, None)
+        self.sockets.forget(client)
         ids = [rid for rid, owner in self._owners.items() if owner == client]
         logger.warning("rank %d: client %s %s; aborting its %d requests", self.rank, client.hex(), why, len(ids))
         if ids:

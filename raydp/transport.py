@@ -21,7 +21,7 @@ import shutil
 import socket
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import zmq
@@ -151,3 +151,27 @@ def pick_address(addresses: list[str], *, same_node: bool) -> str:
         return ipc[0]
     raise ConfigError(f"addresses={addresses!r}: need at least one ipc:// or tcp:// address")
 
+
+def bind_inputs(
+    ctx: zmq.Context[zmq.Socket[bytes]], opts: SocketOptions, transport: TransportKind, ipc_dir: IpcDir | None
+) -> tuple[list[zmq.Socket[bytes]], list[str]]:
+    """An engine's input ROUTER(s) and their addresses.
+
+    The data path is the one place CURVE costs throughput, and same-node
+    clients do not need it (the 0700 directory admits only this user): with
+    CURVE on both transports, IPC gets a plain ROUTER and TCP a secured one.
+    Connectors pick their options with :func:`input_options`.
+    """
+    if opts.curve is None or transport != "auto":
+        sock = make_socket(ctx, zmq.ROUTER, opts, serves=True)
+        return [sock], bind_endpoints(sock, "input", transport=transport, ipc_dir=ipc_dir)
+    local = make_socket(ctx, zmq.ROUTER, replace(opts, curve=None))
+    remote = make_socket(ctx, zmq.ROUTER, opts, serves=True)
+    addresses = bind_endpoints(local, "input", transport="ipc", ipc_dir=ipc_dir)
+    addresses += bind_endpoints(remote, "input", transport="tcp", ipc_dir=ipc_dir)
+    return [local, remote], addresses
+
+
+def input_options(opts: SocketOptions, address: str) -> SocketOptions:
+    """The options for a socket connecting to an engine input at ``address`` (see :func:`bind_inputs`)."""
+    return replace(opts, curve=None) if address.startswith("ipc://") else opts

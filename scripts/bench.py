@@ -10,7 +10,8 @@ together. Two benchmarks:
 
 1. request round trips (tiny prompt, ``max_tokens=1``), pipelined (a window
    of requests in flight) and sequential (one at a time: p50 latency), for
-   raydp (DP=2), raw ZeroMQ + msgspec with 2 server processes (the floor),
+   raydp (DP=2; same-node IPC, and TCP with and without CURVE), raw ZeroMQ +
+   msgspec with 2 server processes (the floor),
    plain Ray actor calls, the same actors in STRICT_PACK placement groups,
    and Ray Serve with 2 replicas;
 2. lockstep overhead: the step rate of a busy DP=2 cluster in lockstep mode
@@ -192,10 +193,10 @@ class RaydpTarget:
 
 
 @contextlib.contextmanager
-def raydp_target() -> Iterator[EchoTarget]:
+def raydp_target(**fields: str) -> Iterator[EchoTarget]:
     import raydp
 
-    cluster = raydp.launch(name="bench", dp_size=DP_SIZE, engine=ECHO_ENGINE, progress=False)
+    cluster = raydp.launch(name="bench", dp_size=DP_SIZE, engine=ECHO_ENGINE, progress=False, **fields)
     try:
         yield RaydpTarget(cluster.client())
     finally:
@@ -409,6 +410,8 @@ def quiet_serve_logs() -> None:
 def round_trip_benchmark(sizes: Sizes) -> list[RoundTrip]:
     systems: list[tuple[str, Callable[[], contextlib.AbstractContextManager[EchoTarget]]]] = [
         ("raydp (DP=2)", raydp_target),
+        ("raydp over TCP + CURVE (the cross-node path)", lambda: raydp_target(transport="tcp")),
+        ("raydp over TCP, auth='none'", lambda: raydp_target(transport="tcp", auth="none")),
         ("raw ZMQ + msgspec (2 server procs)", zmq_target),
         ("Ray actor calls (2 actors)", lambda: ray_actor_target(placement_groups=False)),
         ("Ray actors in STRICT_PACK PGs", lambda: ray_actor_target(placement_groups=True)),

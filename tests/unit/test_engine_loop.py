@@ -67,7 +67,7 @@ def start(engine: EchoEngine, input_opts: SocketOptions = OPTS) -> Rig:
     push.connect("inproc://collect")
     sub = make_socket(ctx, zmq.SUB, OPTS)
     sub.connect("inproc://broadcast")
-    sockets = EngineSockets(ctx, input_sock, push, sub, "inproc://wake", rank=0)
+    sockets = EngineSockets(ctx, [input_sock], push, sub, "inproc://wake", rank=0)
     loop = EngineLoop(engine, 0, sockets, stats_interval_s=0.01)
     errors: list[BaseException] = []
 
