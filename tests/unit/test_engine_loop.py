@@ -45,9 +45,9 @@ class Rig:
     broadcast: zmq.Socket[bytes]
     errors: list[BaseException]
 
-    def client(self, name: bytes) -> zmq.Socket[bytes]:
+    def client(self, name: bytes, address: str = "inproc://input") -> zmq.Socket[bytes]:
         sock = make_socket(self.ctx, zmq.DEALER, OPTS, identity=name)
-        sock.connect("inproc://input")
+        sock.connect(address)
         return sock
 
     def stop(self) -> None:
@@ -55,19 +55,20 @@ class Rig:
         self.thread.join(timeout=5)
 
 
-def start(engine: EchoEngine, input_opts: SocketOptions = OPTS) -> Rig:
+def start(engine: EchoEngine, input_opts: SocketOptions = OPTS, input_count: int = 1) -> Rig:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     collect = make_socket(ctx, zmq.PULL, OPTS)
     collect.bind("inproc://collect")
     broadcast = make_socket(ctx, zmq.XPUB, OPTS)
     broadcast.bind("inproc://broadcast")
-    input_sock = make_socket(ctx, zmq.ROUTER, input_opts)
-    input_sock.bind("inproc://input")
+    inputs = [make_socket(ctx, zmq.ROUTER, input_opts) for _ in range(input_count)]
+    for i, sock in enumerate(inputs):
+        sock.bind("inproc://input" + (str(i) if i else ""))
     push = make_socket(ctx, zmq.PUSH, OPTS)
     push.connect("inproc://collect")
     sub = make_socket(ctx, zmq.SUB, OPTS)
     sub.connect("inproc://broadcast")
-    sockets = EngineSockets(ctx, [input_sock], push, sub, "inproc://wake", rank=0)
+    sockets = EngineSockets(ctx, inputs, push, sub, "inproc://wake", rank=0)
     loop = EngineLoop(engine, 0, sockets, stats_interval_s=0.01)
     errors: list[BaseException] = []
 
@@ -120,6 +121,21 @@ def test_requests_stream_back_to_their_own_client(rig: Rig) -> None:
     send(b, RequestType.ADD, Request("y", [9], 2))
     assert outputs(a, {"x"}) == {"x": [1, 2, 1]}
     assert outputs(b, {"y"}) == {"y": [9, 9]}
+
+
+@pytest.mark.timeout(30)
+def test_with_two_input_sockets_each_client_is_answered_where_it_wrote() -> None:
+    """The CURVE layout: same-node clients on a plain socket, remote ones on a secured one."""
+    rig = start(EchoEngine(EngineContext(0, 0, 1, 1, "n")), input_count=2)
+    try:
+        local, remote = rig.client(b"local"), rig.client(b"remote", "inproc://input1")
+        send(remote, RequestType.ADD, Request("r", [4], 3))
+        send(local, RequestType.ADD, Request("l", [5], 2))
+        assert outputs(remote, {"r"}) == {"r": [4, 4, 4]}
+        assert outputs(local, {"l"}) == {"l": [5, 5]}
+    finally:
+        rig.stop()
+        rig.ctx.destroy(linger=0)
 
 
 @pytest.mark.timeout(30)

@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from raydp.security import CurveKeys, Gatekeeper
-from raydp.transport import SocketOptions, make_socket
+from raydp.transport import IpcDir, SocketOptions, bind_inputs, input_options, make_socket
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -63,3 +63,32 @@ def test_keys_never_show_their_secrets() -> None:
     assert keys.server_public.decode() in text
     assert keys.server_secret.decode() not in text
     assert keys.member_secret.decode() not in text
+
+
+def test_engine_inputs_are_plain_on_ipc_and_curve_on_tcp() -> None:
+    keys = CurveKeys.generate()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    ipc_dir = IpcDir("unit-inputs")
+    gate = Gatekeeper(ctx, keys)
+    try:
+        socks, addresses = bind_inputs(ctx, SocketOptions(curve=keys), "auto", ipc_dir)
+        assert [a.split("://")[0] for a in addresses] == ["ipc", "tcp"]
+        assert [s.getsockopt(zmq.CURVE_SERVER) for s in socks] == [0, 1]
+        member = SocketOptions(curve=keys)
+        assert input_options(member, addresses[0]).curve is None, "a same-node client connects plainly"
+        assert input_options(member, addresses[1]).curve == keys
+        for address in addresses:  # each door answers the options its connectors are given
+            client = make_socket(ctx, zmq.DEALER, input_options(member, address), identity=b"c")
+            client.connect(address)
+            client.send(b"hi")
+            poller = zmq.Poller()
+            for sock in socks:
+                poller.register(sock, zmq.POLLIN)
+            ready = [sock for sock, _ in poller.poll(5000)]
+            assert ready == [socks[addresses.index(address)]]
+            assert ready[0].recv_multipart() == [b"c", b"hi"]
+            client.close(linger=0)
+    finally:
+        gate.stop()
+        ctx.destroy(linger=0)
+        ipc_dir.remove()
