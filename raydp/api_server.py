@@ -1,4 +1,4 @@
-"""A minimal HTTP/JSON front-end process over :class:`~raydp.client.AsyncClient`.
+"""A minimal HTTP/JSON front-end process over :class:`~raydp.async_client.AsyncClient`.
 
 Routes:
 

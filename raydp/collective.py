@@ -7,6 +7,7 @@ object offering ``any_unfinished`` (the unit tests use an in-process one).
 from __future__ import annotations
 
 import datetime
+import socket
 from typing import Any, Protocol
 
 
@@ -21,18 +22,30 @@ class DPCollective(Protocol):
 class Rendezvous:
     """The TCP store the DP ranks meet at, listening from construction on.
 
-    It binds port 0 and keeps the socket, because choosing a "free" port and
-    binding it later races with every outgoing connection on the host: the
-    kernel hands the same ephemeral ports out to ``connect()``.
+    The listening socket is bound here, on ``ip`` only, and handed to the
+    store: choosing a "free" port and letting the store bind it later races
+    with every outgoing connection on the host (the kernel hands the same
+    ephemeral ports to ``connect()``), and the store on its own would listen
+    on every interface.
     """
 
     def __init__(self, ip: str, dp_size: int, timeout_s: float = 300.0) -> None:
         import torch.distributed as dist
 
-        self.store: Any = dist.TCPStore(
-            ip, 0, dp_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
-        )
-        self.address = f"{ip}:{self.store.port}"
+        listener = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
+        try:
+            listener.bind((ip, 0))
+            listener.listen(128)
+            port: int = listener.getsockname()[1]
+            self.store: Any = dist.TCPStore(
+                ip, port, dp_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                wait_for_workers=False, master_listen_fd=listener.fileno(),
+            )
+        except BaseException:
+            listener.close()
+            raise
+        listener.detach()  # the store owns the descriptor now, and closes it
+        self.address = f"{ip}:{port}"
 
     def close(self) -> None:
         # The server stops when its last reference goes.

@@ -51,8 +51,9 @@ class CoordinatorLoop:
         self.state = state
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.ipc_dir = IpcDir(ipc_prefix) if transport != "tcp" else None
-        self._gate = guard(self.ctx, opts.curve)
+        self._gate = None
         try:
+            self._gate = guard(self.ctx, opts.curve)
             self.endpoints = self._bind(opts, transport, node_id, ip)
         except BaseException:  # a failed bind must not leak the context or the directory
             self._stop_gate()

@@ -89,8 +89,8 @@ class EngineHost:
     def run(self, handshake_addresses: list[str], frontend_node_id: str) -> None:
         """Handshake, then serve until Shutdown; raises what the engine raised."""
         opts = socket_options(self.config, self._curve)
-        inputs, addresses = bind_inputs(self.ctx, opts, self.config.transport, self.ipc_dir)
         try:
+            inputs, addresses = bind_inputs(self.ctx, opts, self.config.transport, self.ipc_dir)
 
             def make_ready(init: Init) -> Ready:
                 # Join the DP group before READY, so launch() returns with it formed.

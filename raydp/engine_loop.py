@@ -4,7 +4,7 @@
 
 * ``input`` ROUTERs (bound): ``[client_id, tag, body]`` from clients; outputs go
   back to the owning client as ``[client_id, OutputBatch]`` on the socket it
-  wrote to. One ROUTER, or, with CURVE, a plain one for same-node IPC clients
+  is connected to. One ROUTER, or, with CURVE, a plain one for same-node IPC clients
   and a CURVE one for TCP clients, so local traffic skips the encryption that
   only the network needs;
 * ``collect`` PUSH to the coordinator: load, ``WaveComplete``, ``StartWave``;
@@ -76,9 +76,6 @@ class EngineSockets:
         rank: int,
     ) -> None:
         self.ctx, self.inputs, self.collect, self.broadcast = ctx, tuple(inputs), collect, broadcast
-        # With CURVE an engine has two input ROUTERs (plain IPC, secured TCP);
-        # a client is answered on the one it wrote to.
-        self._reply_on: dict[bytes, zmq.Socket[bytes]] = {}
         broadcast.setsockopt(zmq.SUBSCRIBE, BROADCAST_TOPIC)
         broadcast.setsockopt(zmq.SUBSCRIBE, presence_topic(rank))
         self.wake = make_socket(ctx, zmq.PAIR, SocketOptions())
@@ -87,17 +84,21 @@ class EngineSockets:
         for sock in (*self.inputs, broadcast, self.wake):
             self.poller.register(sock, zmq.POLLIN)
 
-    def heard_from(self, client: bytes, sock: zmq.Socket[bytes]) -> None:
-        if len(self.inputs) > 1:
-            self._reply_on[client] = sock
-
-    def forget(self, client: bytes) -> None:
-        self._reply_on.pop(client, None)
-
     def send_to(self, client: bytes, body: bytes) -> None:
-        """Queue ``body`` for ``client`` without blocking (raises zmq.Again when its queue is full)."""
-        sock = self._reply_on.get(client, self.inputs[0])
-        sock.send_multipart([client, body], flags=zmq.NOBLOCK, copy=False)
+        """Queue ``body`` for ``client`` on whichever input it is connected to, without blocking.
+
+        Raises ``zmq.Again`` when its queue is full, and EHOSTUNREACH when no
+        input knows it. Asking the ROUTERs in turn (ROUTER_MANDATORY makes an
+        unknown peer an immediate error) keeps no per-client state to leak.
+        """
+        for sock in self.inputs[:-1]:
+            try:
+                sock.send_multipart([client, body], flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+        self.inputs[-1].send_multipart([client, body], flags=zmq.NOBLOCK, copy=False)
 
     def close(self) -> None:
         for sock in (*self.inputs, self.collect, self.broadcast, self.wake):
@@ -165,7 +166,7 @@ class EngineLoop:
         for sock in self.sockets.inputs:
             if sock in events:
                 for frames in _drain(sock, INPUT_BUDGET):
-                    self._on_input(frames, sock)
+                    self._on_input(frames)
 
     def _step_once(self) -> None:
         if self.engine.has_unfinished():
@@ -181,11 +182,10 @@ class EngineLoop:
 
     # ---- inputs ----------------------------------------------------------------
 
-    def _on_input(self, frames: list[bytes], sock: zmq.Socket[bytes]) -> None:
+    def _on_input(self, frames: list[bytes]) -> None:
         if len(frames) != 3:
             return self._drop(f"input with {len(frames)} frames (want 3)")
         client, tag, body = frames
-        self.sockets.heard_from(client, sock)
         try:
             msg = decode_input(tag, body)
         except ProtocolError as exc:
@@ -300,7 +300,6 @@ class EngineLoop:
     def _forget_client(self, client: bytes, why: str) -> None:
         """The client is gone (or hopelessly behind): abort its requests, drop its backlog."""
         self._backlog.pop(client, None)
-        self.sockets.forget(client)
         ids = [rid for rid, owner in self._owners.items() if owner == client]
         logger.warning("rank %d: client %s %s; aborting its %d requests", self.rank, client.hex(), why, len(ids))
         if ids:

@@ -9,12 +9,14 @@ request, or forge a control message; traffic is encrypted as well.
 
 The keys travel only through Ray (actor arguments, the coordinator's
 ``cluster()`` answer) and multiprocessing pipes, never over ZMQ and never to
-disk; their ``repr`` hides the secrets so logs do not leak them.
+a file raydp writes; their ``repr`` hides the secrets so logs do not leak
+them. Whoever can use the Ray cluster can read them, as any actor state.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import msgspec
 import zmq
@@ -41,13 +43,20 @@ class CurveKeys(msgspec.Struct, frozen=True):
     def __repr__(self) -> str:
         return f"CurveKeys(server_public={self.server_public.decode()!r}, secrets hidden)"
 
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        # msgspec would otherwise hand rich (notebook pretty-printing) every field.
+        return [("server_public", self.server_public.decode())]
+
 
 def secure_server(sock: zmq.Socket[bytes], keys: CurveKeys) -> None:
-    """Make a binding socket demand CURVE; its context needs a :class:`Gatekeeper`."""
+    """Make a binding socket demand CURVE; its context needs a running :class:`Gatekeeper`."""
     sock.setsockopt(zmq.CURVE_SECRETKEY, keys.server_secret)
     sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.server_public)
     sock.setsockopt(zmq.CURVE_SERVER, 1)
     sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
+    # Fail closed: without this, libzmq admits any key pair whenever no ZAP
+    # handler is running (e.g. between a gatekeeper's stop and the close).
+    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
 
 
 def secure_client(sock: zmq.Socket[bytes], keys: CurveKeys) -> None:

@@ -34,6 +34,19 @@ def test_the_rendezvous_port_is_taken_from_the_moment_it_is_announced() -> None:
         rendezvous.close()
 
 
+def test_the_rendezvous_listens_on_the_given_interface_only() -> None:
+    import psutil
+
+    rendezvous = Rendezvous("127.0.0.1", 2, timeout_s=30)
+    try:
+        port = int(rendezvous.address.rpartition(":")[2])
+        listening = [c.laddr.ip for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
+                     and c.status == psutil.CONN_LISTEN]
+        assert listening == ["127.0.0.1"], listening
+    finally:
+        rendezvous.close()
+
+
 def test_ranks_meet_at_a_hosted_rendezvous_and_agree_on_unfinished_work() -> None:
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()

@@ -57,12 +57,29 @@ def test_an_outsider_is_refused(server: tuple[zmq.Socket[bytes], str, CurveKeys]
     assert sock.poll(5000), "members still get through after a refusal"
 
 
+def test_a_stopped_gatekeeper_fails_closed() -> None:
+    """Without a ZAP handler libzmq would admit any key pair; raydp's servers refuse instead."""
+    keys = CurveKeys.generate()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        gate = Gatekeeper(ctx, keys)
+        sock = make_socket(ctx, zmq.PULL, SocketOptions(curve=keys), serves=True)
+        address = f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"
+        gate.stop()
+        stranger = CurveKeys.generate()
+        _send_from(address, SocketOptions(curve=CurveKeys(keys.server_public, b"", stranger.member_public,
+                                                          stranger.member_secret), linger_ms=500))
+        assert not sock.poll(1000)
+    finally:
+        ctx.destroy(linger=0)
+
+
 def test_keys_never_show_their_secrets() -> None:
     keys = CurveKeys.generate()
-    text = repr(keys)
-    assert keys.server_public.decode() in text
-    assert keys.server_secret.decode() not in text
-    assert keys.member_secret.decode() not in text
+    for text in (repr(keys), repr(keys.__rich_repr__())):
+        assert keys.server_public.decode() in text
+        assert keys.server_secret.decode() not in text
+        assert keys.member_secret.decode() not in text
 
 
 def test_engine_inputs_are_plain_on_ipc_and_curve_on_tcp() -> None:
