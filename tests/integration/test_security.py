@@ -20,7 +20,7 @@ def _outsider_gets_an_answer(engine_input: str) -> bool:
         sock = ctx.socket(zmq.DEALER)
         sock.connect(engine_input)
         sock.send_multipart([RequestType.ADD.value, encode(Request("intruder-1", [9], 2))])
-        return bool(sock.poll(3000))
+        return bool(sock.poll(5000))
     finally:
         ctx.destroy(linger=0)
 
@@ -31,7 +31,7 @@ def _outsider_hears_snapshots(publish: str) -> bool:
         sock = ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.connect(publish)
-        return bool(sock.poll(3000))  # the coordinator publishes at least every heartbeat (1 s)
+        return bool(sock.poll(5000))  # the coordinator publishes at least every heartbeat (1 s)
     finally:
         ctx.destroy(linger=0)
 
