@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raydp.balancer import LoadBalancer
+from raydp.balancer import WAITING_WEIGHT, LoadBalancer
 from raydp.errors import ConfigError
 from raydp.protocol import StatsSnapshot
 
@@ -26,6 +26,16 @@ def test_sends_since_the_snapshot_count_so_a_burst_spreads() -> None:
     assert picks.count(0) == picks.count(1) == 3
 
 
+def test_a_send_still_counts_after_it_finishes_until_the_next_snapshot() -> None:
+    """The snapshot cannot know of our send yet; in-flight bookkeeping is only a tie-break."""
+    lb = LoadBalancer(2)
+    lb.on_snapshot(StatsSnapshot(counts=[(0, 0), (0, 3)], wave=0, running=False))
+    lb.on_sent(0)
+    lb.on_finished(0)
+    assert lb.score(0) == WAITING_WEIGHT
+    assert lb.choose() == 1  # 4 (our send) > 3 (snapshot)
+
+
 def test_a_new_snapshot_replaces_local_estimates() -> None:
     lb = LoadBalancer(2)
     for _ in range(5):
@@ -40,7 +50,8 @@ def test_client_count_scales_local_sends() -> None:
     solo, shared = LoadBalancer(2, client_count=1), LoadBalancer(2, client_count=4)
     solo.on_sent(0)
     shared.on_sent(0)
-    assert shared.score(0) == 4 * solo.score(0)
+    assert solo.score(0) == WAITING_WEIGHT, "one send counts as one waiting request"
+    assert shared.score(0) == 4 * WAITING_WEIGHT, "each of 4 API servers may have sent one too"
 
 
 def test_dead_ranks_are_skipped_and_all_dead_is_an_error() -> None:

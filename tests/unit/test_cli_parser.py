@@ -30,6 +30,7 @@ def test_every_flag_has_help(command: str) -> None:
 
 
 def test_bad_flag_value_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["demo", "--dp-size", "two"])
+    assert exit_info.value.code == 2
     assert "--dp-size" in capsys.readouterr().err

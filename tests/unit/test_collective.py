@@ -14,10 +14,13 @@ from raydp.collective import GlooDPGroup, Rendezvous
 pytestmark = pytest.mark.timeout(90)
 
 
-def _rank_main(master: str, rank: int, size: int, unfinished: bool, results: Any) -> None:
+ROUNDS = [[False, True, False], [False, False, False], [True, False, False]]  # per round, each rank's flag
+
+
+def _rank_main(master: str, rank: int, size: int, results: Any) -> None:
     group = GlooDPGroup(master, rank, size, timeout_s=60)
     try:
-        results.put((rank, group.any_unfinished(unfinished)))
+        results.put((rank, [group.any_unfinished(flags[rank]) for flags in ROUNDS]))
     finally:
         group.close()
 
@@ -51,9 +54,8 @@ def test_ranks_meet_at_a_hosted_rendezvous_and_agree_on_unfinished_work() -> Non
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()
     rendezvous = Rendezvous("127.0.0.1", 3, timeout_s=60)
-    flags = [False, True, False]  # only rank 1 has work: every rank must hear it
     procs = [
-        spawn.Process(target=_rank_main, args=(rendezvous.address, rank, 3, flags[rank], results))
+        spawn.Process(target=_rank_main, args=(rendezvous.address, rank, 3, results))
         for rank in range(3)
     ]
     for proc in procs:
@@ -66,5 +68,6 @@ def test_ranks_meet_at_a_hosted_rendezvous_and_agree_on_unfinished_work() -> Non
             if proc.is_alive():
                 proc.kill()
         rendezvous.close()
-    assert answers == {0: True, 1: True, 2: True}
+    # Any rank with work makes every rank hear "unfinished"; nobody with work, nobody hears it.
+    assert answers == {rank: [True, False, True] for rank in range(3)}
     assert [p.exitcode for p in procs] == [0, 0, 0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from raydp.coordinator_state import CoordinatorState
@@ -229,10 +231,14 @@ def test_snapshot_counts_are_a_copy() -> None:
     assert snap.counts == [(0, 0)]
 
 
-def test_scale_to_zero_is_rejected_and_logged() -> None:
+def test_scale_to_zero_is_rejected_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     state = CoordinatorState(2)
-    state.handle(ScaleEngines(engine_count=0))
+    state.handle(EngineStats(rank=1, waiting=2, running=1))
+    with caplog.at_level(logging.WARNING):
+        state.handle(ScaleEngines(engine_count=0))
     assert state.engine_count == 2 and state.rejected == 1
+    assert state.counts == [[0, 0], [2, 1]], "a rejected message changes nothing"
+    assert "ScaleEngines" in caplog.text and "engine_count=0" in caplog.text
 
 
 def test_messages_for_unknown_ranks_are_rejected_without_effect() -> None:

@@ -31,9 +31,23 @@ from raydp.transport import SocketOptions, make_socket
 OPTS = SocketOptions()
 
 
-class FailingEngine(EchoEngine):
+class FailingAtSecondEngine(EchoEngine):
+    """Steps normally until it holds a second request, then every step raises."""
+
+    fail_at = 2
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.added = 0
+
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)
+        self.added += 1
+
     def step(self) -> list[Any]:
-        raise RuntimeError("device fell off the bus")
+        if self.added >= self.fail_at:
+            raise RuntimeError("device fell off the bus")
+        return super().step()
 
 
 @dataclass
@@ -156,10 +170,18 @@ def test_load_is_published_to_the_coordinator(rig: Rig) -> None:
 def test_only_the_owner_can_abort(rig: Rig) -> None:
     owner, other = rig.client(b"co"), rig.client(b"cx")
     send(owner, RequestType.ADD, Request("r", [5], 10**7))
-    time.sleep(0.05)
+    assert outputs_until(owner, lambda o: o.request_id == "r" and bool(o.token_ids)), "r is streaming"
     send(other, RequestType.ABORT, Abort(["r"]))
-    time.sleep(0.2)
-    assert rig.loop.engine.load() == (0, 1), "a stranger's abort is ignored"
+    send(other, RequestType.UTILITY, UtilityCall(1, "stats"))
+    # One client's messages are handled in order: the answer means the abort was seen.
+    reply = None
+    while reply is None and other.poll(5000):
+        reply = output_decoder(other.recv()).utility
+    assert reply is not None and reply.error is None
+    while owner.poll(0):  # what was streamed before the stranger's abort
+        owner.recv()
+    later = outputs_until(owner, lambda o: o.request_id == "r")
+    assert later is not None and not later.finished, "a stranger's abort is ignored"
     send(owner, RequestType.ABORT, Abort(["r"]))
     deadline = time.monotonic() + 5
     while rig.loop.engine.load() != (0, 0) and time.monotonic() < deadline:
@@ -178,15 +200,25 @@ def test_duplicate_ids_and_bad_utilities_fail_alone(rig: Rig) -> None:
         send(a, RequestType.UTILITY, call)
     deadline = time.monotonic() + 5
     dup_error = None
-    while (len(errors) < 4 or dup_error is None) and time.monotonic() < deadline:
+    original: list[int] = []  # what the first "d" (prompt [1]) keeps streaming
+    while (len(errors) < 4 or dup_error is None or len(original) < 3) and time.monotonic() < deadline:
         if a.poll(100):
             batch = output_decoder(a.recv())
             if batch.utility is not None:
                 errors.append(batch.utility.error)
-            dup_error = dup_error or next((o.error for o in batch.outputs if o.error), None)
+            for out in batch.outputs:
+                if out.error:
+                    dup_error = dup_error or out.error
+                else:
+                    assert not out.finished, "the original request lives on"
+                    original.extend(out.token_ids)
     assert dup_error is not None and "duplicate request id 'd'" in dup_error
-    assert len(errors) == 4 and all(errors), errors
-    assert "not a utility method" in errors[1]
+    assert len(original) >= 3 and set(original) == {1}, "the duplicate neither replaced nor ended the original"
+    assert len(errors) == 4, errors
+    assert errors[0] is not None and "AttributeError" in errors[0] and "'nope'" in errors[0]
+    assert errors[1] is not None and "'shutdown' is not a utility method" in errors[1]
+    assert errors[2] is not None and "'_running' is not a utility method" in errors[2]
+    assert errors[3] is not None and errors[3].startswith("TypeError")
     send(a, RequestType.UTILITY, UtilityCall(5, "stats"))
     assert a.poll(5000)
     ok = output_decoder(a.recv())
@@ -209,17 +241,31 @@ def test_malformed_input_is_dropped_and_the_loop_keeps_serving(rig: Rig) -> None
 
 @pytest.mark.timeout(30)
 def test_a_failing_step_fails_every_request_then_the_loop() -> None:
-    rig = start(FailingEngine(EngineContext(0, 0, 1, 1, "n")))
+    rig = start(FailingAtSecondEngine(EngineContext(0, 0, 1, 1, "n")))
     try:
-        a = rig.client(b"ca")
-        send(a, RequestType.ADD, Request("doomed", [1], 5))
-        assert a.poll(5000)
-        batch = output_decoder(a.recv())
-        assert batch.outputs[0].finished and "device fell off the bus" in (batch.outputs[0].error or "")
+        a, b = rig.client(b"ca"), rig.client(b"cb")
+        send(a, RequestType.ADD, Request("first", [1], 10**6))
+        assert outputs_until(a, lambda o: bool(o.token_ids)), "steps run while the engine is healthy"
+        send(b, RequestType.ADD, Request("second", [2], 5))
+        for client, rid in ((a, "first"), (b, "second")):
+            last = outputs_until(client, lambda o: o.finished)
+            assert last is not None and last.request_id == rid, f"{rid} is failed, not lost"
+            assert "device fell off the bus" in (last.error or "")
         rig.thread.join(timeout=5)
         assert rig.errors and "device fell off the bus" in str(rig.errors[0])
     finally:
         rig.ctx.destroy(linger=0)
+
+
+def outputs_until(sock: zmq.Socket[bytes], done: Any, timeout: float = 5) -> Any:
+    """The first output for which ``done(output)`` holds, or None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sock.poll(100):
+            for out in output_decoder(sock.recv()).outputs:
+                if done(out):
+                    return out
+    return None
 
 
 @pytest.mark.timeout(30)

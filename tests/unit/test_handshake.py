@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -145,8 +146,10 @@ def test_liveness_failure_stops_the_wait_at_once(ctx, server) -> None:  # type: 
     def liveness() -> None:
         raise StartupError("engine rank 0 died: process died")
 
+    start = time.monotonic()
     with pytest.raises(StartupError, match="rank 0 died"):
         server.run({0: True}, init_for, HASH, timeout_s=30, liveness=liveness)
+    assert time.monotonic() - start < 5, "a death ends the wait, not the 30 s timeout"
 
 
 @pytest.mark.timeout(20)

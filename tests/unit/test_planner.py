@@ -360,7 +360,11 @@ def test_any_bad_input_raises_only_raydp_errors(
                               master_node_id=master, node_allowlist=allow)
     except (ConfigError, PlacementError):
         return
-    assert isinstance(dp, int) and dp >= 1 and plan.dp_size == dp
+    # Only a fully valid request may succeed (bool is an int subclass: it must not count).
+    assert type(dp) is int and dp >= 1 and plan.dp_size == dp
+    assert type(ws) is int and ws >= 1 and plan.world_size == ws
+    assert local is None or (type(local) is int and 1 <= local <= dp)
+    assert strategy in {"fill", "strict", "span"} and plan.strategy == strategy
 
 
 @PROPS

@@ -58,18 +58,20 @@ def test_an_outsider_is_refused(server: tuple[zmq.Socket[bytes], str, CurveKeys]
 
 
 def test_a_stopped_gatekeeper_fails_closed() -> None:
-    """Without a ZAP handler libzmq would admit any key pair; raydp's servers refuse instead."""
+    """Without a ZAP handler libzmq would admit any key pair; raydp's servers refuse everyone instead."""
     keys = CurveKeys.generate()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         gate = Gatekeeper(ctx, keys)
         sock = make_socket(ctx, zmq.PULL, SocketOptions(curve=keys), serves=True)
         address = f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"
+        _send_from(address, SocketOptions(curve=keys, linger_ms=500))
+        assert sock.poll(5000) and sock.recv() == b"hello", "open while the gatekeeper runs"
         gate.stop()
         stranger = CurveKeys.generate()
-        _send_from(address, SocketOptions(curve=CurveKeys(keys.server_public, b"", stranger.member_public,
-                                                          stranger.member_secret), linger_ms=500))
-        assert not sock.poll(1000)
+        for curve in (keys, CurveKeys(keys.server_public, b"", stranger.member_public, stranger.member_secret)):
+            _send_from(address, SocketOptions(curve=curve, linger_ms=500))
+        assert not sock.poll(1000), "neither a member nor a stranger gets in once it has stopped"
     finally:
         ctx.destroy(linger=0)
 
