@@ -32,12 +32,19 @@ class TinyTransformer(nn.Module):  # type: ignore[misc]
         self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(dim, vocab)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        length = tokens.shape[1]
-        positions = torch.arange(length, device=tokens.device)
-        mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Next-token logits of each sequence in a right-padded batch.
+
+        Right padding plus the causal mask keep a sequence's real tokens from
+        ever seeing the padding, so its output does not depend on what it was
+        batched with.
+        """
+        width = tokens.shape[1]
+        positions = torch.arange(width, device=tokens.device)
+        mask = nn.Transformer.generate_square_subsequent_mask(width, device=tokens.device)
         hidden = self.blocks(self.embed(tokens) + self.pos(positions), mask=mask, is_causal=True)
-        logits: torch.Tensor = self.head(hidden[:, -1])
+        last = lengths - 1 if lengths is not None else torch.full((tokens.shape[0],), width - 1)
+        logits: torch.Tensor = self.head(hidden[torch.arange(tokens.shape[0]), last.to(tokens.device)])
         return logits
 
 
@@ -89,10 +96,10 @@ class TinyLMEngine:
         ids = list(self._running)
         seqs = [self._running[r][0] for r in ids]
         width = max(len(s) for s in seqs)
-        # Left-pad so the last position is every sequence's newest token.
-        batch = torch.tensor([[0] * (width - len(s)) + s for s in seqs], device=self.device)
+        batch = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=self.device)
+        lengths = torch.tensor([len(s) for s in seqs])
         with torch.inference_mode():
-            next_tokens = self.model(batch).argmax(dim=-1).tolist()
+            next_tokens = self.model(batch, lengths).argmax(dim=-1).tolist()
         return [self._advance(rid, tok) for rid, tok in zip(ids, next_tokens, strict=True)]
 
     def _advance(self, rid: str, token: int) -> Output:

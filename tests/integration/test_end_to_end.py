@@ -16,19 +16,24 @@ from tests.integration.helpers import live_actors, live_groups, socket_dirs, wai
 
 @pytest.mark.timeout(180)
 def test_dp2_serves_requests_and_close_leaves_nothing(two_nodes) -> None:  # type: ignore[no-untyped-def]
-    cluster = raydp.launch(name="e2e", dp_size=2, engine="raydp.tiny_lm:TinyLMEngine", progress=False)
+    cluster = raydp.launch(
+        name="e2e", dp_size=2, engine="raydp.tiny_lm:TinyLMEngine",
+        engine_kwargs={"max_running": 16, "max_len": 64}, progress=False,
+    )
     try:
         assert cluster.dp_size == 2
-        assert cluster.capacity > 0
+        assert cluster.capacity == 2 * 16 * 64, "the handshake sums each rank's capacity"
         client = cluster.client()
         handles = [client.submit([1, 2, 3, i % 200], max_tokens=8) for i in range(200)]
         results = [h.result(timeout=60) for h in handles]
         assert all(len(r) == 8 for r in results)
         served = {h.rank for h in handles}
         assert served == {0, 1}, f"both ranks should serve, got {served}"
-        # Same prompt, same seeded model on every rank: identical greedy output.
-        again = client.generate([1, 2, 3, 0], max_tokens=8, rank=1)
-        assert again == results[0]
+        # Same prompt, same seeded model on every rank: identical greedy output,
+        # so batching many requests together mixed nothing up.
+        for i in (0, 1, 57, 199):
+            other = 1 - handles[i].rank
+            assert client.generate([1, 2, 3, i % 200], max_tokens=8, rank=other) == results[i], i
         assert sorted(live_actors("e2e")) == ["e2e-coordinator", "e2e-dp0", "e2e-dp1"]
         assert sorted(live_groups("e2e")) == ["e2e-dp0", "e2e-dp1"]
     finally:
@@ -111,9 +116,13 @@ def test_a_class_that_is_not_an_engine_is_rejected_before_anything_starts(two_no
     class NotAnEngine:
         def step(self) -> None: ...
 
+    from ray.util.placement_group import placement_group_table
+
     with pytest.raises(raydp.ConfigError, match=r"missing .*add_request"):
         raydp.launch(name="notengine", dp_size=1, engine=NotAnEngine, progress=False)
     assert live_actors("notengine") == []
+    assert not [g for g in placement_group_table().values() if g["name"].startswith("notengine-")]
+    assert socket_dirs("notengine") == []
 
 
 @pytest.mark.timeout(180)

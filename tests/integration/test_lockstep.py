@@ -39,6 +39,11 @@ def test_cold_start_with_the_first_request_on_the_last_rank(lockstep: Any) -> No
     client = lockstep.client()
     assert lockstep.coordinator_state()["running"] is False
     assert client.generate([7, 8], max_tokens=3, rank=2, timeout=60) == [7, 8, 7]
+    assert wait_until(lambda: lockstep.coordinator_state()["running"] is False, timeout=30)
+    per_rank = stats(client)
+    # Ranks 0 and 1 were woken and ran dummy batches in step with rank 2's forward passes.
+    assert per_rank[0]["dummy_steps"] > 0 and per_rank[1]["dummy_steps"] > 0
+    assert per_rank[0]["collectives"] == per_rank[1]["collectives"] == per_rank[2]["collectives"] > 0
 
 
 @pytest.mark.timeout(120)
