@@ -72,6 +72,7 @@ def test_dropping_the_last_handle_closes_the_cluster(two_nodes) -> None:  # type
     gc.collect()
     assert wait_until(lambda: not live_actors("orphan"), timeout=30), live_actors("orphan")
     assert live_groups("orphan") == []
+    assert wait_until(lambda: socket_dirs("orphan") == []), socket_dirs("orphan")
     with pytest.raises(raydp.ClusterClosedError):
         client.submit([1])
 

@@ -215,7 +215,13 @@ def test_existing_names_are_refused_and_lifetime_passes_through(inventory: Inven
         remove_groups(groups)
     wait_for(lambda: all_removed("plt-named"))
     again = create_groups(plan, "plt-named")  # a removed group's name is free again
-    remove_groups(again)
+    try:
+        wait_ready(again, 30)
+        entry = placement_group_table(again[0])
+        assert (entry["name"], entry["state"]) == ("plt-named-dp0", "CREATED")
+    finally:
+        remove_groups(again)
+    wait_for(lambda: all_removed("plt-named"))
 
 
 def plan_args(*argv: str) -> argparse.Namespace:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+import raydp
+from tests.integration.helpers import live_actors, live_groups, socket_dirs, wait_until
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -17,9 +21,15 @@ def test_the_usage_example_runs(two_nodes: Any, capsys: pytest.CaptureFixture[st
     assert block, "the README has a python example"
     namespace: dict[str, Any] = {}
     exec(compile(block.group(1), "README.md", "exec"), namespace)
-    printed = capsys.readouterr().out.split()
-    assert len(printed) == 8, "the stream printed one line per token chunk"
+    chunks = [ast.literal_eval(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert chunks and all(isinstance(c, list) for c in chunks), "the stream printed token chunks"
+    assert sum(len(c) for c in chunks) == 8, "max_tokens=8 arrived in full"
     assert len(namespace["tokens"]) == 8
+    assert namespace["handle"].rank == 1, "rank=1 pins the request"
     cluster = namespace["cluster"]
-    with pytest.raises(Exception, match="closed"):
+    with pytest.raises(raydp.ClusterClosedError):
         cluster.client()
+    # "actors, groups, sockets: gone", as the example's comment promises.
+    assert wait_until(lambda: not live_actors(cluster.name)), live_actors(cluster.name)
+    assert live_groups(cluster.name) == []
+    assert socket_dirs(cluster.name) == []
