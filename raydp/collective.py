@@ -69,13 +69,14 @@ class GlooDPGroup:
             store = dist.TCPStore(host, int(port), dp_size, is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=dp_size, timeout=timeout)
         self.group = dist.group.WORLD
-
-    def any_unfinished(self, local: bool) -> bool:
         import torch
 
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
-        self._dist.all_reduce(flag, op=self._dist.ReduceOp.MAX, group=self.group)
-        return bool(flag.item())
+        self._flag = torch.zeros(1, dtype=torch.int32)  # reused by every all-reduce
+
+    def any_unfinished(self, local: bool) -> bool:
+        self._flag.fill_(int(local))
+        self._dist.all_reduce(self._flag, op=self._dist.ReduceOp.MAX, group=self.group)
+        return bool(self._flag.item())
 
     def close(self) -> None:
         if self._dist.is_initialized():

@@ -131,16 +131,18 @@ class EchoEngine:
 
     def attach_dp_group(self, group: Any) -> None:
         """Called by the engine loop in lockstep mode with the DP process group."""
+        import torch
+
         self._dp_group = group
+        self._ones = torch.ones(1)  # the forward pass's stand-in collective payload
 
     def _forward(self) -> None:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         if self.collective and self._dp_group is not None:
-            import torch
             import torch.distributed as dist
 
-            dist.all_reduce(torch.ones(1), group=self._dp_group)
+            dist.all_reduce(self._ones, group=self._dp_group)
             self.collectives += 1
 
     def step(self) -> list[Output]:

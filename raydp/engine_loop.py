@@ -135,12 +135,13 @@ class EngineLoop:
             while not self._stopping:
                 if self._backlog:
                     self._flush_backlogs()
-                self._poll_inputs(block=not self._should_step() and not self._backlog)
+                self._poll_inputs(block=not self._backlog and not self._should_step())
                 if self._stopping:
                     break
-                busy = self._should_step()
+                has_work = self.engine.has_unfinished()
+                busy = self._should_step(has_work)
                 if busy:
-                    self._step_once()
+                    self._step_once(has_work)
                 self._publish_load(force=not busy)
         except BaseException as exc:
             self._fail_all(f"engine rank {self.rank} failed: {exc!r}")
@@ -150,8 +151,9 @@ class EngineLoop:
         """Ask the loop to leave at its next turn (the host rings the wake socket too)."""
         self._stopping = True
 
-    def _should_step(self) -> bool:
-        has_work = self.engine.has_unfinished()
+    def _should_step(self, has_work: bool | None = None) -> bool:
+        if has_work is None:
+            has_work = self.engine.has_unfinished()
         return self.waves.should_step(has_work) if self.waves else has_work
 
     def _poll_inputs(self, block: bool) -> None:
@@ -168,8 +170,8 @@ class EngineLoop:
                 for frames in _drain(sock, INPUT_BUDGET):
                     self._on_input(frames)
 
-    def _step_once(self) -> None:
-        if self.engine.has_unfinished():
+    def _step_once(self, has_work: bool) -> None:
+        if has_work:
             self._send_outputs(self.engine.step())
         else:
             self.engine.execute_dummy_batch()

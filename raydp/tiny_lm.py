@@ -43,8 +43,9 @@ class TinyTransformer(nn.Module):  # type: ignore[misc]
         positions = torch.arange(width, device=tokens.device)
         mask = nn.Transformer.generate_square_subsequent_mask(width, device=tokens.device)
         hidden = self.blocks(self.embed(tokens) + self.pos(positions), mask=mask, is_causal=True)
-        last = lengths - 1 if lengths is not None else torch.full((tokens.shape[0],), width - 1)
-        logits: torch.Tensor = self.head(hidden[torch.arange(tokens.shape[0]), last.to(tokens.device)])
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        last = lengths - 1 if lengths is not None else torch.full_like(rows, width - 1)
+        logits: torch.Tensor = self.head(hidden[rows, last])
         return logits
 
 
@@ -97,7 +98,7 @@ class TinyLMEngine:
         seqs = [self._running[r][0] for r in ids]
         width = max(len(s) for s in seqs)
         batch = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=self.device)
-        lengths = torch.tensor([len(s) for s in seqs])
+        lengths = torch.tensor([len(s) for s in seqs], device=self.device)
         with torch.inference_mode():
             next_tokens = self.model(batch, lengths).argmax(dim=-1).tolist()
         return [self._advance(rid, tok) for rid, tok in zip(ids, next_tokens, strict=True)]
