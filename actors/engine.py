@@ -21,7 +21,7 @@ class EngineCoreActor:
       traceback, becomes the actor's death cause, which ``launch()`` shows;
     * ``wait_for_init()`` -> ``{rank, node_id, pid}`` once constructed;
     * ``dp_master()`` -> ``"ip:port"`` for the gloo rendezvous (asked of rank 0);
-    * ``run(handshake_addresses, frontend_node_id)``: the handshake, then the
+    * ``run(handshake_addresses)``: the handshake, then the
       engine loop until Shutdown;
     * ``shutdown()`` wakes and stops the loop from another thread; never blocks.
 
@@ -60,10 +60,10 @@ class EngineCoreActor:
     def dp_master(self) -> str:
         return self.host.dp_master()
 
-    def run(self, handshake_addresses: list[str], frontend_node_id: str) -> None:
+    def run(self, handshake_addresses: list[str]) -> None:
         # Ray titles the process after each call it runs; run() is the long one.
         set_process_title(f"raydp::{self.host.tag}")
-        self.host.run(handshake_addresses, frontend_node_id)
+        self.host.run(handshake_addresses)
 
     def shutdown(self) -> None:
         self.host.shutdown()

@@ -234,7 +234,7 @@ class ActorManager:
         watched = dict(also_watch)
         refs = {}
         for rank in ranks:
-            ref = owned.engines[rank].run.remote(server.addresses, self.driver_node_id)
+            ref = owned.engines[rank].run.remote(server.addresses)
             refs[ref] = rank
             owned.run_refs.append(ref)
         watched.update(refs)

@@ -50,15 +50,11 @@ def kill_and_wait(actor: Any, timeout_s: float = 10.0) -> None:
 
     ``ray.kill`` returns before the actor is gone; a call to it fails once it is.
     """
-    from ray.exceptions import RayActorError
-
     ray.kill(actor, no_restart=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             ray.get(actor.wait_for_init.remote(), timeout=timeout_s)
-        except RayActorError:
-            return
-        except Exception:  # a get timeout: the actor is wedged; Ray will reap it
+        except Exception:  # RayActorError: gone; a get timeout: wedged, and Ray will reap it
             return
         time.sleep(0.05)

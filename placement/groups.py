@@ -225,8 +225,8 @@ def validate_user_groups(
         )
     problems: list[str] = []
     seen: dict[str, int] = {}
+    shape = _Shape(world_size, accelerator, tuple(strategies))
     for i, group in enumerate(groups):
-        shape = _Shape(world_size, accelerator, tuple(strategies))
         problems += [f"placement_groups[{i}]: {p}" for p in _group_problems(group, i, seen, shape)]
     if problems:
         expected = _describe_bundles(rank_bundles(world_size, accelerator))

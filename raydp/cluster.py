@@ -35,7 +35,7 @@ class Cluster:
     on that rank fail with :class:`~raydp.errors.EngineDeadError`).
     """
 
-    def __init__(self, manager: Any, endpoints: ClusterEndpoints, *, owns_actors: bool = True) -> None:
+    def __init__(self, manager: Any, endpoints: ClusterEndpoints) -> None:
         from raydp.client import Client
 
         self._manager = manager
@@ -48,7 +48,6 @@ class Cluster:
         self._deaths: list[ComponentDeadError] = []
         self._dead_ranks: dict[int, EngineDeadError] = {}  # dead now (a restart may revive them)
         self._closed = False
-        self._owns_actors = owns_actors
         # Dropping the last handle closes the clients (and, via the manager's
         # own finalizer, the actors), as close() would.
         weakref.finalize(self, _close_all, self._clients)
@@ -177,7 +176,7 @@ class Cluster:
             server.close()
         for client in clients:
             client.close()
-        if self._manager is not None and self._owns_actors:
+        if self._manager is not None:
             self._manager.close()
 
     def shutdown(self) -> None:
@@ -291,7 +290,7 @@ def attach(name: str, *, address: str | None = None) -> Cluster:
         raise CoordinatorDeadError(f"of cluster {name!r}", None, DeathCause.UNKNOWN, repr(exc)) from exc
     if endpoints is None:
         raise ConfigError(f"name={name!r}: the cluster is still starting")
-    return Cluster(None, endpoints, owns_actors=False)
+    return Cluster(None, endpoints)
 
 
 def _progress_bar(enabled: bool | None, config: RaydpConfig) -> Any:

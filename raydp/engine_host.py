@@ -75,7 +75,6 @@ class EngineHost:
         self._loop: EngineLoop | None = None
         self._stopping = threading.Event()
         self._lock = threading.RLock()  # re-entered by a signal handler on the same thread
-        self._done = False
         self._collective: GlooDPGroup | None = None
         self._rendezvous: Rendezvous | None = None
 
@@ -86,7 +85,7 @@ class EngineHost:
                 self._rendezvous = Rendezvous(node_ip(), self.config.dp_size)
             return self._rendezvous.address
 
-    def run(self, handshake_addresses: list[str], frontend_node_id: str) -> None:
+    def run(self, handshake_addresses: list[str]) -> None:
         """Handshake, then serve until Shutdown; raises what the engine raised."""
         opts = socket_options(self.config, self._curve)
         try:
@@ -105,7 +104,7 @@ class EngineHost:
             init = engine_handshake(
                 self.ctx,
                 opts,
-                pick_address(handshake_addresses, same_node=self.node_id == frontend_node_id),
+                pick_address(handshake_addresses, same_node=self.local),
                 self.rank,
                 local=self.local,
                 make_ready=make_ready,
@@ -115,7 +114,6 @@ class EngineHost:
         finally:
             with self._lock:
                 self._loop = None
-                self._done = True
             self._release()
 
     def _release(self) -> None:
@@ -144,14 +142,14 @@ class EngineHost:
             broadcast.connect(init.addresses.coordinator_broadcast)
             sockets = EngineSockets(self.ctx, inputs, collect, broadcast, self._wake_address, self.rank)
             stack.callback(sockets.close)
-            loop = self._make_loop(init, sockets, stack)
+            loop = self._make_loop(init, sockets)
             with self._lock:
                 if self._stopping.is_set():
                     return
                 self._loop = loop
             loop.run()
 
-    def _make_loop(self, init: Init, sockets: EngineSockets, stack: ExitStack) -> EngineLoop:
+    def _make_loop(self, init: Init, sockets: EngineSockets) -> EngineLoop:
         parallel = init.parallel
         waves = collective = None
         if parallel.lockstep:
@@ -170,7 +168,7 @@ class EngineHost:
         """Stop the loop from another thread (wakes it if it is idle); never blocks."""
         self._stopping.set()
         with self._lock:
-            if self._loop is None or self._done:
+            if self._loop is None:
                 return
             self._loop.stop()
             bell = make_socket(self.ctx, zmq.PAIR, SocketOptions())

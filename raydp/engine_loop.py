@@ -245,7 +245,7 @@ class EngineLoop:
         if isinstance(msg, Shutdown):
             self._stopping = True
         elif isinstance(msg, StartDPWave) and self.waves is not None:
-            self.waves.on_start_wave(msg.wave, msg.exclude)
+            self.waves.on_start_wave(msg.wave)
         return None
 
     # ---- outputs ---------------------------------------------------------------

@@ -164,7 +164,7 @@ def _engine_main(
     host = EngineHost(config, rank, rank, LOCAL_NODE, LOCAL_NODE, ipc_prefix=prefix)
     on_stop_signals(host.shutdown)
     watch_parent(death_pipe, host.shutdown)
-    host.run(addresses, LOCAL_NODE)
+    host.run(addresses)
 
 
 def _coordinator_main(config: RaydpConfig, prefix: str, conn: Connection, death_pipe: Connection) -> None:

@@ -37,18 +37,16 @@ class EngineWaves:
             return self.wave
         return None
 
-    def on_start_wave(self, wave: int, exclude: int) -> bool:
-        """Handle START_DP_WAVE; return True when this rank starts running."""
-        # A late broadcast for a wave this rank already finished is stale:
-        # waves never go backwards. ``exclude`` needs no special case here, the
-        # excluded rank already has work and steps anyway.
-        del exclude
-        if wave < self.wave:
-            return False
-        self.wave = wave
-        started = not self.running
-        self.running = True
-        return started
+    def on_start_wave(self, wave: int) -> None:
+        """Handle START_DP_WAVE.
+
+        A late broadcast for a wave this rank already finished is stale: waves
+        never go backwards. The message's ``exclude`` needs no case here: the
+        excluded rank already has work and steps anyway.
+        """
+        if wave >= self.wave:
+            self.wave = wave
+            self.running = True
 
     def should_step(self, has_local_work: bool) -> bool:
         """Whether the loop should step now (else it waits for input)."""

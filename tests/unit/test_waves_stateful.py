@@ -157,7 +157,7 @@ class WaveSystem(RuleBasedStateMachine):
             msg = engine_broadcast_decoder(data)
             assert isinstance(msg, StartDPWave)
             if not (self.ignore_excluded and msg.exclude == r):
-                self.ranks[r].waves.on_start_wave(msg.wave, msg.exclude)
+                self.ranks[r].waves.on_start_wave(msg.wave)
         elif kind in ("c2coord", "e2coord"):
             out = self.coord.handle(coordinator_decoder(data))
             if out is not None:
