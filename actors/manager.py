@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 import ray
 import zmq
 from ray.util.placement_group import PlacementGroup
@@ -34,12 +33,12 @@ from actors.deaths import death_of
 from actors.engine import EngineCoreActor
 from actors.owned import Owned
 from actors.slots import RankSlot, place_ranks, probe_devices
-from actors.terminate import NAMESPACE, kill_and_wait
+from actors.terminate import kill_and_wait
 from actors.watch import check_started, watch_run_refs
 from raydp.config import RaydpConfig
 from raydp.coordinator_client import CoordinatorClient
+from raydp.death_listeners import DeathListener, notify
 from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
-from raydp.engine_host import socket_options
 from raydp.errors import (
     ComponentDeadError,
     CoordinatorDeadError,
@@ -48,13 +47,13 @@ from raydp.errors import (
     RaydpError,
     StartupError,
 )
-from raydp.handshake import HandshakeResult, HandshakeServer
-from raydp.protocol import EngineAddresses, Init, ParallelConfig
+from raydp.handshake import HandshakeResult, HandshakeServer, parallel_config
+from raydp.names import NAMESPACE, coordinator_name, rank_name
+from raydp.protocol import EngineAddresses, Init
 from raydp.security import CurveKeys, guard
-from raydp.transport import IpcDir, ipc_prefix, pick_address
+from raydp.transport import IpcDir, ipc_prefix, pick_address, socket_options
 
 logger = logging.getLogger("raydp.manager")
-DeathListener = Callable[[ComponentDeadError], None]
 RestartListener = Callable[[EngineEndpoint], None]
 
 
@@ -93,6 +92,7 @@ class ActorManager:
         self.ipc_prefix = ipc_prefix(config.name)
         # Made per launch and handed out only through Ray (actor arguments, endpoints).
         self._curve = CurveKeys.generate() if config.uses_curve else None
+        self._sock_opts = socket_options(config, self._curve)
         self._owned = Owned(name=self.ipc_prefix)
         self._finalizer = weakref.finalize(self, self._owned.release)
         if config.detached:
@@ -152,7 +152,7 @@ class ActorManager:
         self.endpoints = self._cluster_endpoints(startup, result)
         self._owned.coordinator.set_cluster.remote(self.endpoints)
         self._coordinator_client = CoordinatorClient(
-            self.endpoints.coordinator, self.driver_node_id, socket_options(self.config, self._curve)
+            self.endpoints.coordinator, self.driver_node_id, self._sock_opts
         )
         self._owned.closers.append(self._coordinator_client.close)
         self._restarts_left = {s.rank: self.config.max_restarts for s in self.slots}
@@ -181,10 +181,10 @@ class ActorManager:
                 scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
                     self.slots[0].node_id, soft=True
                 ),
-                **self._actor_options(f"{cfg.name}-coordinator"),
+                **self._actor_options(coordinator_name(cfg.name)),
             )
             .remote(cfg.dp_size, cfg.stats_interval_s, cfg.heartbeat_interval_s, cfg.transport,
-                    socket_options(cfg, self._curve), cfg.name, self.ipc_prefix)
+                    self._sock_opts, cfg.name, self.ipc_prefix)
         )
         self._owned.coordinator = actor
         startup.coordinator_endpoints = ray.get(actor.endpoints.remote(), timeout=cfg.startup_timeout_s)
@@ -202,7 +202,7 @@ class ActorManager:
             actor = cls.options(
                 num_cpus=1,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, cfg.world_size),
-                **self._actor_options(f"{cfg.name}-dp{rank}"),
+                **self._actor_options(rank_name(cfg.name, rank)),
             ).remote(
                 cfg, rank, slot.local_rank, self.driver_node_id, startup.devices[rank], self.ipc_prefix,
                 self._engine_cls, self._curve,
@@ -229,7 +229,7 @@ class ActorManager:
             if gate is not None:
                 owned.closers.append(gate.stop)  # before the context is destroyed
         server = HandshakeServer(
-            owned.ctx, socket_options(cfg, self._curve), transport=cfg.transport, ipc_dir=owned.ipc_dir
+            owned.ctx, self._sock_opts, transport=cfg.transport, ipc_dir=owned.ipc_dir
         )
         watched = dict(also_watch)
         refs = {}
@@ -272,8 +272,7 @@ class ActorManager:
         same = self.slots[rank].node_id == coord.node_id
         return Init(
             EngineAddresses(pick_address(coord.collect, same_node=same), pick_address(coord.broadcast, same_node=same)),
-            ParallelConfig(cfg.dp_size, cfg.world_size, cfg.lockstep, cfg.allreduce_interval, dp_master,
-                           cfg.stats_interval_s),
+            parallel_config(cfg, dp_master),
         )
 
     def _check_live(self, watched: dict[Any, int]) -> None:
@@ -336,15 +335,10 @@ class ActorManager:
             err = CoordinatorDeadError(f"of cluster {self.config.name!r}", node, cause, detail)
         else:
             err = EngineDeadError(rank, self.slots[rank].node_id, cause, detail, restarting)
-        logger.error("%s", err)
         self.deaths.append(err)
         if rank >= 0 and self._coordinator_client is not None:
             self._coordinator_client.engine_dead(rank, cause.value)
-        for listener in list(self._listeners):
-            try:
-                listener(err)
-            except Exception:
-                logger.exception("death listener failed")
+        notify(self._listeners, err)
         if restarting:
             thread = threading.Thread(target=self._restart, args=(rank,), name=f"raydp-restart-{rank}", daemon=True)
             self._owned.restarts.append(thread)
@@ -391,8 +385,7 @@ class ActorManager:
     def _publish_restart(self, rank: int, result: HandshakeResult, refs: dict[Any, int]) -> None:
         endpoint = EngineEndpoint(rank, self.slots[rank].node_id, result.ready[rank].input_addresses)
         assert self.endpoints is not None
-        engines = [endpoint if e.rank == rank else e for e in self.endpoints.engines]
-        self.endpoints = msgspec.structs.replace(self.endpoints, engines=engines)
+        self.endpoints = self.endpoints.with_engine(endpoint)
         self._owned.coordinator.set_cluster.remote(self.endpoints)
         if self._coordinator_client is not None:
             self._coordinator_client.engine_revived(rank, endpoint.input_addresses)

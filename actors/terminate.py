@@ -9,8 +9,7 @@ from typing import Any
 import ray
 
 from actors.owned import Owned
-
-NAMESPACE = "raydp"
+from raydp.names import NAMESPACE, coordinator_name, rank_name
 
 
 def terminate_cluster(name: str, prefix: str) -> None:
@@ -34,14 +33,14 @@ def _named_actors(name: str) -> list[Any]:
     found = []
     for entry in list_named_actors(all_namespaces=True):
         if entry["namespace"] == NAMESPACE and (
-            entry["name"] == f"{name}-coordinator" or _is_rank_group(entry["name"], name)
+            entry["name"] == coordinator_name(name) or _is_rank_group(entry["name"], name)
         ):
             found.append(ray.get_actor(entry["name"], namespace=NAMESPACE))
     return found
 
 
 def _is_rank_group(candidate: str, name: str) -> bool:
-    prefix = f"{name}-dp"
+    prefix = rank_name(name, 0)[:-1]
     return candidate.startswith(prefix) and candidate[len(prefix):].isdigit()
 
 

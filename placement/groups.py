@@ -19,6 +19,7 @@ from placement.inventory import read_inventory
 from placement.planner import CPU, PlacementPlan, rank_bundles
 from placement.report import render_table
 from raydp.errors import ConfigError, PlacementError, PlacementTimeoutError
+from raydp.names import rank_name
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
@@ -35,7 +36,7 @@ _targets: weakref.WeakKeyDictionary[PlacementGroup, tuple[str, ...]] = weakref.W
 
 
 def group_name(name: str, rank: int) -> str:
-    return f"{name}-dp{rank}"
+    return rank_name(name, rank)
 
 
 def create_groups(plan: PlacementPlan, name: str, *, lifetime: str | None = None) -> list[PlacementGroup]:

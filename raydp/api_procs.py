@@ -10,12 +10,12 @@ import signal
 import socket
 import threading
 import weakref
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 
+from raydp.death_listeners import DeathListener, notify
 from raydp.endpoints import ClusterEndpoints
-from raydp.errors import ComponentDeadError, ConfigError, ProcessDeadError
-from raydp.procs import Proc, shutdown, watch_parent, watch_processes
+from raydp.errors import ConfigError, ProcessDeadError
+from raydp.procs import Proc, shutdown, spawn, watch_parent, watch_processes
 
 logger = logging.getLogger("raydp.api")
 
@@ -61,36 +61,27 @@ class APIServerProcessManager:
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         ctx = mp.get_context("spawn")
         self.procs: list[Proc] = []
-        for index in range(count):
-            reader, writer = ctx.Pipe(duplex=False)
-            process = ctx.Process(
-                target=_api_main, args=(self._sock, endpoints, index, count, node_id, reader),
-                name=f"{endpoints.name}-api{index}", daemon=True,
-            )
-            process.start()
-            reader.close()
-            self.procs.append(Proc(process.name, process, None, writer))
-        self._listeners: list[Callable[[ComponentDeadError], None]] = []
+        self._listeners: list[DeathListener] = []
         self._stop = threading.Event()
+        # Registered before spawning, so a spawn that fails halfway still releases the rest.
         self._finalizer = weakref.finalize(self, _release, self.procs, self._sock, self._stop)
+        for index in range(count):
+            self.procs.append(
+                spawn(ctx, f"{endpoints.name}-api{index}", _api_main, self._sock, endpoints, index, count, node_id)
+            )
         watch_processes(self.procs, self._stop, self._report, "raydp-api-watcher")
 
     @property
     def url(self) -> str:
         return f"http://{self.address[0]}:{self.address[1]}"
 
-    def on_death(self, listener: Callable[[ComponentDeadError], None]) -> None:
+    def on_death(self, listener: DeathListener) -> None:
         self._listeners.append(listener)
 
     def _report(self, proc: Proc) -> None:
         proc.process.join(timeout=1)
-        err = ProcessDeadError(f"API server {proc.name} (pid {proc.process.pid})", proc.process.exitcode)
-        logger.error("%s", err)
-        for listener in list(self._listeners):
-            try:
-                listener(err)
-            except Exception:
-                logger.exception("death listener failed")
+        notify(self._listeners, ProcessDeadError(f"API server {proc.name} (pid {proc.process.pid})",
+                                                 proc.process.exitcode))
 
     def close(self) -> None:
         self._finalizer()

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-import msgspec
 import zmq
 
 from raydp.balancer import LoadBalancer
@@ -409,9 +408,7 @@ class Client:
             self._dead.pop(endpoint.rank, None)
             return
         self._io.reconnect(endpoint)
-        engines = list(self.endpoints.engines)
-        engines[endpoint.rank] = endpoint
-        self.endpoints = msgspec.structs.replace(self.endpoints, engines=engines)
+        self.endpoints = self.endpoints.with_engine(endpoint)
         self._dead.pop(endpoint.rank, None)
         # Whatever is still booked on the rank was on the engine that died; a
         # retryable request may go to the new one, over the new socket.

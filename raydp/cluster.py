@@ -9,8 +9,6 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
-
 from raydp.config import RaydpConfig
 from raydp.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.engine import check_engine_class, engine_path, load_engine_class
@@ -22,6 +20,7 @@ from raydp.errors import (
     DeathCause,
     EngineDeadError,
 )
+from raydp.names import NAMESPACE, coordinator_name
 from raydp.ray_connection import connect
 
 logger = logging.getLogger("raydp")
@@ -117,8 +116,7 @@ class Cluster:
 
     def _on_restart(self, endpoint: EngineEndpoint) -> None:
         with self._lock:
-            engines = [endpoint if e.rank == endpoint.rank else e for e in self.endpoints.engines]
-            self.endpoints = msgspec.structs.replace(self.endpoints, engines=engines)
+            self.endpoints = self.endpoints.with_engine(endpoint)
             self._dead_ranks.pop(endpoint.rank, None)
             clients = self._live_clients()
         for client in clients:
@@ -159,7 +157,7 @@ class Cluster:
             return dict(self._manager.coordinator_state())
         import ray
 
-        coordinator = ray.get_actor(f"{self.name}-coordinator", namespace="raydp")
+        coordinator = ray.get_actor(coordinator_name(self.name), namespace=NAMESPACE)
         return dict(ray.get(coordinator.state.remote(), timeout=30))
 
     def close(self) -> None:
@@ -281,7 +279,7 @@ def attach(name: str, *, address: str | None = None) -> Cluster:
     import ray
 
     try:
-        coordinator = ray.get_actor(f"{name}-coordinator", namespace="raydp")
+        coordinator = ray.get_actor(coordinator_name(name), namespace=NAMESPACE)
     except ValueError:
         raise ConfigError(f"name={name!r}: no raydp cluster of that name is running") from None
     try:

@@ -31,3 +31,8 @@ class ClusterEndpoints(msgspec.Struct, frozen=True):
     ipc_prefix: str = ""  # names this launch's IPC directories (cluster name + a random tag)
     heartbeat_interval_s: float = 1.0  # the coordinator publishes at least this often
     curve: CurveKeys | None = None  # set when TCP peers must authenticate (config.auth)
+
+    def with_engine(self, endpoint: EngineEndpoint) -> ClusterEndpoints:
+        """These endpoints with one rank moved (a restarted rank binds new addresses)."""
+        engines = [endpoint if e.rank == endpoint.rank else e for e in self.engines]
+        return msgspec.structs.replace(self, engines=engines)

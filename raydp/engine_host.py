@@ -24,7 +24,7 @@ from raydp.handshake import engine_handshake
 from raydp.logs import configure_component_logging
 from raydp.protocol import Init, Ready
 from raydp.security import CurveKeys, guard
-from raydp.transport import IpcDir, SocketOptions, bind_inputs, make_socket, node_ip, pick_address
+from raydp.transport import IpcDir, SocketOptions, bind_inputs, make_socket, node_ip, pick_address, socket_options
 from raydp.waves import EngineWaves
 
 logger = logging.getLogger("raydp.engine")
@@ -35,12 +35,6 @@ VISIBILITY_ENV = {
     "TPU": "TPU_VISIBLE_CHIPS",
     "neuron_cores": "NEURON_RT_VISIBLE_CORES",
 }
-
-
-def socket_options(config: RaydpConfig, curve: CurveKeys | None = None) -> SocketOptions:
-    return SocketOptions(
-        high_water_mark=config.high_water_mark, max_message_bytes=config.max_message_bytes, curve=curve
-    )
 
 
 class EngineHost:

@@ -70,6 +70,11 @@ class DeathCause(str, Enum):
     EXITED = "exited"
     UNKNOWN = "unknown"
 
+    @classmethod
+    def of_exit(cls, exitcode: int | None) -> DeathCause:
+        """A local process's cause: a negative exit code is a signal."""
+        return cls.KILLED if (exitcode or 0) < 0 else cls.EXITED
+
 
 class ComponentDeadError(RaydpError):
     """A running component died. ``detail`` keeps the raw cause text."""
@@ -124,8 +129,7 @@ class ProcessDeadError(ComponentDeadError):
     component = "process"
 
     def __init__(self, name: str, exitcode: int | None, node_id: str | None = None) -> None:
-        cause = DeathCause.KILLED if (exitcode or 0) < 0 else DeathCause.EXITED
-        super().__init__(name, node_id, cause, describe_exit(exitcode))
+        super().__init__(name, node_id, DeathCause.of_exit(exitcode), describe_exit(exitcode))
         self.exitcode = exitcode
 
 

@@ -24,11 +24,12 @@ from typing import NoReturn
 
 import zmq
 
-from raydp.config import TransportKind
+from raydp.config import RaydpConfig, TransportKind
 from raydp.errors import HandshakeError, ProtocolError, StartupError
 from raydp.protocol import (
     Hello,
     Init,
+    ParallelConfig,
     Ready,
     Reject,
     encode,
@@ -56,6 +57,14 @@ class HandshakeResult:
     @property
     def capacity(self) -> int:
         return sum(r.capacity for r in self.ready.values())
+
+
+def parallel_config(config: RaydpConfig, dp_master: str) -> ParallelConfig:
+    """The parallel layout every rank's INIT carries."""
+    return ParallelConfig(
+        config.dp_size, config.world_size, config.lockstep, config.allreduce_interval, dp_master,
+        config.stats_interval_s,
+    )
 
 
 class HandshakeServer:

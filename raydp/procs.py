@@ -32,6 +32,7 @@ import zmq
 
 from raydp.config import RaydpConfig
 from raydp.coordinator_client import CoordinatorClient
+from raydp.death_listeners import DeathListener, notify
 from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.errors import (
     ComponentDeadError,
@@ -42,16 +43,16 @@ from raydp.errors import (
     StartupError,
     describe_exit,
 )
-from raydp.handshake import HandshakeServer
-from raydp.protocol import EngineAddresses, Init, ParallelConfig
-from raydp.transport import IpcDir, ipc_prefix, remove_cluster_ipc_dirs
+from raydp.handshake import HandshakeServer, parallel_config
+from raydp.names import coordinator_name, rank_name
+from raydp.protocol import EngineAddresses, Init
+from raydp.transport import IpcDir, ipc_prefix, remove_cluster_ipc_dirs, socket_options
 
 logger = logging.getLogger("raydp.procs")
 LOCAL_NODE = "local"
 GRACE_S = 5.0
 WATCH_TIMEOUT_S = 0.05
 CONTROL_TIMEOUT_S = 30.0
-DeathListener = Callable[[ComponentDeadError], None]
 
 
 def _send(conn: Connection, value: Any) -> None:
@@ -71,6 +72,18 @@ class Proc:
     process: BaseProcess
     rank: int | None = None
     death_pipe: Connection | None = None
+
+
+def spawn(mp_ctx: Any, name: str, target: Callable[..., None], *args: Any, rank: int | None = None) -> Proc:
+    """Start ``target(*args, death_pipe)`` as a daemon process; the parent keeps the pipe's writer.
+
+    The child watches the reader: it ends when the parent goes, however the parent died.
+    """
+    reader, writer = mp_ctx.Pipe(duplex=False)
+    process = mp_ctx.Process(target=target, args=(*args, reader), name=name, daemon=True)
+    process.start()
+    reader.close()
+    return Proc(name, process, rank, writer)
 
 
 def shutdown(procs: Sequence[Proc], grace_s: float = GRACE_S) -> None:
@@ -170,7 +183,6 @@ def _engine_main(
 def _coordinator_main(config: RaydpConfig, prefix: str, conn: Connection, death_pipe: Connection) -> None:
     from raydp.coordinator_loop import CoordinatorLoop
     from raydp.coordinator_state import CoordinatorState
-    from raydp.engine_host import socket_options
     from raydp.logs import configure_component_logging
 
     configure_component_logging(f"{config.name} coordinator")
@@ -276,18 +288,14 @@ class CoreEngineProcManager:
         return endpoints
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any, rank: int | None = None) -> Proc:
-        reader, writer = self._mp.Pipe(duplex=False)
-        process = self._mp.Process(target=target, args=(*args, reader), name=name, daemon=True)
-        process.start()
-        reader.close()
-        proc = Proc(name, process, rank, writer)
+        proc = spawn(self._mp, name, target, *args, rank=rank)
         self._owned.procs.append(proc)
         return proc
 
     def _start_coordinator(self) -> Any:
         parent, child = self._mp.Pipe()
         proc = self._spawn(
-            f"{self.config.name}-coordinator", _coordinator_main, self.config, self.ipc_prefix, child
+            coordinator_name(self.config.name), _coordinator_main, self.config, self.ipc_prefix, child
         )
         self._owned.conn = parent
         if not parent.poll(self.config.startup_timeout_s):
@@ -299,18 +307,15 @@ class CoreEngineProcManager:
         owned = self._owned
         owned.ctx = zmq.Context()
         owned.ipc_dir = IpcDir(f"{self.ipc_prefix}-frontend")
-        from raydp.engine_host import socket_options
-
         server = HandshakeServer(owned.ctx, socket_options(cfg), transport="ipc", ipc_dir=owned.ipc_dir)
         try:
             for rank in range(cfg.dp_size):
                 self._spawn(
-                    f"{cfg.name}-dp{rank}", _engine_main, cfg, rank, server.addresses, self.ipc_prefix, rank=rank
+                    rank_name(cfg.name, rank), _engine_main, cfg, rank, server.addresses, self.ipc_prefix, rank=rank
                 )
             init = Init(
                 EngineAddresses(coordinator.collect[0], coordinator.broadcast[0]),
-                ParallelConfig(cfg.dp_size, cfg.world_size, cfg.lockstep, cfg.allreduce_interval,
-                               self._dp_master(), cfg.stats_interval_s),
+                parallel_config(cfg, self._dp_master()),
             )
             result = server.run({r: True for r in range(cfg.dp_size)}, lambda _: init, cfg.config_hash(),
                                 cfg.startup_timeout_s, liveness=self._check_alive, progress=self._progress)
@@ -365,20 +370,14 @@ class CoreEngineProcManager:
         code = proc.process.exitcode
         err: ComponentDeadError
         if proc.rank is not None:
-            cause = DeathCause.KILLED if (code or 0) < 0 else DeathCause.EXITED
-            err = EngineDeadError(proc.rank, LOCAL_NODE, cause, f"{proc.name} pid {proc.process.pid} "
-                                  f"{describe_exit(code)}")
+            detail = f"{proc.name} pid {proc.process.pid} {describe_exit(code)}"
+            err = EngineDeadError(proc.rank, LOCAL_NODE, DeathCause.of_exit(code), detail)
         else:
             err = ProcessDeadError(f"{proc.name} (pid {proc.process.pid})", code, LOCAL_NODE)
-        logger.error("%s", err)
         self.deaths.append(err)
         if proc.rank is not None and self._coordinator_client is not None:
             self._coordinator_client.engine_dead(proc.rank, err.cause.value)
-        for listener in list(self._listeners):
-            try:
-                listener(err)
-            except Exception:
-                logger.exception("death listener failed")
+        notify(self._listeners, err)
         if self.config.lockstep:
             # A broken collective would hold the surviving ranks for minutes.
             shutdown([p for p in self._owned.procs if p.rank is not None and p is not proc], grace_s=0.5)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import zmq
 
-from raydp.config import TransportKind
+from raydp.config import RaydpConfig, TransportKind
 from raydp.errors import ConfigError
 from raydp.security import CurveKeys, secure_client, secure_server
 
@@ -41,6 +41,13 @@ class SocketOptions:
     max_message_bytes: int = 64 << 20
     linger_ms: int = DEFAULT_LINGER_MS
     curve: CurveKeys | None = None
+
+
+def socket_options(config: RaydpConfig, curve: CurveKeys | None = None) -> SocketOptions:
+    """The socket limits ``config`` asks for, with the cluster's keys if it has them."""
+    return SocketOptions(
+        high_water_mark=config.high_water_mark, max_message_bytes=config.max_message_bytes, curve=curve
+    )
 
 
 def make_socket(
