@@ -58,3 +58,18 @@ def wait_until(predicate: Callable[[], object], timeout: float = 15.0) -> bool:
 def socket_dirs(name: str) -> list[Path]:
     root = Path(tempfile.gettempdir()) / f"raydp-{os.getuid()}"
     return sorted(root.glob(f"{name}-*")) if root.exists() else []
+
+
+def assert_nothing_left(name: str, *, timeout: float = 15.0, wait_sockets: bool = False) -> None:
+    """Cluster ``name`` left no live actor, no placement group and no socket directory.
+
+    ``wait_sockets`` allows the directories time to go, for teardowns that
+    happen in another process (a finalizer, an exiting driver) rather than in
+    a ``close()`` that has returned.
+    """
+    assert wait_until(lambda: not live_actors(name), timeout=timeout), live_actors(name)
+    assert live_groups(name) == []
+    if wait_sockets:
+        assert wait_until(lambda: socket_dirs(name) == []), socket_dirs(name)
+    else:
+        assert socket_dirs(name) == []

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 import raydp
-from tests.integration.helpers import live_actors, live_groups, socket_dirs, wait_until
+from tests.integration.helpers import assert_nothing_left, live_actors
 
 LAUNCHER = """
 import ray, raydp
@@ -40,8 +40,6 @@ def test_attach_to_a_detached_cluster_then_shut_it_down(two_nodes: Any) -> None:
         assert sorted(live_actors("nb")) == ["nb-coordinator", "nb-dp0", "nb-dp1"], "close() only detaches"
     finally:
         raydp.attach("nb").shutdown()
-    assert wait_until(lambda: not live_actors("nb"), timeout=30)
-    assert live_groups("nb") == []
-    assert socket_dirs("nb") == []
+    assert_nothing_left("nb", timeout=30)
     with pytest.raises(raydp.ConfigError, match="name='nb'"):
         raydp.attach("nb")

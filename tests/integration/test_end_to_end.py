@@ -11,7 +11,7 @@ import pytest
 import ray
 
 import raydp
-from tests.integration.helpers import live_actors, live_groups, socket_dirs, wait_until
+from tests.integration.helpers import assert_nothing_left, live_actors, live_groups, socket_dirs
 
 
 @pytest.mark.timeout(180)
@@ -38,9 +38,7 @@ def test_dp2_serves_requests_and_close_leaves_nothing(two_nodes) -> None:  # typ
         assert sorted(live_groups("e2e")) == ["e2e-dp0", "e2e-dp1"]
     finally:
         cluster.close()
-    assert wait_until(lambda: not live_actors("e2e")), live_actors("e2e")
-    assert live_groups("e2e") == []
-    assert socket_dirs("e2e") == []
+    assert_nothing_left("e2e")
     with pytest.raises(raydp.ClusterClosedError):
         cluster.client()
     cluster.close()  # idempotent
@@ -70,9 +68,7 @@ def test_dropping_the_last_handle_closes_the_cluster(two_nodes) -> None:  # type
     assert client.generate([1], max_tokens=1) == [1]
     del cluster
     gc.collect()
-    assert wait_until(lambda: not live_actors("orphan"), timeout=30), live_actors("orphan")
-    assert live_groups("orphan") == []
-    assert wait_until(lambda: socket_dirs("orphan") == []), socket_dirs("orphan")
+    assert_nothing_left("orphan", timeout=30, wait_sockets=True)
     with pytest.raises(raydp.ClusterClosedError):
         client.submit([1])
 
@@ -90,13 +86,11 @@ def test_a_driver_that_exits_without_close_leaves_nothing(two_nodes) -> None:  #
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "RAY_ADDRESS": two_nodes.address, "PYTHONPATH": str(repo)}
     out = subprocess.run(
-        [sys.executable, "-c", EXITING_DRIVER], capture_output=True, text=True, env=env, timeout=150, check=False
+        [sys.executable, "-c", EXITING_DRIVER], capture_output=True, text=True, env=env, timeout=120, check=False
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "served" in out.stdout
-    assert wait_until(lambda: not live_actors("atexit"), timeout=30), live_actors("atexit")
-    assert live_groups("atexit") == []
-    assert wait_until(lambda: socket_dirs("atexit") == []), socket_dirs("atexit")
+    assert_nothing_left("atexit", timeout=30, wait_sockets=True)
 
 
 @pytest.mark.timeout(180)

@@ -9,7 +9,7 @@ import ray
 
 import raydp
 from raydp.errors import CoordinatorDeadError, DeathCause, EngineDeadError, StartupError
-from tests.integration.helpers import live_actors, live_groups, socket_dirs, wait_until
+from tests.integration.helpers import assert_nothing_left, live_actors, live_groups, wait_until
 
 
 @pytest.mark.timeout(180)
@@ -50,9 +50,7 @@ def test_dp4_handshake_sums_capacity_and_a_killed_rank_is_reported_fast(two_node
         assert 2 not in {h.rank for h in later}
     finally:
         cluster.close()
-    assert wait_until(lambda: not live_actors("kill"))
-    assert live_groups("kill") == []
-    assert socket_dirs("kill") == []
+    assert_nothing_left("kill")
 
 
 @pytest.mark.timeout(180)
@@ -70,9 +68,7 @@ def test_engine_constructor_error_fails_launch_with_its_traceback(two_nodes) -> 
     assert "rank 1" in text
     assert "checksum mismatch" in text
     assert "tests/integration/engines.py" in text, "the traceback's frames are shown"
-    assert wait_until(lambda: not live_actors("broken"))
-    assert live_groups("broken") == []
-    assert socket_dirs("broken") == []
+    assert_nothing_left("broken")
 
 
 @pytest.mark.timeout(180)
@@ -114,6 +110,4 @@ def test_a_killed_coordinator_fails_lockstep_work_loudly(two_nodes) -> None:  # 
             in_flight.result(timeout=15)
     finally:
         cluster.close()
-    assert wait_until(lambda: not live_actors("coordgang"))
-    assert live_groups("coordgang") == []
-    assert socket_dirs("coordgang") == []
+    assert_nothing_left("coordgang")

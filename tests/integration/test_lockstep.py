@@ -14,6 +14,8 @@ import raydp
 from tests.integration.helpers import wait_until
 
 INTERVAL = 8
+# Generous: the first test also pays for the module's DP=3 lockstep launch.
+pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,6 @@ def stats(client: Any, dp_size: int = 3) -> list[dict[str, int]]:
     return [client.call_utility(rank, "stats") for rank in range(dp_size)]
 
 
-@pytest.mark.timeout(120)
 def test_cold_start_with_the_first_request_on_the_last_rank(lockstep: Any) -> None:
     client = lockstep.client()
     assert lockstep.coordinator_state()["running"] is False
@@ -46,7 +47,6 @@ def test_cold_start_with_the_first_request_on_the_last_rank(lockstep: Any) -> No
     assert per_rank[0]["collectives"] == per_rank[1]["collectives"] == per_rank[2]["collectives"] > 0
 
 
-@pytest.mark.timeout(120)
 def test_requests_to_rank0_only_keep_every_rank_in_step_and_then_pause(lockstep: Any) -> None:
     client = lockstep.client()
     wave_before = _paused_wave(lockstep)
@@ -66,7 +66,6 @@ def test_requests_to_rank0_only_keep_every_rank_in_step_and_then_pause(lockstep:
     assert forwards[0] - per_rank[0]["last_work_step"] <= INTERVAL, "paused within one interval"
 
 
-@pytest.mark.timeout(120)
 def test_an_idle_cluster_is_quiet(lockstep: Any) -> None:
     client = lockstep.client()
     assert wait_until(lambda: lockstep.coordinator_state()["running"] is False, timeout=30)

@@ -54,10 +54,7 @@ def test_dropping_the_last_handle_stops_the_processes() -> None:
     assert cluster.client().generate([3], max_tokens=1) == [3]
     del cluster
     gc.collect()
-    deadline = time.monotonic() + 20
-    while any(p.process.is_alive() for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(p.process.is_alive() for p in procs)
+    assert wait_until(lambda: not any(p.process.is_alive() for p in procs), timeout=20)
     assert socket_dirs("mpgc") == []
 
 

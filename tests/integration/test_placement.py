@@ -37,6 +37,7 @@ from placement.groups import NODE_ID_LABEL
 from raydp import _cli_plan
 from raydp.errors import ConfigError, PlacementError, PlacementTimeoutError
 from tests.integration.conftest import ClusterPool
+from tests.integration.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 SHAPE = (4, 4, 2)
@@ -57,11 +58,8 @@ def inventory(cluster: Cluster) -> Inventory:
 
 
 def wait_for(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s}s")
-        time.sleep(0.2)
+    if not wait_until(check, timeout_s):
+        raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 def group_states(prefix: str) -> dict[str, str]:

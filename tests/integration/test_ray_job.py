@@ -13,7 +13,7 @@ import ray
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)  # may pay for a fresh Ray cluster, then a 200 s job deadline
 def test_demo_runs_as_a_ray_job(two_nodes: Any) -> None:
     from ray.job_submission import JobStatus, JobSubmissionClient
 

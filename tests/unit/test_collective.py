@@ -11,7 +11,7 @@ import pytest
 
 from raydp.collective import GlooDPGroup, Rendezvous
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(120)  # a failure path waits up to 60 s, then joins
 
 
 ROUNDS = [[False, True, False], [False, False, False], [True, False, False]]  # per round, each rank's flag
