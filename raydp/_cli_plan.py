@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     """Plan and print; 0 on success, 2 when the layout does not fit or is invalid."""
     import ray
 
-    started = _connect(args.address)
+    started = connect(args.address, quiet=True)
     try:
         inventory = read_inventory(args.accelerator)
         master = args.master or ray.get_runtime_context().get_node_id()
@@ -88,8 +88,3 @@ def _print(plan: PlacementPlan, inventory: Inventory, *, as_json: bool) -> None:
         print(json.dumps(plan_to_json(plan), indent=2))
     else:
         print(format_plan_table(plan, inventory))
-
-
-def _connect(address: str | None) -> bool:
-    """Connect to Ray unless already connected; True if this call started the connection."""
-    return connect(address, quiet=True)

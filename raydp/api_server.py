@@ -15,6 +15,7 @@ balancer can account for its peers.
 from __future__ import annotations
 
 import asyncio
+import http
 import socket
 from typing import Any
 
@@ -77,10 +78,8 @@ class ApiServer:
             req = _decode_generate.decode(body)
         except msgspec.DecodeError as exc:
             return 400, {"error": f"bad request body: {exc}"}
-        tokens: list[int] = []
         try:
-            async for chunk in self.aclient.stream(req.prompt_token_ids, req.max_tokens, rank=req.rank):
-                tokens.extend(chunk)
+            tokens = await self.aclient.generate(req.prompt_token_ids, req.max_tokens, rank=req.rank)
         except ConfigError as exc:
             return 400, {"error": str(exc)}
         except ComponentDeadError as exc:
@@ -106,8 +105,7 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes] 
 
 def _write_response(writer: asyncio.StreamWriter, status: int, payload: Any) -> None:
     body = _encode.encode(payload)
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error",
-              503: "Service Unavailable"}.get(status, "Error")
+    reason = http.HTTPStatus(status).phrase
     writer.write(
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n".encode() + body

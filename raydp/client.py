@@ -96,6 +96,7 @@ class Client:
         self._last_heard = time.monotonic()
         self._silence_limit = max(SILENCE_MIN_S, SILENCE_HEARTBEATS * endpoints.heartbeat_interval_s)
         self._io = ClientSockets(endpoints, node_id, options or SocketOptions())
+        self._id_prefix = self._io.identity.hex()  # request ids: unique per client, then a counter
         self._thread = threading.Thread(target=self._io_loop, name="raydp-client-io", daemon=True)
         self._thread.start()
 
@@ -187,7 +188,7 @@ class Client:
             self._check_rank(rank)
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise ConfigError(f"request_id={request_id!r}: must be a non-empty str")
-        rid = request_id or f"{self._io.identity.hex()}-{next(self._ids)}"
+        rid = request_id or f"{self._id_prefix}-{next(self._ids)}"
         return Request(rid, tokens, max_tokens, arrival_time=time.time())
 
     def _check_rank(self, rank: int) -> None:
