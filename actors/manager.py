@@ -94,11 +94,8 @@ class ActorManager:
         self._curve = CurveKeys.generate() if config.uses_curve else None
         self._sock_opts = socket_options(config, self._curve)
         self._owned = Owned(name=self.ipc_prefix)
-        self._finalizer = weakref.finalize(self, self._owned.release)
-        if config.detached:
-            # A detached cluster outlives its launcher: only close() ends it.
-            self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, lambda: None)
+        if not config.detached:  # a detached cluster outlives its launcher: only close() ends it
+            weakref.finalize(self, self._owned.release)  # at garbage collection and at exit
         self.driver_node_id: str = ray.get_runtime_context().get_node_id()
         self.slots: tuple[RankSlot, ...] = ()
         self.endpoints: ClusterEndpoints | None = None
@@ -161,7 +158,6 @@ class ActorManager:
 
     def close(self) -> None:
         """Stop watching, shut the actors down, remove created groups. Idempotent."""
-        self._finalizer()
         self._owned.release()
 
     # ---- actors ---------------------------------------------------------------------
