@@ -353,14 +353,14 @@ class Client:
     def _send_request(self, state: RequestState) -> None:
         request, rank = state.request, state.rank
         request.wave = self._balancer.wave
-        if self.endpoints.lockstep and self._balancer.note_first_request():
-            self._io.to_coordinator(FirstRequest(rank=rank, wave=request.wave))
         body = encode(request)
-        if len(body) > self._io.opts.max_message_bytes:
+        if len(body) > self._io.opts.max_message_bytes:  # refused before it can wake a paused cluster
             limit = self._io.opts.max_message_bytes
             why = f"prompt_token_ids: the request is {len(body)} bytes, over max_message_bytes={limit}"
             state.deliver(ConfigError(why))
             return
+        if self.endpoints.lockstep and self._balancer.note_first_request():
+            self._io.to_coordinator(FirstRequest(rank=rank, wave=request.wave))
         if not self._io.send_input(rank, RequestType.ADD, body):
             state.deliver(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
             return
