@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from placement.inventory import Inventory, NodeInfo
@@ -349,6 +349,9 @@ def test_planning_is_deterministic_and_order_independent(case: tuple[Inventory, 
     st.one_of(st.none(), st.text(max_size=6), st.just("")),
     st.one_of(st.none(), st.just(()), st.lists(st.text(max_size=6), max_size=2)),
 )
+# Found by hypothesis once: a master-less fill with dp_size_local=0 is a valid plan.
+@example(Inventory((NodeInfo(node_id="0" * 56, ip="10.0.0.1", total=2.0, available=2.0),), "GPU"),
+         1, 1, 0, "fill", None, None)
 def test_any_bad_input_raises_only_raydp_errors(
     inv: Inventory, dp: Any, ws: Any, local: Any, strategy: str, master: Any, allow: Any,
 ) -> None:
@@ -360,7 +363,7 @@ def test_any_bad_input_raises_only_raydp_errors(
     # Only a fully valid request may succeed (bool is an int subclass: it must not count).
     assert type(dp) is int and dp >= 1 and plan.dp_size == dp
     assert type(ws) is int and ws >= 1 and plan.world_size == ws
-    assert local is None or (type(local) is int and 1 <= local <= dp)
+    assert local is None or (type(local) is int and 0 <= local <= dp)  # 0: the master hosts none
     assert strategy in {"fill", "strict", "span"} and plan.strategy == strategy
 
 
