@@ -63,12 +63,11 @@ class APIServerProcessManager:
         self.procs: list[Proc] = []
         self._listeners: list[DeathListener] = []
         self._stop = threading.Event()
-        # Registered before spawning, so a spawn that fails halfway still releases the rest.
-        self._finalizer = weakref.finalize(self, _release, self.procs, self._sock, self._stop)
         for index in range(count):
             self.procs.append(
                 spawn(ctx, f"{endpoints.name}-api{index}", _api_main, self._sock, endpoints, index, count, node_id)
             )
+        self._finalizer = weakref.finalize(self, _release, self.procs, self._sock, self._stop)
         watch_processes(self.procs, self._stop, self._report, "raydp-api-watcher")
 
     @property
