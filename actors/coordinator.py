@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import ray
 
 from raydp.config import TransportKind
-from raydp.coordinator_loop import CoordinatorLoop
-from raydp.coordinator_state import CoordinatorState
-from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints
+from raydp.coordinator.loop import CoordinatorLoop
+from raydp.coordinator.state import CoordinatorState
 from raydp.logs import configure_component_logging
-from raydp.transport import SocketOptions
+from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
+from raydp.wire.transport import SocketOptions
 
 
 class CoordinatorActor:
-    """Tracks per-rank load and waves for one cluster; the data path is ZMQ (:mod:`raydp.coordinator_loop`).
+    """Tracks per-rank load and waves for one cluster; the data path is ZMQ (:mod:`raydp.coordinator.loop`).
 
     Methods (Ray, control only):
 
@@ -56,16 +55,12 @@ class CoordinatorActor:
             ipc_prefix=f"{ipc_prefix or cluster_name}-coordinator",
         )
         self._cluster: ClusterEndpoints | None = None
-        self._stopped = threading.Event()
 
     def endpoints(self) -> CoordinatorEndpoints:
         return self._loop.endpoints
 
     def run(self) -> None:
-        try:
-            self._loop.run()
-        finally:
-            self._stopped.set()
+        self._loop.run()
 
     def wait_for_engines(self, engine_count: int, timeout_s: float) -> bool:
         return self._loop.wait_for_engines(engine_count, timeout_s)
@@ -80,6 +75,4 @@ class CoordinatorActor:
         return self._loop.describe()
 
     def shutdown(self) -> None:
-        self._loop.stop()
-        self._stopped.wait(timeout=2)
-        self._loop.close()
+        self._loop.close()  # waits for run() to close its own sockets

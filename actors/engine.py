@@ -1,4 +1,4 @@
-"""``EngineCoreActor``: one DP rank as a Ray actor around :class:`~raydp.engine_host.EngineHost`."""
+"""``EngineCoreActor``: one DP rank as a Ray actor around :class:`~raydp.engine.host.EngineHost`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import ray
 
 from raydp.config import RaydpConfig
-from raydp.engine_host import EngineHost
-from raydp.security import CurveKeys
+from raydp.engine.host import EngineHost
+from raydp.wire.security import CurveKeys
 
 
 class EngineCoreActor:

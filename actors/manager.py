@@ -8,7 +8,7 @@ second as a typed :class:`~raydp.errors.ComponentDeadError`.
 
 In dense mode a dead rank is restarted in its own placement group while the
 restart policy (``max_restarts``) allows; in lockstep mode a death stops the
-whole gang. Everything it creates is recorded in an :class:`~actors.owned.Owned`
+whole gang. Everything it creates is recorded in an :class:`~raydp.actors.owned.Owned`
 that ``close()``, garbage collection and interpreter exit all release, once.
 """
 
@@ -28,17 +28,16 @@ import zmq
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.coordinator import CoordinatorActor
-from actors.deaths import death_of
-from actors.engine import EngineCoreActor
-from actors.owned import Owned
-from actors.slots import RankSlot, place_ranks, probe_devices
-from actors.terminate import kill_and_wait
-from actors.watch import check_started, watch_run_refs
+from raydp.actors.coordinator import CoordinatorActor
+from raydp.actors.deaths import death_of
+from raydp.actors.engine import EngineCoreActor
+from raydp.actors.owned import Owned
+from raydp.actors.slots import RankSlot, place_ranks, probe_devices
+from raydp.actors.terminate import kill_and_wait
+from raydp.actors.watch import check_started, watch_run_refs
+from raydp.backend import DeathListener, DeathReports, RestartListener
 from raydp.config import RaydpConfig
-from raydp.coordinator_client import CoordinatorClient
-from raydp.death_listeners import DeathListener, notify
-from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
+from raydp.coordinator.client import CoordinatorClient
 from raydp.errors import (
     ComponentDeadError,
     CoordinatorDeadError,
@@ -47,14 +46,14 @@ from raydp.errors import (
     RaydpError,
     StartupError,
 )
-from raydp.handshake import HandshakeResult, HandshakeServer, parallel_config
 from raydp.names import NAMESPACE, coordinator_name, rank_name
-from raydp.protocol import EngineAddresses, Init
-from raydp.security import CurveKeys, guard
-from raydp.transport import IpcDir, ipc_prefix, pick_address, socket_options
+from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
+from raydp.wire.handshake import HandshakeResult, HandshakeServer, parallel_config
+from raydp.wire.protocol import EngineAddresses, Init
+from raydp.wire.security import CurveKeys, guard
+from raydp.wire.transport import IpcDir, ipc_prefix, pick_address, socket_options
 
 logger = logging.getLogger("raydp.manager")
-RestartListener = Callable[[EngineEndpoint], None]
 
 
 @dataclass
@@ -82,12 +81,10 @@ class ActorManager:
         self._engine_cls = engine_cls
         self._user_groups = list(placement_groups) if placement_groups is not None else None
         self._progress = progress
-        self._listeners: list[DeathListener] = []
-        self._restart_listeners: list[RestartListener] = []
+        self._reports = DeathReports()
         self._restarts_left: dict[int, int] = {}
         self._startup = _Startup()
         self._watch_queue: queue.SimpleQueue[tuple[Any, int]] = queue.SimpleQueue()
-        self._coordinator_client: CoordinatorClient | None = None
         self._report_lock = threading.RLock()
         self.ipc_prefix = ipc_prefix(config.name)
         # Made per launch and handed out only through Ray (actor arguments, endpoints).
@@ -99,7 +96,6 @@ class ActorManager:
         self.driver_node_id: str = ray.get_runtime_context().get_node_id()
         self.slots: tuple[RankSlot, ...] = ()
         self.endpoints: ClusterEndpoints | None = None
-        self.deaths: list[ComponentDeadError] = []
 
     # ---- public ------------------------------------------------------------------
 
@@ -116,12 +112,16 @@ class ActorManager:
         """The coordinator's wave, running flag and counts."""
         return dict(ray.get(self._owned.coordinator.state.remote(), timeout=30))
 
+    @property
+    def deaths(self) -> list[ComponentDeadError]:
+        return list(self._reports.deaths)
+
     def on_death(self, listener: DeathListener) -> None:
-        self._listeners.append(listener)
+        self._reports.on_death(listener)
 
     def on_restart(self, listener: RestartListener) -> None:
         """Called with the new endpoint once a dead rank has been restarted and rejoined."""
-        self._restart_listeners.append(listener)
+        self._reports.on_restart(listener)
 
     def start(self) -> ClusterEndpoints:
         """Create everything and wait for it; on any failure release it all and raise."""
@@ -148,10 +148,10 @@ class ActorManager:
             raise
         self.endpoints = self._cluster_endpoints(startup, result)
         self._owned.coordinator.set_cluster.remote(self.endpoints)
-        self._coordinator_client = CoordinatorClient(
+        self._reports.coordinator = CoordinatorClient(
             self.endpoints.coordinator, self.driver_node_id, self._sock_opts
         )
-        self._owned.closers.append(self._coordinator_client.close)
+        self._owned.closers.append(self._reports.coordinator.close)
         self._restarts_left = {s.rank: self.config.max_restarts for s in self.slots}
         self._start_watcher(startup)
         return self.endpoints
@@ -331,10 +331,7 @@ class ActorManager:
             err = CoordinatorDeadError(f"of cluster {self.config.name!r}", node, cause, detail)
         else:
             err = EngineDeadError(rank, self.slots[rank].node_id, cause, detail, restarting)
-        self.deaths.append(err)
-        if rank >= 0 and self._coordinator_client is not None:
-            self._coordinator_client.engine_dead(rank, cause.value)
-        notify(self._listeners, err)
+        self._reports.died(err)
         if restarting:
             thread = threading.Thread(target=self._restart, args=(rank,), name=f"raydp-restart-{rank}", daemon=True)
             self._owned.restarts.append(thread)
@@ -383,10 +380,6 @@ class ActorManager:
         assert self.endpoints is not None
         self.endpoints = self.endpoints.with_engine(endpoint)
         self._owned.coordinator.set_cluster.remote(self.endpoints)
-        if self._coordinator_client is not None:
-            self._coordinator_client.engine_revived(rank, endpoint.input_addresses)
         for ref in refs:
             self._watch_queue.put((ref, rank))
-        logger.warning("engine rank %d restarted and rejoined", rank)
-        for listener in list(self._restart_listeners):
-            listener(endpoint)
+        self._reports.revived(endpoint)

@@ -4,47 +4,34 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-import zmq
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from placement.groups import remove_groups
-from raydp.transport import IpcDir, remove_cluster_ipc_dirs
+from raydp.backend import OwnedResources
+from raydp.placement.groups import remove_groups
+from raydp.wire.transport import remove_cluster_ipc_dirs
 
 logger = logging.getLogger("raydp.manager")
 GRACE_S = 3.0
 
 
 @dataclass
-class Owned:
-    """Holds no reference to the manager, so its release can run from a finalizer."""
+class Owned(OwnedResources):
+    """The Ray side of a launch: actors, placement groups, watcher and restart threads."""
 
     coordinator: Any = None
     engines: list[Any] = field(default_factory=list)
     groups: list[PlacementGroup] = field(default_factory=list)
-    ctx: zmq.Context[zmq.Socket[bytes]] | None = None
-    ipc_dir: IpcDir | None = None
     watcher: threading.Thread | None = None
     run_refs: list[Any] = field(default_factory=list)
-    closers: list[Callable[[], None]] = field(default_factory=list)
     restarts: list[threading.Thread] = field(default_factory=list)
-    name: str = ""
     nodes: set[str] = field(default_factory=set)
-    stop: threading.Event = field(default_factory=threading.Event)
-    released: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def release(self) -> None:
-        with self.lock:  # a restart in flight must not add actors behind our back
-            if self.released:
-                return
-            self.released = True
-        self.stop.set()
+    def stop_components(self) -> None:
         for thread in [self.watcher, *self.restarts]:
             # A restart sees the stop flag within one poll and gives up its sockets.
             if thread is not None and thread is not threading.current_thread():
@@ -54,12 +41,6 @@ class Owned:
             remove_groups(self.groups)
             self._sweep_socket_dirs()
         self.groups.clear()
-        for close in self.closers:
-            close()
-        if self.ctx is not None:
-            self.ctx.destroy(linger=0)
-        if self.ipc_dir is not None:
-            self.ipc_dir.remove()
 
     def _stop_actors(self) -> None:
         """Ask politely (engines clean up their sockets), then kill what is left."""

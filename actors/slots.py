@@ -14,12 +14,12 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.engine import probe_device_ids
-from actors.owned import Owned
-from placement.groups import create_groups, validate_user_groups, wait_ready
-from placement.inventory import read_inventory
-from placement.planner import plan_placement
+from raydp.actors.engine import probe_device_ids
+from raydp.actors.owned import Owned
 from raydp.config import RaydpConfig
+from raydp.placement.groups import create_groups, validate_user_groups, wait_ready
+from raydp.placement.inventory import read_inventory
+from raydp.placement.planner import plan_placement
 
 
 @dataclass(frozen=True)

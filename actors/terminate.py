@@ -8,7 +8,7 @@ from typing import Any
 
 import ray
 
-from actors.owned import Owned
+from raydp.actors.owned import Owned
 from raydp.names import NAMESPACE, coordinator_name, rank_name
 
 

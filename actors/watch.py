@@ -9,7 +9,7 @@ from typing import Any
 
 import ray
 
-from actors.deaths import death_of
+from raydp.actors.deaths import death_of
 from raydp.errors import DeathCause, StartupError
 
 WATCH_TIMEOUT_S = 0.05

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from placement._layouts import Ctx, InfeasibleError, Request, build_plan, can_lead, find_layout, span_ranks, span_usable
-from placement.inventory import Inventory, NodeInfo
-from placement.plan import CPU, STRATEGIES
-from placement.report import render_table
+from raydp.config import PLACEMENT_STRATEGIES
+from raydp.placement._layouts import (
+    Ctx,
+    InfeasibleError,
+    Request,
+    build_plan,
+    can_lead,
+    find_layout,
+    span_ranks,
+    span_usable,
+)
+from raydp.placement.inventory import Inventory, NodeInfo
+from raydp.placement.plan import CPU
+from raydp.placement.report import render_table
 
 
 def infeasible_message(inv: Inventory, req: Request, reason: str) -> str:
@@ -94,7 +104,7 @@ def _suggestions(inv: Inventory, req: Request) -> list[str]:
         if _feasible(inv, auto):
             local = build_plan(inv, auto, find_layout(Ctx(inv, auto))).dp_size_local
             hints.append(f"dp_size_local unset (master hosts {local}) would fit dp_size={req.dp_size}")
-    for strategy in STRATEGIES:
+    for strategy in PLACEMENT_STRATEGIES:
         if strategy == req.strategy or (strategy == "span" and inv.accelerator == CPU):
             continue
         if _feasible(inv, replace(req, strategy=strategy, dp_size_local=None)):

@@ -2,7 +2,7 @@
 
 Kept apart from validation and from error messages: these functions only decide
 which nodes host which ranks, and say in one clause why a request does not fit.
-:mod:`placement._explain` reuses them to probe nearby settings.
+:mod:`raydp.placement._explain` reuses them to probe nearby settings.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from placement.inventory import Inventory, NodeInfo
-from placement.plan import CPU, PlacementPlan, RankPlacement, Strategy
+from raydp.config import PlacementStrategy
+from raydp.placement.inventory import Inventory, NodeInfo
+from raydp.placement.plan import CPU, PlacementPlan, RankPlacement
 
 
 def ranks_fit(node: NodeInfo, accelerator: str, world_size: int) -> int:
@@ -29,7 +30,7 @@ class Request:
     dp_size: int
     world_size: int
     dp_size_local: int | None
-    strategy: Strategy
+    strategy: PlacementStrategy
     master: str | None
     allowed: frozenset[str] | None
 

@@ -1,4 +1,4 @@
-"""Thin Ray wrappers: placement groups for a :class:`~placement.planner.PlacementPlan`.
+"""Thin Ray wrappers: placement groups for a :class:`~raydp.placement.planner.PlacementPlan`.
 
 One group per DP rank, named ``<name>-dp<rank>``, with ``world_size`` device
 bundles then one CPU bundle for the engine core. Every bundle carries a
@@ -15,11 +15,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from placement.inventory import read_inventory
-from placement.planner import CPU, PlacementPlan, rank_bundles
-from placement.report import render_table
 from raydp.errors import ConfigError, PlacementError, PlacementTimeoutError
 from raydp.names import rank_name
+from raydp.placement.inventory import read_inventory
+from raydp.placement.planner import CPU, PlacementPlan, rank_bundles
+from raydp.placement.report import render_table
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup

@@ -1,6 +1,6 @@
 """The plan types the planner returns, kept apart from how plans are made.
 
-:mod:`placement.groups`, :mod:`placement.report` and the actor manager read
+:mod:`raydp.placement.groups`, :mod:`raydp.placement.report` and the actor manager read
 these types; keeping them out of the layout search and its error messages keeps
 the contract those callers rely on small and easy to find.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Strategy = Literal["strict", "fill", "span"]
+from raydp.config import PlacementStrategy
+
 BundleStrategy = Literal["STRICT_PACK", "PACK"]
-STRATEGIES: tuple[Strategy, ...] = ("fill", "strict", "span")
 CPU = "CPU"
 
 
@@ -46,7 +46,7 @@ class PlacementPlan:
     """One :class:`RankPlacement` per DP rank, in rank order."""
 
     ranks: tuple[RankPlacement, ...]
-    strategy: Strategy
+    strategy: PlacementStrategy
     bundle_strategy: BundleStrategy
     world_size: int
     accelerator: str

@@ -24,19 +24,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from placement._explain import infeasible_message
-from placement._layouts import Ctx, InfeasibleError, Request, build_plan, find_layout, ranks_fit, span_usable
-from placement.inventory import Inventory
-from placement.plan import CPU, STRATEGIES, BundleStrategy, PlacementPlan, RankPlacement, Strategy, rank_bundles
+from raydp.config import PLACEMENT_STRATEGIES, PlacementStrategy
 from raydp.errors import ConfigError, PlacementError
+from raydp.placement._explain import infeasible_message
+from raydp.placement._layouts import Ctx, InfeasibleError, Request, build_plan, find_layout, ranks_fit, span_usable
+from raydp.placement.inventory import Inventory
+from raydp.placement.plan import CPU, BundleStrategy, PlacementPlan, RankPlacement, rank_bundles
 
 __all__ = [
     "CPU",
-    "STRATEGIES",
     "BundleStrategy",
     "PlacementPlan",
+    "PlacementStrategy",
     "RankPlacement",
-    "Strategy",
     "plan_placement",
     "rank_bundles",
     "ranks_fit",
@@ -102,11 +102,11 @@ def _validate(
     return Request(dp_size, world_size, dp_size_local, strat, master, allowed)
 
 
-def _as_strategy(value: str) -> Strategy:
-    for s in STRATEGIES:
+def _as_strategy(value: str) -> PlacementStrategy:
+    for s in PLACEMENT_STRATEGIES:
         if s == value:
             return s
-    raise ConfigError(f"strategy={value!r}: expected one of {', '.join(STRATEGIES)}")
+    raise ConfigError(f"strategy={value!r}: expected one of {', '.join(PLACEMENT_STRATEGIES)}")
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -114,7 +114,7 @@ def _check_int(name: str, value: object, minimum: int) -> None:
         raise ConfigError(f"{name}={value!r}: expected an integer >= {minimum}")
 
 
-def _check_strategy_args(strategy: Strategy, dp_size: int, local: int | None, accelerator: str) -> None:
+def _check_strategy_args(strategy: PlacementStrategy, dp_size: int, local: int | None, accelerator: str) -> None:
     if strategy == "strict" and local is not None:
         if local == 0:
             raise ConfigError("dp_size_local=0 with strategy='strict': every node used hosts "

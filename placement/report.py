@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from placement.inventory import Inventory
-    from placement.planner import PlacementPlan, RankPlacement
+    from raydp.placement.inventory import Inventory
+    from raydp.placement.planner import PlacementPlan, RankPlacement
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "  ") -> str:

@@ -28,10 +28,10 @@ from raydp.errors import (
 )
 
 if TYPE_CHECKING:
-    from raydp.async_client import AsyncClient
-    from raydp.client import Client
+    from raydp.client.aio import AsyncClient
+    from raydp.client.client import Client
     from raydp.cluster import Cluster, attach, launch
-    from raydp.engine import EchoEngine, EngineContext, EngineCore
+    from raydp.engine.core import EchoEngine, EngineContext, EngineCore
 
 __all__ = [
     "AsyncClient",
@@ -61,14 +61,14 @@ __all__ = [
 
 # Ray and torch are heavy: import the modules that need them on first use.
 _LAZY = {
-    "AsyncClient": "raydp.async_client",
-    "Client": "raydp.client",
+    "AsyncClient": "raydp.client.aio",
+    "Client": "raydp.client.client",
     "Cluster": "raydp.cluster",
     "attach": "raydp.cluster",
     "launch": "raydp.cluster",
-    "EchoEngine": "raydp.engine",
-    "EngineContext": "raydp.engine",
-    "EngineCore": "raydp.engine",
+    "EchoEngine": "raydp.engine.core",
+    "EngineContext": "raydp.engine.core",
+    "EngineCore": "raydp.engine.core",
 }
 
 

@@ -7,11 +7,12 @@ import sys
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from raydp.actors.connection import connect
+from raydp.backend import Backend
 from raydp.config import RaydpConfig
-from raydp.endpoints import ClusterEndpoints, EngineEndpoint
-from raydp.engine import check_engine_class, engine_path, load_engine_class
+from raydp.engine.core import check_engine_class, engine_path, load_engine_class
 from raydp.errors import (
     ClusterClosedError,
     ComponentDeadError,
@@ -21,7 +22,11 @@ from raydp.errors import (
     EngineDeadError,
 )
 from raydp.names import NAMESPACE, coordinator_name
-from raydp.ray_connection import connect
+from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
+
+if TYPE_CHECKING:
+    from raydp.client.client import Client
+    from raydp.serve.processes import APIServerProcessManager
 
 logger = logging.getLogger("raydp")
 
@@ -34,14 +39,12 @@ class Cluster:
     on that rank fail with :class:`~raydp.errors.EngineDeadError`).
     """
 
-    def __init__(self, manager: Any, endpoints: ClusterEndpoints) -> None:
-        from raydp.client import Client
-
+    def __init__(self, manager: Backend | None, endpoints: ClusterEndpoints) -> None:
         self._manager = manager
         self.endpoints = endpoints
         self.config: RaydpConfig | None = manager.config if manager is not None else None
         self._clients: list[Client] = []
-        self._api_servers: list[Any] = []
+        self._api_servers: list[APIServerProcessManager] = []
         self._lock = threading.Lock()
         self._dead = threading.Condition(self._lock)
         self._deaths: list[ComponentDeadError] = []
@@ -67,9 +70,9 @@ class Cluster:
         """The engines' summed capacity, as reported in the handshake."""
         return self.endpoints.capacity
 
-    def client(self, *, client_index: int = 0, client_count: int = 1) -> Any:
-        """A new :class:`~raydp.client.Client` wired to this cluster."""
-        from raydp.client import Client
+    def client(self, *, client_index: int = 0, client_count: int = 1) -> Client:
+        """A new :class:`~raydp.client.client.Client` wired to this cluster."""
+        from raydp.client.client import Client
 
         with self._lock:
             if self._closed:
@@ -86,13 +89,13 @@ class Cluster:
             self._clients.append(client)
             return client
 
-    def serve_api(self, count: int = 1, *, host: str = "127.0.0.1", port: int = 0) -> Any:
+    def serve_api(self, count: int = 1, *, host: str = "127.0.0.1", port: int = 0) -> APIServerProcessManager:
         """Start ``count`` HTTP API server processes sharing one socket on ``host:port``.
 
         They are watched like the engines (a death makes :meth:`wait` raise)
         and closed with the cluster. Returns the manager; its ``url`` says where.
         """
-        from raydp.api_procs import APIServerProcessManager
+        from raydp.serve.processes import APIServerProcessManager
 
         with self._lock:
             if self._closed:
@@ -122,7 +125,7 @@ class Cluster:
         for client in clients:
             _tell(client.revive, endpoint)
 
-    def _live_clients(self) -> list[Any]:
+    def _live_clients(self) -> list[Client]:
         """Clients still open (callers hold the lock); closed ones are forgotten here."""
         self._clients[:] = [c for c in self._clients if not c.closed]
         return list(self._clients)
@@ -181,7 +184,7 @@ class Cluster:
         """Close this handle and end the cluster itself, even one launched elsewhere."""
         self.close()
         if self._manager is None:
-            from actors.terminate import terminate_cluster
+            from raydp.actors.terminate import terminate_cluster
 
             terminate_cluster(self.name, self.endpoints.ipc_prefix)
 
@@ -200,7 +203,7 @@ def _tell(notify: Any, arg: Any) -> None:
         logger.exception("could not pass %r to a client", arg)
 
 
-def _close_all(clients: list[Any]) -> None:
+def _close_all(clients: list[Client]) -> None:
     for client in list(clients):
         client.close()
 
@@ -242,14 +245,14 @@ def launch(
         if backend == "mp":
             load_engine_class(config.engine)  # spawned processes import it by path: it must be importable
     bar = _progress_bar(progress, config)
-    manager: Any
+    manager: Backend
     if backend == "mp":
-        from raydp.procs import CoreEngineProcManager
+        from raydp.local import ProcessManager
 
-        manager = CoreEngineProcManager(config, progress=bar)
+        manager = ProcessManager(config, progress=bar)
     else:
         connect(address)
-        from actors.manager import ActorManager
+        from raydp.actors.manager import ActorManager
 
         manager = ActorManager(config, placement_groups=placement_groups, progress=bar, engine_cls=engine_cls)
     endpoints = manager.start()

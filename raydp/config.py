@@ -13,13 +13,14 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from raydp.errors import ConfigError
 
-PlacementStrategy = Literal["strict", "fill", "span"]
+PlacementStrategy = Literal["fill", "strict", "span"]
+PLACEMENT_STRATEGIES: tuple[PlacementStrategy, ...] = get_args(PlacementStrategy)
 TransportKind = Literal["auto", "ipc", "tcp"]
 AuthKind = Literal["curve", "none"]
 ENV_PREFIX = "RAYDP_"

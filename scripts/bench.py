@@ -164,14 +164,14 @@ def measure_round_trips(system: str, target: EchoTarget, sizes: Sizes) -> RoundT
 
 
 def encoded_request(i: int) -> bytes:
-    from raydp.protocol import Request, encode
+    from raydp.wire.protocol import Request, encode
 
     return encode(Request(f"r{i}", PROMPT, 1))
 
 
 def echo_reply(rank: int, body: bytes) -> bytes:
     """What every baseline server does: what EchoEngine answers for ``max_tokens=1``."""
-    from raydp.protocol import Output, OutputBatch, encode, request_decoder
+    from raydp.wire.protocol import Output, OutputBatch, encode, request_decoder
 
     request = request_decoder(body)
     output = Output(request.request_id, request.prompt_token_ids[:1], True, "length")
@@ -244,13 +244,13 @@ class ZmqTarget:
         self.done: set[str] = set()
 
     def send(self, i: int) -> Any:
-        from raydp.protocol import RequestType
+        from raydp.wire.protocol import RequestType
 
         self.socks[i % len(self.socks)].send_multipart([RequestType.ADD.value, encoded_request(i)])
         return f"r{i}"
 
     def wait(self, token: Any) -> None:
-        from raydp.protocol import output_decoder
+        from raydp.wire.protocol import output_decoder
 
         deadline = time.monotonic() + TIMEOUT_S
         while token not in self.done:
@@ -316,7 +316,7 @@ class RayActorTarget:
     def wait(self, token: Any) -> None:
         import ray
 
-        from raydp.protocol import output_decoder
+        from raydp.wire.protocol import output_decoder
 
         output_decoder(ray.get(token, timeout=TIMEOUT_S))
 
@@ -368,7 +368,7 @@ class ServeTarget:
         return self.handle.remote(encoded_request(i))
 
     def wait(self, token: Any) -> None:
-        from raydp.protocol import output_decoder
+        from raydp.wire.protocol import output_decoder
 
         output_decoder(token.result(timeout_s=TIMEOUT_S))
 
@@ -543,7 +543,7 @@ def collective_floor_worker(rank: int, port: int, delays: list[float], window_s:
     import torch
     import torch.distributed as dist
 
-    from raydp.collective import GlooDPGroup
+    from raydp.engine.collective import GlooDPGroup
 
     GlooDPGroup(f"127.0.0.1:{port}", rank, DP_SIZE, timeout_s=TIMEOUT_S)
     try:
@@ -576,7 +576,7 @@ def collective_floor_worker(rank: int, port: int, delays: list[float], window_s:
 
 def collective_floor(sizes: Sizes) -> dict[float, tuple[float, float]]:
     """Per delay: (bare loop steps/s, bare loop + gloo all-reduce steps/s), mean of 2 ranks."""
-    from raydp.collective import Rendezvous
+    from raydp.engine.collective import Rendezvous
 
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()

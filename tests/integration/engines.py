@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raydp.engine import EchoEngine, EngineContext
+from raydp.engine.core import EchoEngine, EngineContext
 
 
 class BrokenConstructorEngine(EchoEngine):

@@ -16,8 +16,8 @@ import pytest
 import zmq
 
 import raydp
-from raydp.protocol import EngineStats, Request, encode
-from raydp.transport import SocketOptions, make_socket
+from raydp.wire.protocol import EngineStats, Request, encode
+from raydp.wire.transport import SocketOptions, make_socket
 from tests.integration.helpers import wait_until
 
 

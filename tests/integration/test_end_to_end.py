@@ -17,7 +17,7 @@ from tests.integration.helpers import assert_nothing_left, live_actors, live_gro
 @pytest.mark.timeout(180)
 def test_dp2_serves_requests_and_close_leaves_nothing(two_nodes) -> None:  # type: ignore[no-untyped-def]
     cluster = raydp.launch(
-        name="e2e", dp_size=2, engine="raydp.tiny_lm:TinyLMEngine",
+        name="e2e", dp_size=2, engine="raydp.engine.tiny_lm:TinyLMEngine",
         engine_kwargs={"max_running": 16, "max_len": 64}, progress=False,
     )
     try:
@@ -95,7 +95,7 @@ def test_a_driver_that_exits_without_close_leaves_nothing(two_nodes) -> None:  #
 
 @pytest.mark.timeout(180)
 def test_an_engine_class_defined_in_a_notebook_cell_runs(two_nodes) -> None:  # type: ignore[no-untyped-def]
-    from raydp.engine import EchoEngine
+    from raydp.engine.core import EchoEngine
 
     class ShoutingEngine(EchoEngine):  # not importable by path, like a notebook class
         def step(self):  # type: ignore[no-untyped-def]

@@ -24,7 +24,9 @@ import pytest
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 
-from placement import (
+from raydp.cli import plan as cli_plan
+from raydp.errors import ConfigError, PlacementError, PlacementTimeoutError
+from raydp.placement import (
     Inventory,
     create_groups,
     plan_placement,
@@ -33,9 +35,7 @@ from placement import (
     validate_user_groups,
     wait_ready,
 )
-from placement.groups import NODE_ID_LABEL
-from raydp import _cli_plan
-from raydp.errors import ConfigError, PlacementError, PlacementTimeoutError
+from raydp.placement.groups import NODE_ID_LABEL
 from tests.integration.conftest import ClusterPool
 from tests.integration.helpers import wait_until
 
@@ -224,7 +224,7 @@ def test_existing_names_are_refused_and_lifetime_passes_through(inventory: Inven
 
 def plan_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="raydp")
-    _cli_plan.add_parser(parser.add_subparsers(dest="command", required=True))
+    cli_plan.add_parser(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(["plan", *argv])
 
 
@@ -233,21 +233,21 @@ def test_plan_command_prints_the_table_and_creates_nothing(
 ) -> None:
     before = len(placement_group_table())
     head = inventory.nodes[0]
-    assert _cli_plan.run(plan_args("--dp-size", "5", "--world-size", "2", "--master", head.node_id[:8])) == 0
+    assert cli_plan.run(plan_args("--dp-size", "5", "--world-size", "2", "--master", head.node_id[:8])) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("plan: dp_size=5 world_size=2 accelerator=GPU strategy=fill")
     assert lines[1].split()[:3] == ["rank", "node", "ip"]
     assert len(lines) == 7 and "(head) *" in lines[2]
 
-    assert _cli_plan.run(plan_args("--dp-size", "2", "--world-size", "4", "--json",
+    assert cli_plan.run(plan_args("--dp-size", "2", "--world-size", "4", "--json",
                                    "--master", head.node_id)) == 0
     data: dict[str, Any] = json.loads(capsys.readouterr().out)
     assert data["ranks"][0]["node_id"] == head.node_id and data["dp_size_local"] == 1
 
-    assert _cli_plan.run(plan_args("--dp-size", "9", "--world-size", "2")) == 2
+    assert cli_plan.run(plan_args("--dp-size", "9", "--world-size", "2")) == 2
     err = capsys.readouterr().err
     assert "dp_size=9 x world_size=2" in err and "dp_size=5 would fit" in err
-    assert _cli_plan.run(plan_args("--dp-size", "1", "--master", "zzzz")) == 2
+    assert cli_plan.run(plan_args("--dp-size", "1", "--master", "zzzz")) == 2
     assert "master_node_id='zzzz' matches no alive node" in capsys.readouterr().err
     assert len(placement_group_table()) == before
 

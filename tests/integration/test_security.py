@@ -6,7 +6,7 @@ import pytest
 import zmq
 
 import raydp
-from raydp.protocol import Request, RequestType, encode
+from raydp.wire.protocol import Request, RequestType, encode
 
 
 def _tcp(addresses: list[str]) -> str:

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from raydp.api_procs import APIServerProcessManager
-from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints
+from raydp.serve.processes import APIServerProcessManager
+from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
 
 pytestmark = pytest.mark.timeout(60)
 

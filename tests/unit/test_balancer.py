@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from raydp.balancer import WAITING_WEIGHT, LoadBalancer
+from raydp.client.balancer import WAITING_WEIGHT, LoadBalancer
 from raydp.errors import ConfigError
-from raydp.protocol import StatsSnapshot
+from raydp.wire.protocol import StatsSnapshot
 
 
 def test_least_loaded_rank_wins_by_waiting_weight() -> None:

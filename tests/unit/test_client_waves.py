@@ -7,11 +7,11 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from raydp.client import Client
-from raydp.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
+from raydp.client.client import Client
 from raydp.errors import ConfigError
-from raydp.protocol import FirstRequest, coordinator_decoder
-from raydp.transport import SocketOptions
+from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
+from raydp.wire.protocol import FirstRequest, coordinator_decoder
+from raydp.wire.transport import SocketOptions
 
 pytestmark = pytest.mark.timeout(30)
 LIMIT = 1 << 16

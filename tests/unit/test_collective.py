@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from raydp.collective import GlooDPGroup, Rendezvous
+from raydp.engine.collective import GlooDPGroup, Rendezvous
 
 pytestmark = pytest.mark.timeout(120)  # a failure path waits up to 60 s, then joins
 

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from raydp.coordinator_state import CoordinatorState
-from raydp.protocol import (
+from raydp.coordinator.state import CoordinatorState
+from raydp.wire.protocol import (
     EngineDead,
     EngineRevived,
     EngineStats,

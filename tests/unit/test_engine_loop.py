@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import zmq
 
-from raydp.engine import EchoEngine, EngineContext
-from raydp.engine_loop import EngineLoop, EngineSockets
-from raydp.protocol import (
+from raydp.engine.core import EchoEngine, EngineContext
+from raydp.engine.loop import EngineLoop, EngineSockets
+from raydp.wire.protocol import (
     BROADCAST_TOPIC,
     Abort,
     EngineStats,
@@ -26,7 +26,7 @@ from raydp.protocol import (
     encode,
     output_decoder,
 )
-from raydp.transport import SocketOptions, make_socket
+from raydp.wire.transport import SocketOptions, make_socket
 
 OPTS = SocketOptions()
 

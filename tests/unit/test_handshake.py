@@ -10,8 +10,8 @@ import pytest
 import zmq
 
 from raydp.errors import HandshakeError, StartupError
-from raydp.handshake import HandshakeServer, engine_handshake
-from raydp.protocol import (
+from raydp.wire.handshake import HandshakeServer, engine_handshake
+from raydp.wire.protocol import (
     EngineAddresses,
     Hello,
     Init,
@@ -22,7 +22,7 @@ from raydp.protocol import (
     handshake_decoder,
     rank_identity,
 )
-from raydp.transport import IpcDir, SocketOptions
+from raydp.wire.transport import IpcDir, SocketOptions
 
 OPTS = SocketOptions()
 HASH = "cafe"

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from placement.inventory import (
+from raydp.errors import ConfigError
+from raydp.placement.inventory import (
     HEAD_RESOURCE,
     Inventory,
     NodeInfo,
@@ -15,7 +16,6 @@ from placement.inventory import (
     short_ids,
     whole,
 )
-from raydp.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(30)
 

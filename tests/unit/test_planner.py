@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from placement.inventory import Inventory, NodeInfo
-from placement.planner import PlacementPlan, plan_placement, ranks_fit, span_usable
-from placement.report import format_plan_table, plan_to_json
 from raydp.errors import ConfigError, PlacementError
+from raydp.placement.inventory import Inventory, NodeInfo
+from raydp.placement.planner import PlacementPlan, plan_placement, ranks_fit, span_usable
+from raydp.placement.report import format_plan_table, plan_to_json
 
 pytestmark = pytest.mark.timeout(120)
 PROPS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

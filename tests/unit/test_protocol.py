@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raydp import protocol as p
 from raydp.errors import ProtocolError
+from raydp.wire import protocol as p
 
 Decode = Any  # one of the module's Decoder instances (or a wrapper of decode_input)
 

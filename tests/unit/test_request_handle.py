@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from raydp.client.requests import RequestHandle
 from raydp.errors import DeathCause, EngineDeadError, RequestError
-from raydp.protocol import Output
-from raydp.requests import RequestHandle
+from raydp.wire.protocol import Output
 
 
 def feed(handle: RequestHandle, items: list[Output | EngineDeadError], delay: float = 0.01) -> threading.Thread:

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from raydp.security import CurveKeys, Gatekeeper
-from raydp.transport import IpcDir, SocketOptions, bind_inputs, input_options, make_socket
+from raydp.wire.security import CurveKeys, Gatekeeper
+from raydp.wire.transport import IpcDir, SocketOptions, bind_inputs, input_options, make_socket
 
 pytestmark = pytest.mark.timeout(30)
 

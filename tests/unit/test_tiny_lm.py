@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from raydp.engine import EngineContext
-from raydp.protocol import Request
-from raydp.tiny_lm import TinyLMEngine
+from raydp.engine.core import EngineContext
+from raydp.engine.tiny_lm import TinyLMEngine
+from raydp.wire.protocol import Request
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,9 +1,9 @@
 """Stateful model check of request waves: lockstep ranks + coordinator + clients.
 
-The model wires the real pure logic (:class:`raydp.waves.EngineWaves` per rank,
-:class:`raydp.coordinator_state.CoordinatorState`) together the way the engine
+The model wires the real pure logic (:class:`raydp.engine.waves.EngineWaves` per rank,
+:class:`raydp.coordinator.state.CoordinatorState`) together the way the engine
 loop, the coordinator actor and the clients do, with every message encoded
-with :mod:`raydp.protocol` and carried on an explicit FIFO channel per
+with :mod:`raydp.wire.protocol` and carried on an explicit FIFO channel per
 sender/receiver pair. Hypothesis picks which channel delivers next (so messages
 of different senders interleave arbitrarily and snapshots reach clients late),
 which rank takes a loop turn, and when clients send requests.
@@ -32,8 +32,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from raydp.coordinator_state import CoordinatorState
-from raydp.protocol import (
+from raydp.coordinator.state import CoordinatorState
+from raydp.engine.waves import EngineWaves
+from raydp.wire.protocol import (
     EngineStats,
     FirstRequest,
     Request,
@@ -47,7 +48,6 @@ from raydp.protocol import (
     engine_broadcast_decoder,
     snapshot_decoder,
 )
-from raydp.waves import EngineWaves
 
 MAX_DRAIN_ACTIONS = 10_000
 

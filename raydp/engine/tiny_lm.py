@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from raydp.engine import EngineContext
-from raydp.protocol import Output, Request
+from raydp.engine.core import EngineContext
+from raydp.wire.protocol import Output, Request
 
 
 class TinyTransformer(nn.Module):  # type: ignore[misc]

@@ -28,10 +28,11 @@ from typing import Any
 
 import zmq
 
-from raydp.collective import DPCollective
-from raydp.engine import EngineCore
+from raydp.engine.collective import DPCollective
+from raydp.engine.core import EngineCore
+from raydp.engine.waves import EngineWaves
 from raydp.errors import ProtocolError
-from raydp.protocol import (
+from raydp.wire.protocol import (
     BROADCAST_TOPIC,
     Abort,
     EngineStats,
@@ -49,10 +50,9 @@ from raydp.protocol import (
     engine_broadcast_decoder,
     presence_topic,
 )
-from raydp.transport import SocketOptions, make_socket
-from raydp.waves import EngineWaves
+from raydp.wire.transport import SocketOptions, make_socket
 
-logger = logging.getLogger("raydp.engine")
+logger = logging.getLogger("raydp.engine.core")
 IDLE_POLL_MS = 1000
 INPUT_BUDGET = 512  # messages taken per socket between two steps
 BACKLOG_LIMIT = 10_000  # output batches a slow client may fall behind before it is dropped

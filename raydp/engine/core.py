@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from raydp.errors import ConfigError
-from raydp.protocol import Output, Request
+from raydp.wire.protocol import Output, Request
 
 
 @dataclass(frozen=True)

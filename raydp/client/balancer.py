@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from raydp.errors import ConfigError
-from raydp.protocol import StatsSnapshot
+from raydp.wire.protocol import StatsSnapshot
 
 WAITING_WEIGHT = 4
 

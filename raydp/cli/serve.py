@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from placement.plan import STRATEGIES
-from raydp._cli_demo import ENGINES
+from raydp.cli.demo import ENGINES
+from raydp.config import PLACEMENT_STRATEGIES
 
 
 def add_parser(sub: Any) -> None:
@@ -26,7 +26,7 @@ def add_parser(sub: Any) -> None:
                    help=f"engine core: {', '.join(sorted(ENGINES))}, or a 'module:Class' path")
     p.add_argument("--lockstep", action="store_true", help="run ranks in request waves")
     p.add_argument("--accelerator", default="GPU", help="Ray resource of one device bundle (default GPU)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="fill",
+    p.add_argument("--strategy", choices=PLACEMENT_STRATEGIES, default="fill",
                    help="placement strategy (default fill)")
     p.add_argument("--api-servers", type=int, default=1, help="API server processes (default 1)")
     p.add_argument("--host", default="127.0.0.1", help="address the API servers listen on")

@@ -26,7 +26,7 @@ import zmq
 
 from raydp.config import RaydpConfig, TransportKind
 from raydp.errors import HandshakeError, ProtocolError, StartupError
-from raydp.protocol import (
+from raydp.wire.protocol import (
     Hello,
     Init,
     ParallelConfig,
@@ -37,9 +37,9 @@ from raydp.protocol import (
     identity_rank,
     rank_identity,
 )
-from raydp.transport import IpcDir, SocketOptions, bind_endpoints, make_socket
+from raydp.wire.transport import IpcDir, SocketOptions, bind_endpoints, make_socket
 
-logger = logging.getLogger("raydp.handshake")
+logger = logging.getLogger("raydp.wire.handshake")
 POLL_MS = 20
 
 

@@ -12,10 +12,10 @@ import threading
 import weakref
 from multiprocessing.connection import Connection
 
-from raydp.death_listeners import DeathListener, notify
-from raydp.endpoints import ClusterEndpoints
+from raydp.backend import DeathListener, notify
 from raydp.errors import ConfigError, ProcessDeadError
-from raydp.procs import Proc, shutdown, spawn, watch_parent, watch_processes
+from raydp.processes import Proc, shutdown, spawn, watch_parent, watch_processes
+from raydp.wire.endpoints import ClusterEndpoints
 
 logger = logging.getLogger("raydp.api")
 
@@ -28,8 +28,8 @@ def _api_main(
     node_id: str | None,
     death_pipe: Connection,
 ) -> None:
-    from raydp.api_server import serve_forever
     from raydp.logs import configure_component_logging
+    from raydp.serve.http import serve_forever
 
     configure_component_logging(f"{endpoints.name} api{index}/{count}")
     pid = os.getpid()

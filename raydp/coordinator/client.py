@@ -11,9 +11,9 @@ import threading
 
 import zmq
 
-from raydp.endpoints import CoordinatorEndpoints
-from raydp.protocol import EngineDead, EngineRevived, encode
-from raydp.transport import SocketOptions, make_socket, pick_address
+from raydp.wire.endpoints import CoordinatorEndpoints
+from raydp.wire.protocol import EngineDead, EngineRevived, encode
+from raydp.wire.transport import SocketOptions, make_socket, pick_address
 
 
 class CoordinatorClient:

@@ -23,7 +23,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 ZAP_DOMAIN = "raydp"
-logger = logging.getLogger("raydp.security")
+logger = logging.getLogger("raydp.wire.security")
 
 
 class CurveKeys(msgspec.Struct, frozen=True):

@@ -1,4 +1,4 @@
-"""A minimal HTTP/JSON front-end process over :class:`~raydp.async_client.AsyncClient`.
+"""A minimal HTTP/JSON front-end process over :class:`~raydp.client.aio.AsyncClient`.
 
 Routes:
 
@@ -21,10 +21,10 @@ from typing import Any
 
 import msgspec
 
-from raydp.async_client import AsyncClient
-from raydp.client import Client
-from raydp.endpoints import ClusterEndpoints
+from raydp.client.aio import AsyncClient
+from raydp.client.client import Client
 from raydp.errors import ComponentDeadError, ConfigError, RaydpError
+from raydp.wire.endpoints import ClusterEndpoints
 
 MAX_BODY = 1 << 20
 

@@ -1,6 +1,6 @@
 """The client's ZMQ sockets, owned by its IO thread.
 
-Kept apart from :mod:`raydp.client` so that the request bookkeeping reads
+Kept apart from :mod:`raydp.client.client` so that the request bookkeeping reads
 without the socket plumbing.
 """
 
@@ -13,11 +13,11 @@ from typing import Any
 
 import zmq
 
-from raydp.endpoints import ClusterEndpoints, EngineEndpoint
-from raydp.protocol import RequestType, encode
-from raydp.transport import SocketOptions, input_options, make_socket, pick_address
+from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.wire.protocol import RequestType, encode
+from raydp.wire.transport import SocketOptions, input_options, make_socket, pick_address
 
-logger = logging.getLogger("raydp.client")
+logger = logging.getLogger("raydp.client.client")
 
 
 class ClientSockets:

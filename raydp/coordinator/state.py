@@ -1,7 +1,7 @@
 """The coordinator's state machine: per-rank load, the wave, the running flag.
 
 Pure logic, no Ray and no sockets. :class:`CoordinatorState` takes the messages
-of :mod:`raydp.protocol` addressed to the coordinator and returns the
+of :mod:`raydp.wire.protocol` addressed to the coordinator and returns the
 ``StartDPWave`` broadcast to send, if any; :meth:`CoordinatorState.due_snapshot`
 decides when to publish to clients (at most once per stats interval when
 something changed, a heartbeat otherwise).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from raydp.protocol import (
+from raydp.wire.protocol import (
     EngineDead,
     EngineRevived,
     EngineStats,

@@ -1,4 +1,4 @@
-"""asyncio front-end over a :class:`~raydp.client.Client`, for API servers."""
+"""asyncio front-end over a :class:`~raydp.client.client.Client`, for API servers."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from raydp.client import Client
+from raydp.client.client import Client
 from raydp.errors import ClusterClosedError, RaydpError, RequestError
-from raydp.protocol import Output
+from raydp.wire.protocol import Output
 
 
 class AsyncClient:

@@ -12,11 +12,12 @@ import json
 import sys
 from typing import Any
 
-from placement.inventory import Inventory, read_inventory
-from placement.planner import STRATEGIES, PlacementPlan, plan_placement
-from placement.report import format_plan_table, plan_to_json
+from raydp.actors.connection import connect
+from raydp.config import PLACEMENT_STRATEGIES
 from raydp.errors import ConfigError, PlacementError
-from raydp.ray_connection import connect
+from raydp.placement.inventory import Inventory, read_inventory
+from raydp.placement.planner import PlacementPlan, plan_placement
+from raydp.placement.report import format_plan_table, plan_to_json
 
 EXIT_INFEASIBLE = 2
 
@@ -34,7 +35,7 @@ def add_parser(sub: Any) -> None:
                    help="devices per rank: tensor x pipeline parallel size (default 1)")
     p.add_argument("--dp-size-local", type=int, default=None,
                    help="ranks on the master node (default: as many as fit)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="fill",
+    p.add_argument("--strategy", choices=PLACEMENT_STRATEGIES, default="fill",
                    help="fill: master then other nodes as they fit; strict: the same number of "
                    "ranks on every node used; span: one rank over several identical nodes (default fill)")
     p.add_argument("--accelerator", default="GPU",

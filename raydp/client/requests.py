@@ -7,10 +7,10 @@ import threading
 from collections.abc import Callable, Iterator
 
 from raydp.errors import RaydpError, RequestError
-from raydp.protocol import Output, Request
+from raydp.wire.protocol import Output, Request
 
 Listener = Callable[["Output | RaydpError"], None]
-logger = logging.getLogger("raydp.client")
+logger = logging.getLogger("raydp.client.client")
 
 
 class RequestState:

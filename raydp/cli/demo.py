@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from typing import Any
 
-ENGINES = {"tiny-lm": "raydp.tiny_lm:TinyLMEngine", "echo": "raydp.engine:EchoEngine"}
+ENGINES = {"tiny-lm": "raydp.engine.tiny_lm:TinyLMEngine", "echo": "raydp.engine:EchoEngine"}
 
 
 def add_parser(sub: Any) -> None:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _start_ray(args: argparse.Namespace) -> bool:
     """Join a cluster if there is one; else start a local Ray with logical GPUs."""
-    from raydp.ray_connection import connect
+    from raydp.actors.connection import connect
 
     cpus = max(os.cpu_count() or 1, args.dp_size + 1)
     return connect(args.address, local={"num_cpus": cpus, "num_gpus": args.local_gpus}, quiet=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from raydp.security import CurveKeys
+from raydp.wire.security import CurveKeys
 
 
 class EngineEndpoint(msgspec.Struct, frozen=True):

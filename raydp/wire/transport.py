@@ -5,7 +5,7 @@ high-water marks and the maximum message size, so no socket can hang
 ``close()``, grow without bound or be made to allocate a huge message.
 
 Cross-node traffic is CURVE-authenticated when the cluster has keys
-(:mod:`raydp.security`); inproc wake-up sockets never carry them.
+(:mod:`raydp.wire.security`); inproc wake-up sockets never carry them.
 
 Addresses: a binder listens on an IPC path inside a per-cluster 0700
 directory (same-node peers) and, unless the transport is ``ipc``, on TCP at
@@ -28,7 +28,7 @@ import zmq
 
 from raydp.config import RaydpConfig, TransportKind
 from raydp.errors import ConfigError
-from raydp.security import CurveKeys, secure_client, secure_server
+from raydp.wire.security import CurveKeys, secure_client, secure_server
 
 DEFAULT_LINGER_MS = 0
 

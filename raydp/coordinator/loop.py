@@ -1,8 +1,8 @@
-"""The coordinator's socket loop around :class:`~raydp.coordinator_state.CoordinatorState`.
+"""The coordinator's socket loop around :class:`~raydp.coordinator.state.CoordinatorState`.
 
 Sockets (all bound by the coordinator):
 
-* ``publish`` PUB -> clients' SUB: a :class:`~raydp.protocol.StatsSnapshot`
+* ``publish`` PUB -> clients' SUB: a :class:`~raydp.wire.protocol.StatsSnapshot`
   at most every stats interval when something changed, a heartbeat otherwise;
 * ``collect`` PULL <- engines' and clients' PUSH: ``EngineStats``,
   ``WaveComplete``, ``StartWave``, ``FirstRequest``, ``ScaleEngines``;
@@ -24,12 +24,12 @@ from typing import Any
 import zmq
 
 from raydp.config import TransportKind
-from raydp.coordinator_state import CoordinatorState
-from raydp.endpoints import CoordinatorEndpoints
+from raydp.coordinator.state import CoordinatorState
 from raydp.errors import ProtocolError
-from raydp.protocol import BROADCAST_TOPIC, Shutdown, StartDPWave, coordinator_decoder, encode, presence_topic
-from raydp.security import guard
-from raydp.transport import IpcDir, SocketOptions, bind_endpoints, make_socket
+from raydp.wire.endpoints import CoordinatorEndpoints
+from raydp.wire.protocol import BROADCAST_TOPIC, Shutdown, StartDPWave, coordinator_decoder, encode, presence_topic
+from raydp.wire.security import guard
+from raydp.wire.transport import IpcDir, SocketOptions, bind_endpoints, make_socket
 
 logger = logging.getLogger("raydp.coordinator")
 _PRESENCE = presence_topic(0)[:-2]
@@ -64,6 +64,13 @@ class CoordinatorLoop:
         self.subscribed: set[int] = set()
         self._subscribed_changed = threading.Condition()
         self._stop = threading.Event()
+        # Only the thread in run() touches the sockets; describe() comes from
+        # other threads (Ray's, the mp control pipe's) and reads under this lock.
+        self._state_lock = threading.Lock()
+        self._lifecycle = threading.Lock()
+        self._started = False
+        self._closed = False
+        self._finished = threading.Event()
         self.dropped = 0
         self.broadcasts = 0
 
@@ -86,6 +93,22 @@ class CoordinatorLoop:
         )
 
     def run(self) -> None:
+        """Serve until :meth:`stop`, then tell engines to leave and close every socket.
+
+        The teardown happens here, in the thread that used the sockets, so no
+        other thread ever closes a socket under a running poll.
+        """
+        with self._lifecycle:
+            if self._closed:
+                return
+            self._started = True
+        try:
+            self._serve()
+        finally:
+            self._teardown()
+            self._finished.set()
+
+    def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self.collect, zmq.POLLIN)
         poller.register(self.broadcast, zmq.POLLIN)
@@ -97,10 +120,11 @@ class CoordinatorLoop:
                 else:
                     self._drain_subscriptions()
             now = time.monotonic()
-            snap = self.state.due_snapshot(now)
+            with self._state_lock:
+                snap = self.state.due_snapshot(now)
+                wave = self.state.due_rebroadcast(now)
             if snap is not None:
                 self.publish.send(encode(snap))
-            wave = self.state.due_rebroadcast(now)
             if wave is not None:
                 self._broadcast(wave)
 
@@ -115,7 +139,8 @@ class CoordinatorLoop:
             except ProtocolError as exc:
                 self._drop(str(exc))
                 continue
-            wave = self.state.handle(msg)
+            with self._state_lock:
+                wave = self.state.handle(msg)
             if wave is not None:
                 self._broadcast(wave)
 
@@ -137,7 +162,8 @@ class CoordinatorLoop:
 
     def _broadcast(self, msg: StartDPWave | Shutdown) -> None:
         self.broadcasts += 1
-        self.state.note_broadcast(time.monotonic())
+        with self._state_lock:
+            self.state.note_broadcast(time.monotonic())
         self.broadcast.send_multipart([BROADCAST_TOPIC, encode(msg)])
 
     def _drop(self, why: str) -> None:
@@ -145,8 +171,12 @@ class CoordinatorLoop:
         logger.warning("coordinator: dropped malformed message: %s", why)
 
     def describe(self) -> dict[str, Any]:
-        """Wave, running flag, counts and counters, for operators and tests."""
+        """Wave, running flag, counts and counters, for operators and tests (any thread)."""
         s = self.state
+        with self._state_lock, self._subscribed_changed:
+            return self._describe_locked(s)
+
+    def _describe_locked(self, s: CoordinatorState) -> dict[str, Any]:
         return {
             "wave": s.wave,
             "running": s.running,
@@ -171,9 +201,24 @@ class CoordinatorLoop:
         if self._gate is not None:
             self._gate.stop()
 
-    def close(self) -> None:
-        """Tell engines to leave, then close every socket and the IPC directory."""
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop, and wait for :meth:`run` to tear its sockets down (or do it here if it never ran).
+
+        ``run`` sees the stop flag within one poll (at most 100 ms). If it is
+        still busy after ``timeout_s`` the sockets are left to process exit
+        rather than closed under it.
+        """
         self.stop()
+        with self._lifecycle:
+            self._closed = True
+            started = self._started
+        if not started:
+            self._teardown()
+        elif not self._finished.wait(timeout_s):
+            logger.error("coordinator loop did not stop within %.1fs; leaving its sockets to exit", timeout_s)
+
+    def _teardown(self) -> None:
+        """Tell engines to leave, then close every socket and the IPC directory."""
         with contextlib.suppress(zmq.ZMQError):
             self._broadcast(Shutdown())
         self._stop_gate()

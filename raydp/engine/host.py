@@ -1,8 +1,8 @@
 """Hosts one rank's engine core in any process: a Ray actor or a local process.
 
 :class:`EngineHost` builds the user's engine core, does the handshake, and runs
-the :class:`~raydp.engine_loop.EngineLoop` until shutdown. It knows nothing of
-Ray: ``actors/engine.py`` wraps it in a Ray actor, :mod:`raydp.procs` in a
+the :class:`~raydp.engine.loop.EngineLoop` until shutdown. It knows nothing of
+Ray: ``actors/engine.py`` wraps it in a Ray actor, :mod:`raydp.local.manager` in a
 spawned process.
 """
 
@@ -16,18 +16,18 @@ from contextlib import ExitStack
 
 import zmq
 
-from raydp.collective import GlooDPGroup, Rendezvous
 from raydp.config import RaydpConfig
-from raydp.engine import EngineContext, check_engine_class, load_engine_class
-from raydp.engine_loop import EngineLoop, EngineSockets
-from raydp.handshake import engine_handshake
+from raydp.engine.collective import GlooDPGroup, Rendezvous
+from raydp.engine.core import EngineContext, check_engine_class, load_engine_class
+from raydp.engine.loop import EngineLoop, EngineSockets
+from raydp.engine.waves import EngineWaves
 from raydp.logs import configure_component_logging
-from raydp.protocol import Init, Ready
-from raydp.security import CurveKeys, guard
-from raydp.transport import IpcDir, SocketOptions, bind_inputs, make_socket, node_ip, pick_address, socket_options
-from raydp.waves import EngineWaves
+from raydp.wire.handshake import engine_handshake
+from raydp.wire.protocol import Init, Ready
+from raydp.wire.security import CurveKeys, guard
+from raydp.wire.transport import IpcDir, SocketOptions, bind_inputs, make_socket, node_ip, pick_address, socket_options
 
-logger = logging.getLogger("raydp.engine")
+logger = logging.getLogger("raydp.engine.core")
 
 # Environment variables that restrict a process to some devices, per Ray resource.
 VISIBILITY_ENV = {

@@ -11,7 +11,7 @@ server process. It owns one IO thread, which alone touches its ZMQ sockets:
 * an inproc PAIR that user threads ring after queueing a command.
 
 The rank for a request is picked on the IO thread at send time
-(:class:`~raydp.balancer.LoadBalancer`); an explicit ``rank`` pins it.
+(:class:`~raydp.client.balancer.LoadBalancer`); an explicit ``rank`` pins it.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 
 import zmq
 
-from raydp.balancer import LoadBalancer
-from raydp.client_sockets import ClientSockets
-from raydp.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.client.balancer import LoadBalancer
+from raydp.client.requests import Listener, RequestHandle, RequestState
+from raydp.client.sockets import ClientSockets
 from raydp.errors import (
     ClusterClosedError,
     ConfigError,
@@ -39,7 +39,8 @@ from raydp.errors import (
     ProtocolError,
     RaydpError,
 )
-from raydp.protocol import (
+from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.wire.protocol import (
     Abort,
     FirstRequest,
     Output,
@@ -51,10 +52,9 @@ from raydp.protocol import (
     output_decoder,
     snapshot_decoder,
 )
-from raydp.requests import Listener, RequestHandle, RequestState
-from raydp.transport import SocketOptions
+from raydp.wire.transport import SocketOptions
 
-logger = logging.getLogger("raydp.client")
+logger = logging.getLogger("raydp.client.client")
 MAX_TOKEN_ID = 2**31 - 1
 RECV_BUDGET = 256  # output batches taken from one engine per IO-thread turn
 SILENCE_HEARTBEATS, SILENCE_MIN_S = 5, 5.0  # when a silent coordinator counts as dead

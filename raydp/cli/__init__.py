@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from raydp import _cli_demo, _cli_plan, _cli_serve
+from raydp.cli import demo, plan, serve
 from raydp.errors import RaydpError
 
 
@@ -15,9 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="raydp", description="Data-parallel engine cores on a Ray cluster."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _cli_demo.add_parser(sub)
-    _cli_serve.add_parser(sub)
-    _cli_plan.add_parser(sub)
+    demo.add_parser(sub)
+    serve.add_parser(sub)
+    plan.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,13 @@
+"""Front-ends: send requests to the ranks and demultiplex their outputs.
+
+Owns the thread-based :class:`Client` (``client``), its sockets and IO thread
+(``sockets``), request handles (``requests``), the load-balancing choice
+(``balancer``) and the asyncio :class:`AsyncClient` (``aio``). Usable from a
+driver, a notebook, a Ray Job or an API server process. Imports the wire
+layer, never Ray, the engine, the coordinator or a backend.
+"""
+
+from raydp.client.aio import AsyncClient
+from raydp.client.client import Client
+
+__all__ = ["AsyncClient", "Client"]

@@ -1,0 +1,133 @@
+"""Local child processes: spawn with a parent-death pipe, watch their exits, shut them down.
+
+Shared by the multiprocessing backend (:mod:`raydp.local`) and the HTTP API
+servers (:mod:`raydp.serve`). Children are spawned (no forked Ray or ZMQ
+state) as daemons. Each holds the read end of a parent-death pipe: when the
+parent dies, however it died, the pipe closes and the child shuts down.
+:func:`shutdown` terminates, waits out a grace period, then kills the whole
+process tree. No Ray here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, cast
+
+logger = logging.getLogger("raydp.processes")
+GRACE_S = 5.0
+WATCH_TIMEOUT_S = 0.05
+
+
+@dataclass
+class Proc:
+    """A child process and what to call it in errors."""
+
+    name: str
+    process: BaseProcess
+    rank: int | None = None
+    death_pipe: Connection | None = None
+
+
+def spawn(mp_ctx: Any, name: str, target: Callable[..., None], *args: Any, rank: int | None = None) -> Proc:
+    """Start ``target(*args, death_pipe)`` as a daemon process; the parent keeps the pipe's writer.
+
+    The child watches the reader: it ends when the parent goes, however the parent died.
+    """
+    reader, writer = mp_ctx.Pipe(duplex=False)
+    process = mp_ctx.Process(target=target, args=(*args, reader), name=name, daemon=True)
+    process.start()
+    reader.close()
+    return Proc(name, process, rank, writer)
+
+
+def shutdown(procs: Sequence[Proc], grace_s: float = GRACE_S) -> None:
+    """Terminate, wait up to ``grace_s``, then kill every survivor and its children."""
+    alive = [p for p in procs if p.process.is_alive()]
+    for p in alive:
+        p.process.terminate()
+    deadline = time.monotonic() + grace_s
+    pending = [p.process.sentinel for p in alive]
+    while pending and time.monotonic() < deadline:  # wait() returns at the first exit
+        ready = wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+        pending = [s for s in pending if s not in ready]
+    for p in alive:
+        if p.process.is_alive():
+            _kill_tree(p.process.pid)
+        p.process.join(timeout=grace_s)
+    for p in procs:
+        if p.death_pipe is not None:
+            p.death_pipe.close()
+
+
+def _kill_tree(pid: int | None) -> None:
+    if pid is None:
+        return
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        victims = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+
+
+def watch_processes(
+    procs: Sequence[Proc], stop: threading.Event, on_exit: Callable[[Proc], None], name: str
+) -> threading.Thread:
+    """Call ``on_exit(proc)`` as each process exits, until ``stop`` is set.
+
+    A bound ``on_exit`` is held weakly, so the watcher never keeps its manager
+    alive: dropping the manager still runs its finalizer.
+    """
+    ref: Callable[[], Callable[[Proc], None] | None] = (
+        weakref.WeakMethod(on_exit) if inspect.ismethod(on_exit) else (lambda: on_exit)
+    )
+
+    def run() -> None:
+        alive = {p.process.sentinel: p for p in procs}
+        while alive and not stop.is_set():
+            for sentinel in wait(list(alive), timeout=WATCH_TIMEOUT_S):
+                proc = alive.pop(cast(int, sentinel))
+                callback = ref()
+                if stop.is_set() or callback is None:
+                    return
+                try:
+                    callback(proc)
+                except Exception:
+                    logger.exception("reporting the exit of %s failed", proc.name)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def watch_parent(death_pipe: Connection, on_parent_death: Callable[[], None]) -> None:
+    """In a child: call ``on_parent_death`` once the parent's end of the pipe closes."""
+
+    def watcher() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            death_pipe.recv()
+        on_parent_death()
+
+    threading.Thread(target=watcher, name="raydp-parent-watch", daemon=True).start()
+
+
+def on_stop_signals(stop: Callable[[], None]) -> None:
+    def handler(signum: int, frame: Any) -> None:
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
