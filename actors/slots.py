@@ -18,7 +18,7 @@ from raydp.actors.engine import probe_device_ids
 from raydp.actors.owned import Owned
 from raydp.config import RaydpConfig
 from raydp.placement.groups import create_groups, validate_user_groups, wait_ready
-from raydp.placement.inventory import read_inventory
+from raydp.placement.live import read_inventory
 from raydp.placement.planner import plan_placement
 
 

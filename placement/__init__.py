@@ -4,7 +4,7 @@ Owns the node inventory (``inventory``), the plan types (``plan``), the pure
 planner with its layout search and infeasibility messages (``planner``,
 ``_layouts``, ``_explain``), the plan table (``report``) and the placement
 groups themselves (``groups``). Pure planning runs with no Ray; the Ray calls
-are confined to ``inventory.read_inventory`` and ``groups``, and importing this
+are confined to ``live.read_inventory`` and ``groups``, and importing this
 package does not import Ray. Imports :mod:`raydp.config`, :mod:`raydp.errors`
 and :mod:`raydp.names`; never a backend.
 """
@@ -12,7 +12,8 @@ and :mod:`raydp.names`; never a backend.
 from __future__ import annotations
 
 from raydp.placement.groups import create_groups, group_name, remove_groups, validate_user_groups, wait_ready
-from raydp.placement.inventory import Inventory, NodeInfo, inventory_from_nodes, read_inventory
+from raydp.placement.inventory import Inventory, NodeInfo, inventory_from_nodes
+from raydp.placement.live import read_inventory
 from raydp.placement.planner import PlacementPlan, RankPlacement, plan_placement, rank_bundles, ranks_fit
 from raydp.placement.report import format_plan_table, plan_to_json
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from raydp.errors import ConfigError, PlacementError, PlacementTimeoutError
 from raydp.names import rank_name
-from raydp.placement.inventory import read_inventory
+from raydp.placement.live import read_inventory
 from raydp.placement.planner import CPU, PlacementPlan, rank_bundles
 from raydp.placement.report import render_table
 

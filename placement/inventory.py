@@ -2,7 +2,7 @@
 
 :func:`inventory_from_nodes` is pure: it turns ``ray.nodes()``-shaped dicts (and
 optionally per-node *available* resources) into an :class:`Inventory` the
-planner can work on. :func:`read_inventory` is the thin Ray wrapper.
+planner can work on. :func:`raydp.placement.live.read_inventory` is the thin Ray wrapper that fills it.
 
 Nodes are identified by their Ray node id, never by IP: on one-host test
 clusters, Kubernetes host networking and some clouds several Ray nodes share
@@ -208,17 +208,3 @@ def _node_info(
         available=float(free.get(accelerator, 0.0)),
         cpus_available=float(free.get("CPU", 0.0)),
     )
-
-
-def read_inventory(accelerator: str = "GPU") -> Inventory:
-    """Read the inventory of the Ray cluster this process is connected to."""
-    import ray
-    from ray._private.state import available_resources_per_node
-
-    if not ray.is_initialized():
-        raise ConfigError("read_inventory needs a connected Ray: call ray.init(address=...) first")
-    nodes = ray.nodes()
-    # Per-node *available* counts are only exposed by this developer API;
-    # cluster-wide ray.available_resources() cannot tell nodes apart.
-    free = available_resources_per_node()
-    return inventory_from_nodes(nodes, free, accelerator)

@@ -41,12 +41,15 @@ class RaydpConfig(BaseModel):
     dp_size_local: int | None = Field(
         None, ge=1, description="ranks on the master node (default: as many as fit)"
     )
-    tensor_parallel_size: int = Field(1, ge=1, le=1024)
-    pipeline_parallel_size: int = Field(1, ge=1, le=1024)
+    tensor_parallel_size: int = Field(1, ge=1, le=1024, description="devices per rank that shard each layer")
+    pipeline_parallel_size: int = Field(1, ge=1, le=1024, description="pipeline stages per rank")
     accelerator: str = Field(
         "GPU", min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_:.-]*$", description="Ray resource of one device bundle"
     )
-    placement_strategy: PlacementStrategy = "fill"
+    placement_strategy: PlacementStrategy = Field(
+        "fill", description="fill: master first, then nodes as they fit; strict: the same count per node; "
+        "span: one rank over several identical nodes"
+    )
     node_allowlist: tuple[str, ...] | None = Field(
         None, description="node ids (or unique prefixes) that may host ranks"
     )
@@ -65,7 +68,7 @@ class RaydpConfig(BaseModel):
     startup_timeout_s: float = Field(120.0, gt=0)
     handshake_timeout_s: float = Field(60.0, gt=0)
     max_restarts: int = Field(0, ge=0, description="restarts allowed per rank (dense mode)")
-    transport: TransportKind = "auto"
+    transport: TransportKind = Field("auto", description="auto: IPC on one node, TCP across nodes")
     auth: AuthKind = Field(
         "curve", description="'curve': TCP peers must hold the cluster's keys; 'none': trust the network"
     )

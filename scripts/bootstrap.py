@@ -2,7 +2,7 @@
 """Bootstrap and run raydp with nothing installed but Python 3.10+.
 
     python3 scripts/bootstrap.py demo [demo flags]   # `raydp demo` on an embedded local Ray
-    python3 scripts/bootstrap.py test [pytest args]  # ruff + mypy + the whole test suite
+    python3 scripts/bootstrap.py test [pytest args]  # ruff + mypy + import contracts + the whole test suite
     python3 scripts/bootstrap.py bench [bench flags] # the benchmarks (adds Ray Serve)
 
 Creates ``.venv`` if missing and installs what is missing, pinned by
@@ -51,6 +51,7 @@ def run_tests(args: list[str]) -> int:
     py = BIN / "python"
     sh(py, "-m", "ruff", "check", ".")
     sh(py, "-m", "mypy")
+    sh(BIN / "lint-imports")  # the layering contracts in pyproject.toml
     code = sh(py, "-m", "pytest", *(args or ["tests"]), check=False)
     if code == 5:  # pytest: no tests collected
         print("no tests were collected", file=sys.stderr)

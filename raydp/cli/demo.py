@@ -9,7 +9,12 @@ import time
 from collections import Counter
 from typing import Any
 
-ENGINES = {"tiny-lm": "raydp.engine.tiny_lm:TinyLMEngine", "echo": "raydp.engine:EchoEngine"}
+from raydp.cli.options import ENGINES, add_config_flags, config_from_args
+
+# The demo's own starting point; RAYDP_* variables and flags override it.
+PRESETS: dict[str, Any] = {"dp_size": 2, "engine": "tiny-lm"}
+CONFIG_FLAGS = ("dp_size", "tensor_parallel_size", "engine", "lockstep", "accelerator", "placement_strategy",
+                "max_restarts", "transport", "auth")
 
 
 def add_parser(sub: Any) -> None:
@@ -17,17 +22,13 @@ def add_parser(sub: Any) -> None:
         "demo",
         help="run DP ranks on a local (or given) Ray cluster and push requests through them",
         description="Launch a data-parallel cluster of the reference engine, send requests "
-        "through the load-balancing client, print a per-rank summary and shut down cleanly.",
+        "through the load-balancing client, print a per-rank summary and shut down cleanly. "
+        f"Engines by short name: {', '.join(sorted(ENGINES))}; or a 'module:Class' path.",
     )
-    p.add_argument("--dp-size", type=int, default=2, help="data-parallel ranks to launch (default 2)")
+    add_config_flags(p, CONFIG_FLAGS, PRESETS)
     p.add_argument("--requests", type=int, default=300, help="requests to send (default 300)")
     p.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request (default 16)")
     p.add_argument("--prompt-len", type=int, default=8, help="prompt length in tokens (default 8)")
-    p.add_argument("--engine", choices=sorted(ENGINES), default="tiny-lm",
-                   help="engine core: the torch reference LM, or the echo engine (default tiny-lm)")
-    p.add_argument("--lockstep", action="store_true", help="run ranks in request waves (expert-parallel style)")
-    p.add_argument("--accelerator", default="GPU",
-                   help="Ray resource of one device bundle (default GPU; CPU on a cluster with no devices)")
     p.add_argument("--local-gpus", type=int, default=4,
                    help="logical GPUs declared when a local Ray is started (default 4; none need exist)")
     p.add_argument("--address", default=None,
@@ -41,16 +42,10 @@ def run(args: argparse.Namespace) -> int:
 
     from raydp.cluster import launch
 
-    started_ray = _start_ray(args)
+    config = config_from_args(args, CONFIG_FLAGS, {**PRESETS, "name": f"demo-{os.getpid()}"})
+    started_ray = _start_ray(args, config.dp_size)
     try:
-        with launch(
-            name=f"demo-{os.getpid()}",
-            dp_size=args.dp_size,
-            engine=ENGINES[args.engine],
-            lockstep=args.lockstep,
-            accelerator=args.accelerator,
-            progress=not args.no_progress,
-        ) as cluster:
+        with launch(config, progress=not args.no_progress) as cluster:
             print(f"launched {cluster.dp_size} ranks, capacity {cluster.capacity}")
             summary = _drive(cluster, args)
             _print_summary(cluster, summary)
@@ -60,11 +55,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_ray(args: argparse.Namespace) -> bool:
+def _start_ray(args: argparse.Namespace, dp_size: int) -> bool:
     """Join a cluster if there is one; else start a local Ray with logical GPUs."""
     from raydp.actors.connection import connect
 
-    cpus = max(os.cpu_count() or 1, args.dp_size + 1)
+    cpus = max(os.cpu_count() or 1, dp_size + 1)
     return connect(args.address, local={"num_cpus": cpus, "num_gpus": args.local_gpus}, quiet=True)
 
 

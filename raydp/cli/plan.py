@@ -13,13 +13,17 @@ import sys
 from typing import Any
 
 from raydp.actors.connection import connect
-from raydp.config import PLACEMENT_STRATEGIES
+from raydp.cli.options import add_config_flags, config_from_args
+from raydp.config import RaydpConfig
 from raydp.errors import ConfigError, PlacementError
-from raydp.placement.inventory import Inventory, read_inventory
+from raydp.placement.inventory import Inventory
+from raydp.placement.live import read_inventory
 from raydp.placement.planner import PlacementPlan, plan_placement
 from raydp.placement.report import format_plan_table, plan_to_json
 
 EXIT_INFEASIBLE = 2
+CONFIG_FLAGS = ("dp_size", "dp_size_local", "tensor_parallel_size", "pipeline_parallel_size", "accelerator",
+                "placement_strategy", "node_allowlist", "master_node_id")
 
 
 def add_parser(sub: Any) -> None:
@@ -30,22 +34,9 @@ def add_parser(sub: Any) -> None:
         description="Read the Ray cluster's node inventory and print the placement plan for "
         "a DP layout, without creating placement groups or actors.",
     )
-    p.add_argument("--dp-size", type=int, required=True, help="number of data-parallel ranks")
-    p.add_argument("--world-size", type=int, default=1,
-                   help="devices per rank: tensor x pipeline parallel size (default 1)")
-    p.add_argument("--dp-size-local", type=int, default=None,
-                   help="ranks on the master node (default: as many as fit)")
-    p.add_argument("--strategy", choices=PLACEMENT_STRATEGIES, default="fill",
-                   help="fill: master then other nodes as they fit; strict: the same number of "
-                   "ranks on every node used; span: one rank over several identical nodes (default fill)")
-    p.add_argument("--accelerator", default="GPU",
-                   help="Ray resource one device bundle asks for, e.g. GPU, TPU, neuron_cores, CPU "
-                   "(default GPU)")
-    p.add_argument("--allow", action="append", metavar="NODE", default=None,
-                   help="node id (or unique prefix of >= 4 chars) that may host ranks; repeatable "
-                   "(default: every node)")
-    p.add_argument("--master", metavar="NODE", default=None,
-                   help="master node id or unique prefix (default: this driver's node)")
+    add_config_flags(p, CONFIG_FLAGS, {})
+    p.add_argument("--world-size", type=int, default=None,
+                   help="devices per rank, instead of tensor x pipeline parallel size")
     p.add_argument("--address", default=None,
                    help="Ray address to connect to (default: $RAY_ADDRESS or the running cluster, "
                    "else a temporary local Ray)")
@@ -57,11 +48,16 @@ def run(args: argparse.Namespace) -> int:
     """Plan and print; 0 on success, 2 when the layout does not fit or is invalid."""
     import ray
 
+    try:
+        config = config_from_args(args, CONFIG_FLAGS, {})
+    except ConfigError as exc:
+        print(f"raydp plan: {exc}", file=sys.stderr)
+        return EXIT_INFEASIBLE
     started = connect(args.address, quiet=True)
     try:
-        inventory = read_inventory(args.accelerator)
-        master = args.master or ray.get_runtime_context().get_node_id()
-        plan = _plan(inventory, args, master)
+        inventory = read_inventory(config.accelerator)
+        master = config.master_node_id or ray.get_runtime_context().get_node_id()
+        plan = _plan(inventory, config, args.world_size or config.world_size, master)
     except (PlacementError, ConfigError) as exc:
         print(f"raydp plan: {exc}", file=sys.stderr)
         return EXIT_INFEASIBLE
@@ -72,15 +68,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(inventory: Inventory, args: argparse.Namespace, master: str) -> PlacementPlan:
+def _plan(inventory: Inventory, config: RaydpConfig, world_size: int, master: str) -> PlacementPlan:
     return plan_placement(
         inventory,
-        dp_size=args.dp_size,
-        world_size=args.world_size,
-        dp_size_local=args.dp_size_local,
-        strategy=args.strategy,
+        dp_size=config.dp_size,
+        world_size=world_size,
+        dp_size_local=config.dp_size_local,
+        strategy=config.placement_strategy,
         master_node_id=master,
-        node_allowlist=args.allow,
+        node_allowlist=config.node_allowlist,
     )
 
 

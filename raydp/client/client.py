@@ -138,7 +138,14 @@ class Client:
         except TypeError as exc:
             raise ConfigError(f"args={args!r}: not msgpack-encodable ({exc})") from None
         self._enqueue(lambda: self._do_call(rank, call_id, (method, future), body))
-        return future.result(timeout)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            # Timed out or interrupted: nobody waits for this answer any more, so the
+            # IO thread (the table's only user) drops the entry; a late answer is ignored.
+            if not future.done():
+                self._enqueue(lambda: self._forget_call(call_id), allow_closed=True)
+            raise
 
     def snapshot(self) -> StatsSnapshot | None:
         """The latest (counts, wave, running) published by the coordinator."""
@@ -387,12 +394,23 @@ class Client:
             del self._calls[call_id]
             call[1].set_exception(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
 
+    def _forget_call(self, call_id: int) -> None:
+        entry = self._calls.pop(call_id, None)
+        if entry is not None:
+            entry[2].cancel()
+
     def _do_mark_dead(self, error: EngineDeadError) -> None:
         self._dead[error.rank] = error
         self._fail_rank(error.rank, error)
 
     def _fail_rank(self, rank: int, error: EngineDeadError) -> None:
-        """Fail (or move, if retryable and nothing streamed yet) the requests on ``rank``."""
+        """Fail (or move, if retryable and nothing streamed yet) the requests on ``rank``;
+        fail its pending utility calls (the engine that would answer them is gone)."""
+        for call_id, (call_rank, _, future) in list(self._calls.items()):
+            if call_rank == rank:
+                del self._calls[call_id]
+                if not future.done():
+                    future.set_exception(error)
         for rid, state in list(self._requests.items()):
             if state.rank != rank:
                 continue

@@ -7,6 +7,7 @@ fail its in-flight requests, and follow a restarted rank to its new address.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import zmq
@@ -14,6 +15,8 @@ import zmq
 from raydp.wire.endpoints import CoordinatorEndpoints
 from raydp.wire.protocol import EngineDead, EngineRevived, encode
 from raydp.wire.transport import SocketOptions, make_socket, pick_address
+
+logger = logging.getLogger("raydp.coordinator")
 
 
 class CoordinatorClient:
@@ -26,17 +29,28 @@ class CoordinatorClient:
         self._lock = threading.Lock()
 
     def engine_dead(self, rank: int, cause: str) -> None:
-        self._send(encode(EngineDead(rank, cause)))
+        self._send(EngineDead(rank, cause))
 
     def engine_revived(self, rank: int, input_addresses: list[str]) -> None:
-        self._send(encode(EngineRevived(rank, input_addresses)))
+        self._send(EngineRevived(rank, input_addresses))
 
-    def _send(self, body: bytes) -> None:
+    def _send(self, msg: EngineDead | EngineRevived) -> None:
+        """Send without blocking; never raises. A notice that cannot go is logged and dropped.
+
+        It fails when the coordinator is gone (its own death is being reported
+        separately), when its queue is full, or after ``close``.
+        """
+        body = encode(msg)
         with self._lock:
             try:
                 self._sock.send(body, flags=zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass  # the coordinator is gone: its own death is being reported
+            except zmq.ZMQError as exc:
+                logger.warning(
+                    "could not tell the coordinator %s(rank=%d): %s; other processes' clients will not see it",
+                    type(msg).__name__,
+                    msg.rank,
+                    exc,
+                )
 
     def close(self) -> None:
         with self._lock:

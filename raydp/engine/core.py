@@ -38,7 +38,9 @@ class EngineCore(Protocol):
 
     Constructed as ``cls(context, **engine_kwargs)``. Optional extras:
     ``capacity() -> int`` (summed by the handshake, e.g. KV blocks; 0 if absent)
-    and ``barrier_collective(group)`` to take part in lockstep collectives.
+    and, in lockstep mode, ``attach_dp_group(group)``, called once before the
+    loop starts with the DP ``torch.distributed`` (gloo) process group, so the
+    engine's forward pass can run collectives over it.
     """
 
     def add_request(self, request: Request) -> None: ...

@@ -3,8 +3,8 @@
 Routes:
 
 * ``POST /v1/generate`` with ``{"prompt_token_ids": [...], "max_tokens": n,
-  "rank": r?}`` -> ``{"token_ids": [...], "rank": r}``; 400 names the bad
-  field, 503 means the rank (or every rank) is dead;
+  "rank": r?}`` -> ``{"token_ids": [...]}``; 400 names the bad field, 503
+  means the rank (or every rank) is dead, 500 any other raydp error;
 * ``GET /health`` -> ``{"status": "ok", "client_index": i, "client_count": n}``.
 
 N such processes share one listening socket (the kernel spreads connections

@@ -10,12 +10,13 @@ import sys
 import urllib.request
 
 import pytest
+from ray.cluster_utils import Cluster
 
 from tests.integration.helpers import socket_dirs
 
 
-def raydp_cli(*args: str, **kw: object) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAYDP_LOG_LEVEL": "WARNING"}
+def raydp_cli(*args: str, extra_env: dict[str, str] | None = None, **kw: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAYDP_LOG_LEVEL": "WARNING", **(extra_env or {})}
     return subprocess.Popen([sys.executable, "-m", "raydp", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
 
@@ -50,3 +51,54 @@ def test_serve_answers_http_and_ctrl_c_shuts_everything_down() -> None:
     assert proc.returncode == 130
     assert "interrupted" in proc.stderr.read()
     assert socket_dirs("clisrv") == []
+
+
+def serve_banner(*flags: str, env: dict[str, str]) -> str:
+    """Start ``raydp serve`` on the mp backend, read its banner, stop it with Ctrl-C."""
+    proc = raydp_cli("serve", "--backend", "mp", "--engine", "echo", "--port", "0", *flags, extra_env=env)
+    try:
+        assert proc.stdout is not None
+        banner = proc.stdout.readline()
+        assert "Ctrl-C to stop" in banner, banner + (proc.stderr.read() if proc.poll() is not None else "")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        return banner
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.timeout(120)
+def test_serve_takes_dp_size_from_the_environment_and_a_flag_wins() -> None:
+    env = {"RAYDP_DP_SIZE": "3"}
+    assert ": 3 ranks" in serve_banner("--name", "envsrv", env=env)
+    assert ": 1 ranks" in serve_banner("--name", "envsrv", "--dp-size", "1", env=env)
+    assert socket_dirs("envsrv") == []
+
+
+@pytest.mark.timeout(180)
+def test_demo_takes_dp_size_from_the_environment_and_a_flag_wins(two_nodes: Cluster) -> None:
+    def launched(*flags: str) -> str:
+        proc = raydp_cli("demo", "--address", two_nodes.address, "--engine", "echo", "--accelerator", "CPU",
+                         "--requests", "12", "--no-progress", *flags, extra_env={"RAYDP_DP_SIZE": "3"})
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        return out
+
+    out = launched()
+    assert "launched 3 ranks" in out
+    assert len([line for line in out.splitlines() if line.strip().startswith(("0 ", "1 ", "2 "))]) == 3
+    assert "launched 2 ranks" in launched("--dp-size", "2")
+
+
+@pytest.mark.timeout(120)
+def test_plan_takes_dp_size_from_the_environment_and_a_flag_wins(two_nodes: Cluster) -> None:
+    def planned(*flags: str) -> dict[str, object]:
+        proc = raydp_cli("plan", "--address", two_nodes.address, "--json", *flags,
+                         extra_env={"RAYDP_DP_SIZE": "3"})
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 0, err
+        return dict(json.loads(out))
+
+    assert [r["rank"] for r in planned()["ranks"]] == [0, 1, 2]  # type: ignore[attr-defined]
+    assert [r["rank"] for r in planned("--dp-size", "5")["ranks"]] == [0, 1, 2, 3, 4]  # type: ignore[attr-defined]

@@ -34,3 +34,64 @@ def test_bad_flag_value_names_the_flag(capsys: pytest.CaptureFixture[str]) -> No
         build_parser().parse_args(["demo", "--dp-size", "two"])
     assert exit_info.value.code == 2
     assert "--dp-size" in capsys.readouterr().err
+
+
+def parsed(command: str, *flags: str) -> argparse.Namespace:
+    return build_parser().parse_args([command, *flags])
+
+
+@pytest.mark.parametrize("command", ["demo", "serve", "plan"])
+def test_an_unset_flag_leaves_the_field_to_the_environment(command: str) -> None:
+    from raydp.cli import demo, plan, serve
+    from raydp.cli.options import config_from_args
+
+    module = {"demo": demo, "serve": serve, "plan": plan}[command]
+    presets = getattr(module, "PRESETS", {})
+    args = parsed(command)
+    assert not hasattr(args, "dp_size")  # argparse holds no default that could override the variable
+    assert config_from_args(args, module.CONFIG_FLAGS, presets, env={"RAYDP_DP_SIZE": "3"}).dp_size == 3
+    flagged = parsed(command, "--dp-size", "2")
+    assert config_from_args(flagged, module.CONFIG_FLAGS, presets, env={"RAYDP_DP_SIZE": "3"}).dp_size == 2
+
+
+def test_precedence_is_flag_then_environment_then_preset_then_field_default() -> None:
+    from raydp.cli import demo
+    from raydp.cli.options import config_from_args
+
+    def cfg(*flags: str, env: dict[str, str] | None = None) -> object:
+        return config_from_args(parsed("demo", *flags), demo.CONFIG_FLAGS, demo.PRESETS, env=env or {})
+
+    assert cfg().dp_size == 2  # the demo's preset
+    assert cfg().max_restarts == 0  # the field's default
+    assert cfg(env={"RAYDP_MAX_RESTARTS": "4"}).max_restarts == 4
+    assert cfg("--max-restarts", "1", env={"RAYDP_MAX_RESTARTS": "4"}).max_restarts == 1
+    assert cfg("--lockstep").lockstep is True
+    assert cfg("--no-lockstep", env={"RAYDP_LOCKSTEP": "true"}).lockstep is False
+
+
+def test_engine_short_names_resolve_from_flag_and_environment() -> None:
+    from raydp.cli import serve
+    from raydp.cli.options import config_from_args
+
+    args = parsed("serve")
+    assert config_from_args(args, serve.CONFIG_FLAGS, serve.PRESETS, env={}).engine.endswith("TinyLMEngine")
+    env = {"RAYDP_ENGINE": "echo"}
+    assert config_from_args(args, serve.CONFIG_FLAGS, serve.PRESETS, env=env).engine == "raydp.engine:EchoEngine"
+
+
+def test_aliases_and_repeated_flags_reach_the_config() -> None:
+    from raydp.cli import plan
+    from raydp.cli.options import config_from_args
+
+    args = parsed("plan", "--strategy", "strict", "--allow", "aaaa", "--allow", "bbbb", "--master", "cccc")
+    cfg = config_from_args(args, plan.CONFIG_FLAGS, {}, env={})
+    assert (cfg.placement_strategy, cfg.node_allowlist, cfg.master_node_id) == ("strict", ("aaaa", "bbbb"), "cccc")
+
+
+def test_a_bad_environment_value_names_the_field() -> None:
+    from raydp.cli import demo
+    from raydp.cli.options import config_from_args
+    from raydp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="dp_size='zero'"):
+        config_from_args(parsed("demo"), demo.CONFIG_FLAGS, demo.PRESETS, env={"RAYDP_DP_SIZE": "zero"})

@@ -1,0 +1,78 @@
+"""Command-line flags made from :class:`~raydp.config.RaydpConfig`'s fields.
+
+Each flag takes its type, choices and help from the field, and has no
+argparse default: a flag the user did not give is absent from the parsed
+namespace, so the value comes from ``RAYDP_<FIELD>`` if set, else from the
+command's preset, else from the field's own default. Defaults are declared
+once, in the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Union, get_args, get_origin
+
+from raydp.config import ENV_PREFIX, RaydpConfig, env_fields
+
+# Short names the CLI accepts for ``--engine`` (and RAYDP_ENGINE), besides 'module:Class' paths.
+ENGINES = {"tiny-lm": "raydp.engine.tiny_lm:TinyLMEngine", "echo": "raydp.engine:EchoEngine"}
+
+# A flag spelled differently from its field; the field's own flag works too.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "placement_strategy": ("--strategy",),
+    "node_allowlist": ("--allow",),
+    "master_node_id": ("--master",),
+}
+
+
+def add_config_flags(parser: argparse.ArgumentParser, fields: Sequence[str], presets: Mapping[str, Any]) -> None:
+    """Add one flag per config field in ``fields``; help shows the default in force."""
+    group = parser.add_argument_group("cluster config", f"each flag can also be set as {ENV_PREFIX}<FIELD>")
+    for name in fields:
+        info = RaydpConfig.model_fields[name]
+        flags = [f"--{name.replace('_', '-')}", *ALIASES.get(name, ())]
+        default = presets.get(name, info.default)
+        env = ENV_PREFIX + name.upper()
+        shown = f"default {default}; " if default is not None else ""
+        help_text = f"{info.description or name.replace('_', ' ')} ({shown}env {env})"
+        group.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=help_text,
+                           **_kind(info.annotation))
+
+
+def _kind(annotation: Any) -> dict[str, Any]:
+    """argparse keywords for a field's type: bools toggle, literals choose, tuples repeat."""
+    inner = _without_none(annotation)
+    if inner is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if get_origin(inner) is Literal:
+        return {"choices": get_args(inner)}
+    if get_origin(inner) is tuple:
+        return {"action": "append", "metavar": "VALUE"}
+    if inner in (int, float):
+        return {"type": inner}
+    return {}
+
+
+def _without_none(annotation: Any) -> Any:
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else annotation
+    return annotation
+
+
+def config_from_args(
+    args: argparse.Namespace,
+    fields: Sequence[str],
+    presets: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+) -> RaydpConfig:
+    """Flags over ``RAYDP_*`` over the command's presets over the field defaults."""
+    given = {name: getattr(args, name) for name in fields if hasattr(args, name)}
+    environ = os.environ if env is None else env
+    fields_in_force = {**presets, **env_fields(environ), **given}
+    if isinstance(fields_in_force.get("engine"), str):
+        fields_in_force["engine"] = ENGINES.get(fields_in_force["engine"], fields_in_force["engine"])
+    return RaydpConfig(**fields_in_force)
