@@ -1,7 +1,7 @@
 """Engine-side request-wave bookkeeping for lockstep (expert-parallel) ranks.
 
 Pure logic, no sockets and no collectives: the engine loop feeds it events and
-acts on what it returns. The rules (DESIGN.md section 4, "Request waves"):
+acts on what it returns. The rules (``docs/architecture.md``, "Request waves"):
 
 * all ranks share a global state, *running* or *paused*; ``wave`` counts the
   running -> paused transitions and never goes backwards;

@@ -1,10 +1,10 @@
-"""The startup handshake between a front-end and its engines (DESIGN.md section 4).
+"""The startup handshake between a front-end and its engines (``docs/architecture.md``, "Startup").
 
 The front-end binds a ROUTER (:class:`HandshakeServer`). Each engine connects a
 DEALER whose identity is its rank, 2 bytes little endian
 (:func:`engine_handshake`), and the exchange is::
 
-    engine -> HELLO{local, headless}
+    engine -> HELLO{local}
     front  -> INIT{addresses, parallel config}     (or REJECT{reason})
     engine -> READY{capacity, config_hash, input_addresses}
 
@@ -187,13 +187,12 @@ def engine_handshake(
     local: bool,
     make_ready: Callable[[Init], Ready],
     timeout_s: float,
-    headless: bool = False,
 ) -> Init:
     """The engine side: HELLO, wait for INIT, answer READY from ``make_ready(init)``."""
     sock = make_socket(ctx, zmq.DEALER, opts, identity=rank_identity(rank))
     try:
         sock.connect(address)
-        sock.send(encode(Hello(local=local, headless=headless)))
+        sock.send(encode(Hello(local=local)))
         if not sock.poll(int(timeout_s * 1000)):
             raise StartupError(f"rank {rank}: no INIT from the front-end at {address} in {timeout_s:.0f}s")
         msg = handshake_decoder(sock.recv())

@@ -185,8 +185,9 @@ def presence_topic(rank: int) -> bytes:
 
 
 class Hello(_Msg, tag=1):
+    """An engine's first message; ``local``: it runs on the front-end's node."""
+
     local: bool
-    headless: bool = False
 
 
 class EngineAddresses(_Msg):

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.timeout(30)
 def _client() -> CoordinatorClient:
     # Port 9 (discard) on loopback: nothing accepts, so the send queue fills after one message.
     nowhere = ["tcp://127.0.0.1:9"]
-    return CoordinatorClient(CoordinatorEndpoints("n", nowhere, nowhere, nowhere), "n", SocketOptions(high_water_mark=1))
+    endpoints = CoordinatorEndpoints("n", nowhere, nowhere, nowhere)
+    return CoordinatorClient(endpoints, "n", SocketOptions(high_water_mark=1))
 
 
 def test_undeliverable_notices_are_logged_once_each_and_do_not_block(caplog: pytest.LogCaptureFixture) -> None:

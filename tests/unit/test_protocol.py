@@ -53,7 +53,7 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
     (p.StartDPWave(wave=4, exclude=2), p.engine_broadcast_decoder),
     (p.Shutdown(), p.engine_broadcast_decoder),
     (p.Hello(local=True), p.handshake_decoder),
-    (p.Hello(local=False, headless=True), p.handshake_decoder),
+    (p.Hello(local=False), p.handshake_decoder),
     (
         p.Init(
             addresses=p.EngineAddresses(coordinator_collect="ipc:///tmp/c", coordinator_broadcast="ipc:///tmp/b"),
@@ -131,6 +131,34 @@ def test_every_message_type_has_a_round_trip_case() -> None:
         walk(msg)
     missing = sorted(t.__name__ for t in defined - covered)
     assert not missing, f"message types with no round-trip test: {missing}"
+
+
+def test_every_optional_field_travels_set_in_some_case() -> None:
+    """Defaults are omitted on the wire, so a field only ever sent at its default is untested."""
+    unset: set[str] = set()
+    seen: set[str] = set()
+
+    def walk(value: object) -> None:
+        if isinstance(value, msgspec.Struct):
+            info = msgspec.inspect.type_info(type(value))
+            assert isinstance(info, msgspec.inspect.StructType)
+            for f in info.fields:
+                current = getattr(value, f.name)
+                if f.required:
+                    pass
+                elif current != (f.default if f.default is not msgspec.NODEFAULT else f.default_factory()):
+                    seen.add(f"{type(value).__name__}.{f.name}")
+                else:
+                    unset.add(f"{type(value).__name__}.{f.name}")
+                walk(current)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    for msg, _ in CASES:
+        walk(msg)
+    missing = sorted(unset - seen)
+    assert not missing, f"optional fields never set to a non-default value in a round-trip case: {missing}"
 
 
 def test_every_decoder_is_exercised() -> None:
