@@ -31,7 +31,15 @@ def infeasible_message(inv: Inventory, req: Request, reason: str) -> str:
     hints = _suggestions(inv, req)
     lines.append("nearest feasible: " + ("; ".join(hints) if hints else
                                          "none without freeing devices or adding nodes"))
+    if inv.accelerator != CPU and not any(n.total for n in inv.nodes):
+        lines.append(_no_accelerator_hint(inv.accelerator))
     return "\n".join(lines)
+
+
+def _no_accelerator_hint(accelerator: str) -> str:
+    """A laptop or CPU-only cluster: say how to run anyway instead of only what does not fit."""
+    return (f"no node has any {accelerator}: to run on CPUs, pass --accelerator CPU (raydp serve/demo/plan), "
+            f"accelerator='CPU' (raydp.launch) or RAYDP_ACCELERATOR=CPU; each device bundle then takes one CPU")
 
 
 def _asked(inv: Inventory, req: Request) -> str:

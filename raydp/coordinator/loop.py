@@ -182,6 +182,8 @@ class CoordinatorLoop:
             "running": s.running,
             "counts": [list(c) for c in s.counts],
             "dead": dict(s.dead),
+            "deaths": list(s.deaths),
+            "restarts": list(s.restarts),
             "dropped": self.dropped + s.rejected,
             "broadcasts": self.broadcasts,
             "subscribed": sorted(self.subscribed),

@@ -40,6 +40,8 @@ class CoordinatorState:
     changed: bool = True
     dead: dict[int, str] = field(default_factory=dict)
     moved: dict[int, list[str]] = field(default_factory=dict)
+    deaths: list[int] = field(default_factory=list)  # per rank, for operators (raydp status, metrics)
+    restarts: list[int] = field(default_factory=list)
     rejected: int = 0
     _last_publish: float = float("-inf")
     _last_wave_broadcast: float = float("-inf")
@@ -48,6 +50,8 @@ class CoordinatorState:
     def __post_init__(self) -> None:
         if not self.counts:
             self.counts = [[0, 0] for _ in range(self.engine_count)]
+        self.deaths = (self.deaths + [0] * self.engine_count)[: self.engine_count]
+        self.restarts = (self.restarts + [0] * self.engine_count)[: self.engine_count]
 
     def handle(self, msg: ToCoordinator) -> StartDPWave | None:
         """Apply one message; return the broadcast it calls for, if any."""
@@ -69,6 +73,8 @@ class CoordinatorState:
         if self._bad_rank(msg.rank, msg):
             return
         if isinstance(msg, EngineDead):
+            if msg.rank not in self.dead:  # the same death may be reported twice
+                self.deaths[msg.rank] += 1
             self.dead[msg.rank] = msg.cause
             self.counts[msg.rank] = [0, 0]
         elif not msg.input_addresses or not all(a.startswith(("ipc://", "tcp://")) for a in msg.input_addresses):
@@ -78,6 +84,7 @@ class CoordinatorState:
         else:
             self.dead.pop(msg.rank, None)
             self.moved[msg.rank] = list(msg.input_addresses)
+            self.restarts[msg.rank] += 1
         self.changed = True
 
     def due_rebroadcast(self, now: float) -> StartDPWave | None:
@@ -133,6 +140,8 @@ class CoordinatorState:
             return
         n = msg.engine_count
         self.counts = (self.counts + [[0, 0] for _ in range(n)])[:n]
+        self.deaths = (self.deaths + [0] * n)[:n]
+        self.restarts = (self.restarts + [0] * n)[:n]
         self.engine_count = n
         self.changed = True
 

@@ -268,3 +268,15 @@ def test_a_running_wave_is_rebroadcast_every_heartbeat() -> None:
     state.note_broadcast(now=5.0)
     assert state.due_rebroadcast(now=5.5) is None
     assert state.due_rebroadcast(now=6.0) == StartDPWave(wave=0, exclude=-1)
+
+
+def test_deaths_and_restarts_are_tallied_per_rank_once_each() -> None:
+    state = _state(engine_count=2)
+    state.handle(EngineDead(rank=1, cause="killed"))
+    state.handle(EngineDead(rank=1, cause="killed"))  # reported by the launcher and a client: one death
+    state.handle(EngineRevived(rank=1, input_addresses=["ipc:///a"]))
+    state.handle(EngineDead(rank=1, cause="process died"))
+    state.handle(EngineRevived(rank=1, input_addresses=["tcp://10.0.0.1:1"]))
+    assert (state.deaths, state.restarts) == ([0, 2], [0, 2])
+    state.handle(ScaleEngines(engine_count=3))
+    assert (state.deaths, state.restarts) == ([0, 2, 0], [0, 2, 0])

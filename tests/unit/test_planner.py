@@ -533,3 +533,15 @@ def test_plan_table_marks_head_and_master() -> None:
     assert lines[1].split() == ["rank", "node", "ip", "local", "rank", "devices"]
     assert "a1b2a1b2 (head) *" in lines[2] and "2 GPU" in lines[2]
     assert lines[6].split()[:4] == ["4", "c3d4c3d4", "10.0.0.1", "0"]
+
+
+def test_a_cluster_without_any_accelerator_is_told_how_to_run_on_cpus() -> None:
+    inv = Inventory((node("aaaa", 0, 0, head=True), node("bbbb", 0, 0)), "GPU")
+    with pytest.raises(PlacementError) as info:
+        plan_placement(inv, dp_size=1, world_size=1, master_node_id="aaaa")
+    assert "no node has any GPU" in str(info.value)
+    assert "--accelerator CPU" in str(info.value)
+    with_gpus = Inventory((node("aaaa", 0, 4, head=True),), "GPU")  # all busy, but GPUs exist: no CPU hint
+    with pytest.raises(PlacementError) as busy:
+        plan_placement(with_gpus, dp_size=1, world_size=1, master_node_id="aaaa")
+    assert "--accelerator CPU" not in str(busy.value)

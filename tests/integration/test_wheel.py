@@ -1,0 +1,67 @@
+"""The built wheel, installed in a fresh venv outside the checkout: one ``raydp`` namespace."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True, cwd=out, timeout=240,
+    )
+    (found,) = out.glob("*.whl")
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_the_wheel_holds_only_raydp_under_its_own_distribution_name(wheel: Path) -> None:
+    assert wheel.name.startswith("raydp_engines-")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"raydp"}
+    for module in ("raydp/placement/planner.py", "raydp/actors/manager.py", "raydp/wire/protocol.py",
+                   "raydp/engine/tiny_lm.py", "raydp/cli/__init__.py"):
+        assert module in names
+
+
+@pytest.mark.timeout(300)
+def test_installed_wheel_imports_as_raydp_and_nothing_else(wheel: Path, tmp_path: Path) -> None:
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+                   check=True, timeout=240)
+    # Dependencies come from this venv's site-packages, added after the fresh one's
+    # own; a .pth there is not a site dir, so this checkout's editable hook stays out.
+    site = Path(sysconfig.get_paths()["purelib"])
+    fresh_site = next((env_dir / "lib").glob("python*/site-packages"))
+    (fresh_site / "zz_deps.pth").write_text(f"{site}\n")
+    probe = (
+        "import raydp, raydp.placement, raydp.actors, raydp.placement.planner, raydp.wire.protocol\n"
+        "print(raydp.__file__)\n"
+        "for name in ('placement', 'actors'):\n"
+        "    try:\n"
+        "        __import__(name)\n"
+        "    except ModuleNotFoundError:\n"
+        "        print('no', name)\n"
+        "    else:\n"
+        "        print('found', name)\n"
+    )
+    result = subprocess.run([str(python), "-I", "-c", probe], check=False, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(str(fresh_site)), lines[0]
+    assert lines[1:] == ["no placement", "no actors"]
