@@ -1,0 +1,116 @@
+"""CoordinatorLoop's lifecycle over real IPC sockets: close() never pulls a socket out from under run()."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from raydp.coordinator.loop import CoordinatorLoop
+from raydp.coordinator.state import CoordinatorState
+from raydp.wire.protocol import BROADCAST_TOPIC, EngineDead, EngineStats, Shutdown, encode, engine_broadcast_decoder
+from raydp.wire.transport import SocketOptions
+
+
+@pytest.fixture
+def loop() -> Iterator[CoordinatorLoop]:
+    coordinator = CoordinatorLoop(
+        CoordinatorState(4, stats_interval_s=0.01, heartbeat_interval_s=0.05),
+        SocketOptions(high_water_mark=1000, max_message_bytes=1 << 20),
+        transport="ipc",
+        node_id="n0",
+        ipc_prefix=f"test-coord-{uuid.uuid4().hex[:8]}",
+    )
+    yield coordinator
+    coordinator.close()
+
+
+def run_in_thread(loop: CoordinatorLoop) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            loop.run()
+        except BaseException as exc:  # the test asserts there are none
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+@pytest.mark.timeout(30)
+def test_close_while_running_waits_for_run_to_close_its_sockets(loop: CoordinatorLoop) -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    engine = ctx.socket(zmq.SUB)
+    engine.setsockopt(zmq.SUBSCRIBE, BROADCAST_TOPIC)
+    engine.connect(loop.endpoints.broadcast[0])
+    push = ctx.socket(zmq.PUSH)
+    push.connect(loop.endpoints.collect[0])
+    thread, errors = run_in_thread(loop)
+    try:
+        for i in range(200):  # keep run() busy with real traffic while close() comes in
+            push.send(encode(EngineStats(rank=i % 4, waiting=i, running=1)))
+        time.sleep(0.2)
+        loop.close()
+        assert not thread.is_alive()  # close() returned only after run() had finished
+        assert errors == []
+        assert engine.poll(2000), "engines were not told to leave"
+        topic, body = engine.recv_multipart()
+        assert topic == BROADCAST_TOPIC
+        assert isinstance(engine_broadcast_decoder(body), Shutdown)
+    finally:
+        ctx.destroy(linger=0)
+
+
+@pytest.mark.timeout(30)
+def test_close_before_run_tears_down_and_a_later_run_returns_at_once(loop: CoordinatorLoop) -> None:
+    directory = loop.ipc_dir.path if loop.ipc_dir is not None else None
+    loop.close()
+    assert loop.ctx.closed
+    assert directory is not None and not directory.exists()
+    thread, errors = run_in_thread(loop)
+    thread.join(timeout=5)
+    assert not thread.is_alive() and errors == []
+
+
+@pytest.mark.timeout(30)
+def test_describe_from_other_threads_sees_consistent_state_while_the_loop_writes(loop: CoordinatorLoop) -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.connect(loop.endpoints.collect[0])
+    thread, errors = run_in_thread(loop)
+    seen: list[dict[str, object]] = []
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                seen.append(loop.describe())
+            except BaseException as exc:
+                failures.append(exc)
+
+    readers = [threading.Thread(target=reader, daemon=True) for _ in range(2)]
+    for r in readers:
+        r.start()
+    try:
+        for i in range(2000):
+            push.send(encode(EngineDead(rank=i % 4, cause="killed") if i % 7 == 0
+                             else EngineStats(rank=i % 4, waiting=i, running=1)))
+        deadline = time.monotonic() + 10
+        while loop.describe()["counts"][3][0] < 1999 and time.monotonic() < deadline:  # type: ignore[index]
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for r in readers:
+            r.join(timeout=5)
+        loop.close()
+        ctx.destroy(linger=0)
+    assert failures == [] and errors == []
+    assert seen and all(len(d["counts"]) == 4 for d in seen)  # type: ignore[arg-type]
+    assert loop.describe()["counts"][3] == [1999, 1]  # type: ignore[index]
