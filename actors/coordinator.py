@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import ray
 
+from raydp.actors.metrics import CoordinatorMetrics, export_periodically
 from raydp.config import TransportKind
 from raydp.coordinator.loop import CoordinatorLoop
 from raydp.coordinator.state import CoordinatorState
@@ -22,11 +24,13 @@ class CoordinatorActor:
     * ``endpoints()`` -> the publish, collect and broadcast socket addresses;
     * ``run()`` serves until ``shutdown()``;
     * ``wait_for_engines(n, timeout_s)`` -> True once ``n`` engines subscribed;
-    * ``set_cluster(endpoints)`` / ``cluster()`` -> the cluster's endpoints, for ``raydp.attach``;
+    * ``set_cluster(endpoints, info)`` / ``cluster()`` -> the cluster's endpoints, for ``raydp.attach``;
+    * ``add_api_servers(record)`` / ``info()`` -> devices per rank and API servers, for ``raydp status``;
     * ``state()`` -> wave, running flag, counts, dead ranks, dropped/broadcast counters;
     * ``shutdown()`` broadcasts Shutdown to engines and closes every socket.
 
-    States: serving -> closed.
+    States: serving -> closed. While serving, a thread exports per-rank load,
+    deaths, restarts and the wave as Ray metrics (``raydp_rank_*``, ``raydp_wave``).
 
     Failures: malformed socket input, and messages naming unknown ranks, are
     logged and dropped; they never kill the actor. If the actor dies, the
@@ -55,6 +59,10 @@ class CoordinatorActor:
             ipc_prefix=f"{ipc_prefix or cluster_name}-coordinator",
         )
         self._cluster: ClusterEndpoints | None = None
+        self._info: dict[str, Any] = {}
+        self._api_servers: list[dict[str, Any]] = []
+        self._metrics_stop = threading.Event()
+        export_periodically(self._loop.describe, CoordinatorMetrics(cluster_name), self._metrics_stop)
 
     def endpoints(self) -> CoordinatorEndpoints:
         return self._loop.endpoints
@@ -65,14 +73,24 @@ class CoordinatorActor:
     def wait_for_engines(self, engine_count: int, timeout_s: float) -> bool:
         return self._loop.wait_for_engines(engine_count, timeout_s)
 
-    def set_cluster(self, endpoints: ClusterEndpoints) -> None:
+    def set_cluster(self, endpoints: ClusterEndpoints, info: dict[str, Any] | None = None) -> None:
         self._cluster = endpoints
+        if info is not None:
+            self._info = dict(info)
 
     def cluster(self) -> ClusterEndpoints | None:
         return self._cluster
+
+    def add_api_servers(self, record: dict[str, Any]) -> None:
+        self._api_servers.append(dict(record))
+
+    def info(self) -> dict[str, Any]:
+        """What ``raydp status`` shows beyond the state: devices per rank, API servers."""
+        return {**self._info, "api_servers": list(self._api_servers)}
 
     def state(self) -> dict[str, Any]:
         return self._loop.describe()
 
     def shutdown(self) -> None:
+        self._metrics_stop.set()
         self._loop.close()  # waits for run() to close its own sockets

@@ -116,6 +116,9 @@ class ActorManager:
     def deaths(self) -> list[ComponentDeadError]:
         return list(self._reports.deaths)
 
+    def register_api_servers(self, record: dict[str, Any]) -> None:
+        self._owned.coordinator.add_api_servers.remote(record)
+
     def on_death(self, listener: DeathListener) -> None:
         self._reports.on_death(listener)
 
@@ -147,7 +150,7 @@ class ActorManager:
             self.close()
             raise
         self.endpoints = self._cluster_endpoints(startup, result)
-        self._owned.coordinator.set_cluster.remote(self.endpoints)
+        self._owned.coordinator.set_cluster.remote(self.endpoints, self._status_info(startup))
         self._reports.coordinator = CoordinatorClient(
             self.endpoints.coordinator, self.driver_node_id, self._sock_opts
         )
@@ -295,6 +298,18 @@ class ActorManager:
             self.config.name, engines, startup.coordinator_endpoints, self.config.lockstep, result.capacity,
             self.ipc_prefix, self.config.heartbeat_interval_s, self._curve,
         )
+
+    def _status_info(self, startup: _Startup) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "accelerator": cfg.accelerator,
+            "world_size": cfg.world_size,
+            "devices": [list(d) for d in startup.devices],
+            "lockstep": cfg.lockstep,
+            "detached": cfg.detached,
+            "max_restarts": cfg.max_restarts,
+            "engine": cfg.engine,
+        }
 
     # ---- watching -------------------------------------------------------------------
 

@@ -63,6 +63,10 @@ class Backend(Protocol):
         """The coordinator's wave, running flag, counts and counters."""
         ...
 
+    def register_api_servers(self, record: dict[str, Any]) -> None:
+        """Note where API servers listen, so that ``raydp status`` can list them."""
+        ...
+
 
 def notify(listeners: Sequence[DeathListener], err: ComponentDeadError) -> None:
     """Log a death and tell every listener; one failing listener does not silence the others."""

@@ -104,7 +104,19 @@ class Cluster:
         servers.on_death(self._on_death)
         with self._lock:
             self._api_servers.append(servers)
+        self._register_api_servers({"mode": "internal", "url": servers.url, "count": count,
+                                    "node_id": _node_id(), "ranks": None})
         return servers
+
+    def _register_api_servers(self, record: dict[str, Any]) -> None:
+        """Tell the coordinator (for ``raydp status``); an attached handle reaches it by name."""
+        if self._manager is not None:
+            self._manager.register_api_servers(record)
+            return
+        import ray
+
+        coordinator = ray.get_actor(coordinator_name(self.name), namespace=NAMESPACE)
+        coordinator.add_api_servers.remote(record)
 
     def _on_death(self, err: ComponentDeadError) -> None:
         with self._lock:

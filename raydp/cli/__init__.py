@@ -1,4 +1,4 @@
-"""The ``raydp`` command line: ``raydp demo``, ``raydp serve``, ``raydp plan``."""
+"""The ``raydp`` command line: ``raydp demo``, ``serve``, ``plan`` and ``status``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from raydp.cli import demo, plan, serve
+from raydp.cli import demo, plan, serve, status
 from raydp.errors import RaydpError
 
 
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(sub)
     serve.add_parser(sub)
     plan.add_parser(sub)
+    status.add_parser(sub)
     return parser
 
 

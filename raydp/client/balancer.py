@@ -18,13 +18,21 @@ WAITING_WEIGHT = 4
 
 
 class LoadBalancer:
-    """Least-loaded choice over ``engine_count`` ranks, tracking this client's sends."""
+    """Least-loaded choice over ``engine_count`` ranks, tracking this client's sends.
 
-    def __init__(self, engine_count: int, client_count: int = 1) -> None:
+    ``eligible`` restricts the choice to some ranks (an API server in hybrid
+    mode routes only to its own node's ranks); a pinned rank may still be any.
+    """
+
+    def __init__(self, engine_count: int, client_count: int = 1, eligible: Collection[int] | None = None) -> None:
         if engine_count < 1:
             raise ConfigError(f"engine_count={engine_count}: must be >= 1")
         if client_count < 1:
             raise ConfigError(f"client_count={client_count}: must be >= 1")
+        ranks = sorted(set(range(engine_count) if eligible is None else eligible))
+        if not ranks or not all(isinstance(r, int) and 0 <= r < engine_count for r in ranks):
+            raise ConfigError(f"ranks={eligible!r}: must be a non-empty set of ranks in [0, {engine_count})")
+        self.eligible: tuple[int, ...] = tuple(ranks)
         self.engine_count = engine_count
         self.client_count = client_count
         self._snapshot_scores = [0] * engine_count
@@ -36,7 +44,7 @@ class LoadBalancer:
     def choose(self, dead: Collection[int] = ()) -> int:
         """The least-loaded live rank (ties: fewest of ours in flight, then lowest rank)."""
         best: tuple[int, int, int] | None = None
-        for rank in range(self.engine_count):
+        for rank in self.eligible:
             if rank in dead:
                 continue
             key = (self.score(rank), self._in_flight[rank], rank)

@@ -21,7 +21,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -73,6 +73,7 @@ class Client:
         client_count: int = 1,
         options: SocketOptions | None = None,
         follow_liveness: bool = True,
+        ranks: Collection[int] | None = None,
     ) -> None:
         if not 0 <= client_index < client_count:
             raise ConfigError(f"client_index={client_index}: must be in [0, client_count={client_count})")
@@ -81,7 +82,7 @@ class Client:
         # Clients in the launching process hear of deaths from the manager directly;
         # every other client (API servers, attached notebooks) from the coordinator.
         self._follow_liveness = follow_liveness
-        self._balancer = LoadBalancer(len(endpoints.engines), client_count)
+        self._balancer = LoadBalancer(len(endpoints.engines), client_count, ranks)
         self._requests: dict[str, RequestState] = {}
         self._calls: dict[int, tuple[int, str, Future[Any]]] = {}
         self._call_ids = itertools.count(1)

@@ -150,6 +150,9 @@ class ProcessManager:
     def on_restart(self, listener: RestartListener) -> None:
         """Local processes are not restarted: a dead rank stays dead."""
 
+    def register_api_servers(self, record: dict[str, Any]) -> None:
+        """``raydp status`` reads Ray clusters only: a local cluster keeps no registry."""
+
     def start(self) -> ClusterEndpoints:
         try:
             coordinator = self._start_coordinator()

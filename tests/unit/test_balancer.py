@@ -82,3 +82,18 @@ def test_first_request_of_a_paused_cluster_is_noted_once() -> None:
 def test_bad_sizes_name_the_field(kwargs: dict[str, int]) -> None:
     with pytest.raises(ConfigError, match=next(iter(k for k in kwargs if kwargs[k] < 1))):
         LoadBalancer(**kwargs)
+
+
+def test_eligible_ranks_restrict_the_choice_to_a_nodes_own_ranks() -> None:
+    lb = LoadBalancer(4, eligible=[2, 3])
+    lb.on_snapshot(StatsSnapshot(counts=[(0, 0), (0, 0), (5, 0), (9, 0)], wave=0, running=False))
+    assert lb.choose() == 2  # ranks 0 and 1 are idle, but not this front-end's
+    assert lb.choose(dead={2}) == 3
+    with pytest.raises(ConfigError, match="every rank is dead"):
+        lb.choose(dead={2, 3})
+
+
+@pytest.mark.parametrize("eligible", [[], [4], [-1], [0, 9]])
+def test_eligible_ranks_outside_the_cluster_are_refused(eligible: list[int]) -> None:
+    with pytest.raises(ConfigError, match="ranks="):
+        LoadBalancer(4, eligible=eligible)

@@ -83,7 +83,7 @@ def test_describe_from_other_threads_sees_consistent_state_while_the_loop_writes
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.connect(loop.endpoints.collect[0])
-    thread, errors = run_in_thread(loop)
+    _, errors = run_in_thread(loop)
     seen: list[dict[str, object]] = []
     failures: list[BaseException] = []
     stop = threading.Event()

@@ -1,0 +1,59 @@
+"""Ray metrics (``ray.util.metrics``) for a cluster, so Ray's dashboard and Prometheus show raydp.
+
+The coordinator actor exports what it knows of every rank; a background
+thread reads :meth:`~raydp.coordinator.loop.CoordinatorLoop.describe` once per
+interval, so the data path never waits on a metrics call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ray.util.metrics import Gauge
+
+logger = logging.getLogger("raydp.metrics")
+EXPORT_INTERVAL_S = 1.0
+TAGS = ("cluster", "rank")
+
+
+class CoordinatorMetrics:
+    """Per-rank load, deaths and restarts, and the wave, as Ray gauges tagged by cluster."""
+
+    def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
+        self.waiting = Gauge("raydp_rank_waiting", "requests waiting on the rank", TAGS)
+        self.running = Gauge("raydp_rank_running", "requests running on the rank", TAGS)
+        self.deaths = Gauge("raydp_rank_deaths", "deaths of the rank since launch", TAGS)
+        self.restarts = Gauge("raydp_rank_restarts", "restarts of the rank since launch", TAGS)
+        self.dead = Gauge("raydp_rank_dead", "1 while the rank is dead", TAGS)
+        self.wave = Gauge("raydp_wave", "the cluster's current request wave", ("cluster",))
+
+    def export(self, state: dict[str, Any]) -> None:
+        dead = {int(r) for r in state.get("dead", {})}
+        for rank, (waiting, running) in enumerate(state["counts"]):
+            tags = {"cluster": self.cluster, "rank": str(rank)}
+            self.waiting.set(waiting, tags)
+            self.running.set(running, tags)
+            self.deaths.set(state["deaths"][rank], tags)
+            self.restarts.set(state["restarts"][rank], tags)
+            self.dead.set(1 if rank in dead else 0, tags)
+        self.wave.set(state["wave"], {"cluster": self.cluster})
+
+
+def export_periodically(read: Callable[[], dict[str, Any]], metrics: CoordinatorMetrics,
+                        stop: threading.Event, interval_s: float = EXPORT_INTERVAL_S) -> threading.Thread:
+    """Export ``read()`` every ``interval_s`` until ``stop``; a failing export is logged, never fatal."""
+
+    def run() -> None:
+        while not stop.wait(interval_s):
+            try:
+                metrics.export(read())
+            except Exception:
+                logger.exception("exporting raydp metrics to Ray failed")
+
+    thread = threading.Thread(target=run, name="raydp-metrics", daemon=True)
+    thread.start()
+    return thread

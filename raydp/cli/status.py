@@ -1,0 +1,120 @@
+"""``raydp status [NAME]``: what a running cluster looks like, read from its coordinator.
+
+Lists the ranks with their nodes, devices and load, the wave, deaths and
+restarts, and the API servers with their URLs. Works for any cluster running
+on the Ray cluster (launched detached, or by another process that is still
+up); ``--json`` prints the same for machines. Creates nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from raydp.actors.connection import connect
+from raydp.names import NAMESPACE, coordinator_name
+
+EXIT_NOT_FOUND = 1
+_SUFFIX = coordinator_name("")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "status",
+        help="show a running cluster: ranks, nodes, devices, load, wave, deaths, API servers",
+        description="Read a running raydp cluster's state from its coordinator and print it "
+        "(every cluster on the Ray cluster when NAME is left out). Creates nothing.",
+    )
+    p.add_argument("name", nargs="?", default=None, help="cluster name (default: every running cluster)")
+    p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS or the running cluster)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import ray
+
+    started = connect(args.address, quiet=True)
+    try:
+        running = running_clusters()
+        names = [args.name] if args.name else running
+        if not names or (args.name and args.name not in running):
+            print(_not_found(args.name, running, args.address), file=sys.stderr)
+            return EXIT_NOT_FOUND
+        reports = [describe_cluster(name) for name in names]
+    finally:
+        if started:
+            ray.shutdown()
+    print(json.dumps(reports, indent=2) if args.json else "\n\n".join(format_report(r) for r in reports))
+    return 0
+
+
+def running_clusters() -> list[str]:
+    """Names of the raydp clusters whose coordinator actor is alive."""
+    from ray.util import list_named_actors
+
+    found = list_named_actors(all_namespaces=True)
+    return sorted(e["name"][: -len(_SUFFIX)] for e in found
+                  if e["namespace"] == NAMESPACE and e["name"].endswith(_SUFFIX))
+
+
+def _not_found(name: str | None, running: list[str], address: str | None) -> str:
+    where = f"namespace {NAMESPACE!r} of the Ray cluster at {address or 'the ambient address'}"
+    looked = f"a coordinator actor named {coordinator_name(name)!r}" if name else "coordinator actors"
+    others = f"; running: {', '.join(running)}" if running else "; no raydp cluster is running there"
+    return f"raydp status: looked for {looked} in {where}, found none{others}"
+
+
+def describe_cluster(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """One cluster's endpoints, coordinator state and status info, as plain data."""
+    import ray
+
+    coordinator = ray.get_actor(coordinator_name(name), namespace=NAMESPACE)
+    endpoints, state, info = ray.get(
+        [coordinator.cluster.remote(), coordinator.state.remote(), coordinator.info.remote()], timeout=timeout_s
+    )
+    devices = info.get("devices") or []
+    dead = {int(r): cause for r, cause in state.get("dead", {}).items()}
+    ranks = []
+    for ep in endpoints.engines if endpoints is not None else []:
+        waiting, running = state["counts"][ep.rank]
+        ranks.append({
+            "rank": ep.rank, "node_id": ep.node_id,
+            "devices": devices[ep.rank] if ep.rank < len(devices) else [],
+            "waiting": waiting, "running": running,
+            "deaths": state["deaths"][ep.rank], "restarts": state["restarts"][ep.rank],
+            "state": f"dead ({dead[ep.rank]})" if ep.rank in dead else "serving",
+        })
+    return {
+        "name": name, "dp_size": len(ranks), "wave": state["wave"], "running": state["running"],
+        "lockstep": info.get("lockstep"), "accelerator": info.get("accelerator"),
+        "engine": info.get("engine"), "capacity": endpoints.capacity if endpoints is not None else None,
+        "ranks": ranks, "api_servers": info.get("api_servers", []),
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    mode = "lockstep" if report["lockstep"] else "dense"
+    wave = f"wave {report['wave']} ({'running' if report['running'] else 'paused'})"
+    lines = [f"cluster {report['name']}: {report['dp_size']} ranks, {mode}, {wave}, "
+             f"engine {report['engine']}, capacity {report['capacity']}"]
+    rows = [["rank", "node", "devices", "waiting", "running", "deaths", "restarts", "state"]]
+    for r in report["ranks"]:
+        devices = f"{report['accelerator']} {','.join(r['devices'])}" if r["devices"] else "-"
+        rows.append([str(r["rank"]), r["node_id"][:8], devices, str(r["waiting"]), str(r["running"]),
+                     str(r["deaths"]), str(r["restarts"]), r["state"]])
+    lines += _table(rows)
+    servers = report["api_servers"]
+    lines.append("API servers:" + ("" if servers else " none"))
+    for s in servers:
+        ranks = "all ranks" if s.get("ranks") is None else "ranks " + ",".join(map(str, s["ranks"]))
+        node = (s.get("node_id") or "?")[:8]
+        lines.append(f"  {s['url']}  {s['mode']}, {s['count']} process(es) on node {node}, routing to {ranks}")
+    return "\n".join(lines)
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
