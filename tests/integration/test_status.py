@@ -77,6 +77,7 @@ def test_the_coordinator_exports_per_rank_load_as_ray_metrics(two_nodes: Any) ->
         else:
             raise AssertionError("rank 1's running request never showed in Ray's metrics:\n"
                                  + "\n".join(line for line in text.splitlines() if "raydp" in line))
+        assert not pending.done()  # what the metric showed was this request, still running
 
 
 def _serves(client: Any, rank: int) -> bool:
