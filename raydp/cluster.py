@@ -25,8 +25,11 @@ from raydp.names import NAMESPACE, coordinator_name
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 
 if TYPE_CHECKING:
+    from raydp.actors.api_servers import RemoteAPIServers
     from raydp.client.client import Client
     from raydp.serve.processes import APIServerProcessManager
+
+    APIServers = APIServerProcessManager | RemoteAPIServers
 
 logger = logging.getLogger("raydp")
 
@@ -44,7 +47,7 @@ class Cluster:
         self.endpoints = endpoints
         self.config: RaydpConfig | None = manager.config if manager is not None else None
         self._clients: list[Client] = []
-        self._api_servers: list[APIServerProcessManager] = []
+        self._api_servers: list[APIServers] = []
         self._lock = threading.Lock()
         self._dead = threading.Condition(self._lock)
         self._deaths: list[ComponentDeadError] = []
@@ -107,6 +110,57 @@ class Cluster:
         self._register_api_servers({"mode": "internal", "url": servers.url, "count": count,
                                     "node_id": _node_id(), "ranks": None})
         return servers
+
+    def serve_api_per_node(self, count: int = 1, *, port: int = 0) -> list[APIServers]:
+        """Hybrid mode: ``count`` API servers on every node that holds ranks, each routing to its node's ranks.
+
+        Each node's servers bind that node's IP on ``port`` (0: any free port).
+        Returns one group per node; their ``url`` says where.
+        """
+        by_node: dict[str, list[int]] = {}
+        for ep in self.endpoints.engines:
+            by_node.setdefault(ep.node_id, []).append(ep.rank)
+        return self._serve_groups([(node, ranks, count, port) for node, ranks in by_node.items()], "hybrid")
+
+    def serve_api_per_rank(self, *, port: int = 0) -> list[APIServers]:
+        """External mode: one API server per rank, on the rank's node, for an outside router.
+
+        Rank ``r`` listens on ``port + r`` (any free port if ``port`` is 0);
+        each one's ``/metrics`` reports its rank's load.
+        """
+        groups = [(ep.node_id, [ep.rank], 1, port + ep.rank if port else 0) for ep in self.endpoints.engines]
+        return self._serve_groups(groups, "external")
+
+    def _serve_groups(self, groups: list[tuple[str, list[int], int, int]], mode: str) -> list[APIServers]:
+        with self._lock:
+            if self._closed:
+                raise ClusterClosedError(f"cluster {self.name!r} is closed")
+        started: list[APIServers] = []
+        try:
+            for node_id, ranks, count, port in groups:
+                servers = self._start_group(node_id, ranks, count, port, mode)
+                started.append(servers)
+                servers.on_death(self._on_death)
+                with self._lock:
+                    self._api_servers.append(servers)
+                self._register_api_servers({"mode": mode, "url": servers.url, "count": count,
+                                            "node_id": node_id, "ranks": ranks})
+        except BaseException:
+            for servers in started:
+                servers.close()
+            raise
+        return started
+
+    def _start_group(self, node_id: str, ranks: list[int], count: int, port: int, mode: str) -> APIServers:
+        from raydp.local import ProcessManager
+
+        if isinstance(self._manager, ProcessManager):  # every rank is on this machine
+            from raydp.serve.processes import APIServerProcessManager
+
+            return APIServerProcessManager(self.endpoints, count, port=port, node_id=node_id, ranks=ranks)
+        from raydp.actors.api_servers import RemoteAPIServers
+
+        return RemoteAPIServers(self.endpoints, node_id, count, port, ranks, f"{mode}-dp{ranks[0]}")
 
     def _register_api_servers(self, record: dict[str, Any]) -> None:
         """Tell the coordinator (for ``raydp status``); an attached handle reaches it by name."""

@@ -24,7 +24,12 @@ def add_parser(sub: Any) -> None:
         "or a 'module:Class' path.",
     )
     add_config_flags(p, CONFIG_FLAGS, PRESETS)
-    p.add_argument("--api-servers", type=int, default=1, help="API server processes (default 1)")
+    p.add_argument("--api-servers", type=int, default=1,
+                   help="API server processes (default 1); in hybrid mode, per node that holds ranks")
+    p.add_argument("--lb-mode", choices=["internal", "hybrid", "external"], default="internal",
+                   help="internal (default): API servers on this node route to every rank; hybrid: API "
+                   "servers on every node that holds ranks, each routing to its own node's ranks; external: "
+                   "one endpoint per rank (port + rank), for an outside router")
     p.add_argument("--host", default="127.0.0.1", help="address the API servers listen on")
     p.add_argument("--port", type=int, default=8000, help="port the API servers listen on (default 8000)")
     p.add_argument("--backend", choices=["ray", "mp"], default="ray",
@@ -39,8 +44,16 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, CONFIG_FLAGS, PRESETS)
     cluster = launch(config, backend=args.backend, address=args.address)
     with cluster:
-        servers = cluster.serve_api(args.api_servers, host=args.host, port=args.port)
-        print(f"raydp {cluster.name}: {cluster.dp_size} ranks, {args.api_servers} API servers at "
-              f"{servers.url} (POST /v1/generate); Ctrl-C to stop", flush=True)
+        urls = _start_api_servers(cluster, args)
+        print(f"raydp {cluster.name}: {cluster.dp_size} ranks, {args.lb_mode} API servers at "
+              f"{' '.join(urls)} (POST /v1/completions); Ctrl-C to stop", flush=True)
         cluster.wait()
     return 0
+
+
+def _start_api_servers(cluster: Any, args: argparse.Namespace) -> list[str]:
+    if args.lb_mode == "hybrid":
+        return [s.url for s in cluster.serve_api_per_node(args.api_servers, port=args.port)]
+    if args.lb_mode == "external":
+        return [s.url for s in cluster.serve_api_per_rank(port=args.port)]
+    return [cluster.serve_api(args.api_servers, host=args.host, port=args.port).url]

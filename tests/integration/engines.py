@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from raydp.engine.core import EchoEngine, EngineContext
+from raydp.wire.protocol import Request
 
 
 class BrokenConstructorEngine(EchoEngine):
@@ -23,3 +26,10 @@ class PoisonEngine(EchoEngine):
         if any(666 in req.prompt_token_ids for req in self._waiting.values()):
             raise RuntimeError("device fault on a poisoned batch")
         return super().step()
+
+
+class RankEchoEngine(EchoEngine):
+    """Answers every request with its own rank, so a test can see which rank served it."""
+
+    def add_request(self, request: Request) -> None:
+        super().add_request(msgspec.structs.replace(request, prompt_token_ids=[self.context.rank]))

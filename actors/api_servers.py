@@ -1,0 +1,111 @@
+"""API servers on another node: a small actor that hosts them there (hybrid and external modes).
+
+In hybrid mode every node that holds ranks runs its own API servers, each
+routing only to that node's ranks; in external mode every rank gets its own
+endpoint, for an outside router. Either way the HTTP processes must start on
+a chosen node, so an :class:`APIServerHost` actor, pinned there, spawns them
+with :class:`~raydp.serve.processes.APIServerProcessManager` and binds the
+node's own IP (never ``*``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from raydp.backend import DeathListener, notify
+from raydp.errors import ComponentDeadError, ProcessDeadError
+from raydp.names import NAMESPACE
+from raydp.wire.endpoints import ClusterEndpoints
+from raydp.wire.transport import node_ip
+
+logger = logging.getLogger("raydp.api")
+START_TIMEOUT_S = 60.0
+
+
+class APIServerHost:
+    """Hosts ``count`` API server processes on this actor's node.
+
+    Methods: ``start()`` -> the URL they listen on; ``watch()`` blocks until
+    one of them dies and returns why; ``shutdown()`` ends them. States:
+    created -> serving -> closed. If the actor itself dies, its processes
+    see their parent-death pipe close and exit; the launcher sees the
+    ``watch()`` ref fail and reports the servers dead.
+    """
+
+    def __init__(self, endpoints: ClusterEndpoints, count: int, port: int, ranks: list[int] | None) -> None:
+        from raydp.serve.processes import APIServerProcessManager
+
+        self._died = threading.Event()
+        self._why = ""
+        self._servers = APIServerProcessManager(
+            endpoints, count, host=node_ip(), port=port, node_id=ray.get_runtime_context().get_node_id(),
+            ranks=ranks,
+        )
+        self._servers.on_death(self._on_death)
+
+    def _on_death(self, err: ComponentDeadError) -> None:
+        self._why = str(err)
+        self._died.set()
+
+    def url(self) -> str:
+        return self._servers.url
+
+    def watch(self) -> str:
+        self._died.wait()
+        return self._why
+
+    def shutdown(self) -> None:
+        self._servers.close()
+
+
+class RemoteAPIServers:
+    """The launcher's handle on one :class:`APIServerHost`: its URL, its death, its end."""
+
+    def __init__(self, endpoints: ClusterEndpoints, node_id: str, count: int, port: int,
+                 ranks: Sequence[int] | None, label: str) -> None:
+        self.node_id, self.count, self.label = node_id, count, label
+        self.ranks = list(ranks) if ranks is not None else None
+        self._listeners: list[DeathListener] = []
+        self._closed = threading.Event()
+        self._actor = ray.remote(APIServerHost).options(
+            num_cpus=0, namespace=NAMESPACE, max_concurrency=4, name=f"{endpoints.name}-api-{label}",
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(endpoints, count, port, self.ranks)
+        try:
+            self.url: str = ray.get(self._actor.url.remote(), timeout=START_TIMEOUT_S)
+        except BaseException:
+            ray.kill(self._actor, no_restart=True)
+            raise
+        self._watch_ref = self._actor.watch.remote()
+        threading.Thread(target=self._watch, name=f"raydp-{label}-watch", daemon=True).start()
+
+    def on_death(self, listener: DeathListener) -> None:
+        self._listeners.append(listener)
+
+    def _watch(self) -> None:
+        try:
+            why = ray.get(self._watch_ref)
+        except Exception as exc:  # the host actor (or its node) died
+            why = f"host actor died: {exc!r:.300}"
+        if not self._closed.is_set():
+            notify(self._listeners, ProcessDeadError(f"API servers {self.label} at {self.url} ({why})", None,
+                                                     self.node_id))
+
+    def record(self, mode: str) -> dict[str, Any]:
+        return {"mode": mode, "url": self.url, "count": self.count, "node_id": self.node_id, "ranks": self.ranks}
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:
+            ray.get(self._actor.shutdown.remote(), timeout=10)
+        except Exception as exc:  # already dead: nothing left to stop
+            logger.debug("API server host shutdown: %r", exc)
+        ray.kill(self._actor, no_restart=True)

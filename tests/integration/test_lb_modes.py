@@ -1,0 +1,74 @@
+"""Hybrid and external load-balancing modes, end to end on a 2-node logical-GPU cluster."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import psutil
+import pytest
+
+import raydp
+from tests.integration.helpers import assert_nothing_left
+
+ENGINE = "tests.integration.engines:RankEchoEngine"  # answers with the rank that served
+
+
+def generate(url: str, **body: Any) -> list[int]:
+    payload = json.dumps({"prompt_token_ids": [9], "max_tokens": 1, **body}).encode()
+    request = urllib.request.Request(f"{url}/v1/generate", payload, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return list(json.loads(resp.read())["token_ids"])
+
+
+def ranks_by_node(cluster: Any) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for ep in cluster.endpoints.engines:
+        out.setdefault(ep.node_id, set()).add(ep.rank)
+    return out
+
+
+def server_pids(url: str) -> list[int]:
+    port = int(url.rsplit(":", 1)[1])
+    return [c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port and c.pid]
+
+
+@pytest.mark.timeout(240)
+def test_hybrid_servers_on_each_node_route_only_to_that_nodes_ranks(two_nodes: Any) -> None:
+    with raydp.launch(name="hyb", dp_size=4, dp_size_local=2, engine=ENGINE, progress=False) as cluster:
+        nodes = ranks_by_node(cluster)
+        assert len(nodes) == 2, nodes  # two ranks on each node
+        groups = cluster.serve_api_per_node(2)
+        assert sorted(g.node_id for g in groups) == sorted(nodes)
+        for group in groups:
+            served = {generate(group.url)[0] for _ in range(30)}
+            assert served and served <= nodes[group.node_id], (group.url, served, nodes)
+            other = next(r for node, ranks in nodes.items() if node != group.node_id for r in ranks)
+            assert generate(group.url, rank=other) == [other]  # a pinned rank is still reachable
+        assert sorted(s["mode"] for s in _status(cluster)) == ["hybrid", "hybrid"]
+        urls = [g.url for g in groups]
+    assert_nothing_left("hyb")
+    assert all(server_pids(url) == [] for url in urls)
+
+
+@pytest.mark.timeout(240)
+def test_external_mode_gives_every_rank_its_own_endpoint(two_nodes: Any) -> None:
+    with raydp.launch(name="ext", dp_size=3, dp_size_local=2, engine=ENGINE, progress=False) as cluster:
+        endpoints = cluster.serve_api_per_rank()
+        assert [e.ranks for e in endpoints] == [[0], [1], [2]]
+        nodes = {ep.rank: ep.node_id for ep in cluster.endpoints.engines}
+        for rank, endpoint in enumerate(endpoints):
+            assert endpoint.node_id == nodes[rank]
+            assert {generate(endpoint.url)[0] for _ in range(10)} == {rank}
+            with urllib.request.urlopen(f"{endpoint.url}/health", timeout=10) as resp:
+                assert resp.status == 200
+        urls = [e.url for e in endpoints]
+    assert_nothing_left("ext")
+    assert all(server_pids(url) == [] for url in urls)
+
+
+def _status(cluster: Any) -> list[dict[str, Any]]:
+    from raydp.cli.status import describe_cluster
+
+    return list(describe_cluster(cluster.name)["api_servers"])
