@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import ray
 
+from raydp.actors.metrics import EngineMetrics, export_periodically
 from raydp.config import RaydpConfig
 from raydp.engine.host import EngineHost
 from raydp.wire.security import CurveKeys
@@ -25,7 +27,8 @@ class EngineCoreActor:
       engine loop until Shutdown;
     * ``shutdown()`` wakes and stops the loop from another thread; never blocks.
 
-    States: constructed -> handshaking -> running -> stopped. The actor is
+    States: constructed -> handshaking -> running -> stopped. A thread exports
+    the loop's request counters as the Ray metric ``raydp_engine_requests``. The actor is
     threaded (``max_concurrency``) so control calls reach it while ``run`` loops.
 
     Failures: ``run`` returns only after a clean shutdown and raises the
@@ -49,6 +52,8 @@ class EngineCoreActor:
         self.host = EngineHost(
             config, rank, local_rank, node_id, frontend_node_id, device_ids, ipc_prefix, engine_cls, curve
         )
+        self._metrics_stop = threading.Event()
+        export_periodically(self.host.counters, EngineMetrics(config.name, rank), self._metrics_stop)
 
     def __repr__(self) -> str:
         # Ray prefixes this actor's log lines with its repr: name the rank and node.
@@ -66,6 +71,7 @@ class EngineCoreActor:
         self.host.run(handshake_addresses)
 
     def shutdown(self) -> None:
+        self._metrics_stop.set()
         self.host.shutdown()
 
 

@@ -1,8 +1,9 @@
 """Ray metrics (``ray.util.metrics``) for a cluster, so Ray's dashboard and Prometheus show raydp.
 
-The coordinator actor exports what it knows of every rank; a background
-thread reads :meth:`~raydp.coordinator.loop.CoordinatorLoop.describe` once per
-interval, so the data path never waits on a metrics call.
+The coordinator actor exports what it knows of every rank (load, deaths,
+restarts, the wave); each engine actor exports its requests added, finished
+and aborted. A background thread reads them once per interval, so the data
+path never waits on a metrics call.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ray.util.metrics import Gauge
+from ray.util.metrics import Counter, Gauge
 
 logger = logging.getLogger("raydp.metrics")
 EXPORT_INTERVAL_S = 1.0
@@ -43,7 +44,24 @@ class CoordinatorMetrics:
         self.wave.set(state["wave"], {"cluster": self.cluster})
 
 
-def export_periodically(read: Callable[[], dict[str, Any]], metrics: CoordinatorMetrics,
+class EngineMetrics:
+    """One rank's request counters as a Ray counter, tagged by cluster, rank and outcome."""
+
+    def __init__(self, cluster: str, rank: int) -> None:
+        self.requests = Counter("raydp_engine_requests", "requests by outcome: added, finished, aborted",
+                                ("cluster", "rank", "outcome"))
+        self._tags = {"cluster": cluster, "rank": str(rank)}
+        self._last: dict[str, int] = {}
+
+    def export(self, counters: dict[str, Any]) -> None:
+        for outcome, total in counters.items():
+            delta = int(total) - self._last.get(outcome, 0)
+            if delta > 0:  # Ray counters only go up; the loop's totals are cumulative
+                self.requests.inc(delta, {**self._tags, "outcome": outcome})
+            self._last[outcome] = int(total)
+
+
+def export_periodically(read: Callable[[], dict[str, Any]], metrics: CoordinatorMetrics | EngineMetrics,
                         stop: threading.Event, interval_s: float = EXPORT_INTERVAL_S) -> threading.Thread:
     """Export ``read()`` every ``interval_s`` until ``stop``; a failing export is logged, never fatal."""
 

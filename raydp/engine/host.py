@@ -158,6 +158,11 @@ class EngineHost:
             stats_interval_s=parallel.stats_interval_s,
         )
 
+    def counters(self) -> dict[str, int]:
+        """The loop's request counters (zeros before it runs); safe from any thread."""
+        loop = self._loop
+        return dict(loop.counters) if loop is not None else {"added": 0, "finished": 0, "aborted": 0}
+
     def shutdown(self) -> None:
         """Stop the loop from another thread (wakes it if it is idle); never blocks."""
         self._stopping.set()

@@ -56,28 +56,40 @@ def test_status_without_a_cluster_says_what_it_looked_for(two_nodes: Any) -> Non
 
 
 @pytest.mark.timeout(180)
-def test_the_coordinator_exports_per_rank_load_as_ray_metrics(two_nodes: Any) -> None:
+def test_the_coordinator_and_engines_export_ray_metrics(two_nodes: Any) -> None:
     with raydp.launch(name="metr", dp_size=2, progress=False) as cluster:
-        pending = cluster.client().submit([1], max_tokens=1_000_000, rank=1)
-        coordinator_node = cluster.endpoints.coordinator.node_id
-        port = next(n["MetricsExportPort"] for n in ray.nodes() if n["NodeID"] == coordinator_node)
-        url = f"http://127.0.0.1:{port}/metrics"
+        client = cluster.client()
+        for _ in range(3):
+            assert client.generate([5], max_tokens=2, rank=0) == [5, 5]
+        pending = client.submit([1], max_tokens=1_000_000, rank=1)
         assert wait_until(lambda: cluster.coordinator_state()["counts"][1] == [0, 1], timeout=30), \
             cluster.coordinator_state()
-        want = 'ray_raydp_rank_running{'  # Ray prefixes application metrics with ray_
-        deadline = time.monotonic() + 60
-        text = ""
-        while time.monotonic() < deadline:
-            with urllib.request.urlopen(url, timeout=10) as resp:
-                text = resp.read().decode()
-            if any(line.startswith(want) and 'cluster="metr"' in line and 'rank="1"' in line
-                   and line.rstrip().endswith(" 1.0") for line in text.splitlines()):
-                break
-            time.sleep(1)
-        else:
-            raise AssertionError("rank 1's running request never showed in Ray's metrics:\n"
-                                 + "\n".join(line for line in text.splitlines() if "raydp" in line))
-        assert not pending.done()  # what the metric showed was this request, still running
+        nodes = {ep.rank: ep.node_id for ep in cluster.endpoints.engines}
+        # Ray prefixes application metrics with ray_; each node's agent exports its own actors'.
+        running = scrape_until(cluster.endpoints.coordinator.node_id, "ray_raydp_rank_running",
+                               'rank="1"', lambda value: value == 1.0)
+        finished = scrape_until(nodes[0], "ray_raydp_engine_requests", 'outcome="finished"',
+                                lambda value: value >= 3.0, also='rank="0"')
+        assert running == 1.0 and finished >= 3.0
+        assert not pending.done()  # what the gauge showed was this request, still running
+
+
+def scrape_until(node_id: str, metric: str, tag: str, ok: Any, also: str = "", timeout: float = 60.0) -> float:
+    """The first value of ``metric`` for cluster metr with ``tag`` that satisfies ``ok``, read from the node."""
+    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["NodeID"] == node_id)
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            lines = resp.read().decode().splitlines()
+        seen = [line for line in lines if line.startswith(metric) and 'cluster="metr"' in line
+                and tag in line and also in line]
+        for line in seen:
+            value = float(line.rsplit(" ", 1)[1])
+            if ok(value):
+                return value
+        time.sleep(1)
+    raise AssertionError(f"{metric} {tag} never reached the expected value; last seen: {seen}")
 
 
 def _serves(client: Any, rank: int) -> bool:
