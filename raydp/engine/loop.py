@@ -11,6 +11,12 @@
 * ``broadcast`` SUB from the coordinator: ``StartDPWave`` and ``Shutdown``;
 * ``wake`` PAIR (inproc): another thread of the process asks it to stop.
 
+The loop answers one utility itself, before the user's engine sees it:
+``raydp_counters`` returns ``{"added", "finished", "aborted"}``, the requests
+this rank accepted, finished (including errors) and dropped on an abort or a
+lost client, so tests and operators can check what happened to requests
+without asking the engine.
+
 Malformed messages are logged and dropped. A request the user's engine rejects
 fails alone with an error output; an exception from ``step()`` fails every
 in-flight request with it and then propagates, so the rank is reported dead.
@@ -56,6 +62,7 @@ logger = logging.getLogger("raydp.engine.core")
 IDLE_POLL_MS = 1000
 INPUT_BUDGET = 512  # messages taken per socket between two steps
 BACKLOG_LIMIT = 10_000  # output batches a slow client may fall behind before it is dropped
+BUILTIN_COUNTERS = "raydp_counters"  # the utility the loop answers itself
 # The engine core's own methods: the loop drives these, a utility call may not.
 ENGINE_PROTOCOL = frozenset(
     {"add_request", "abort", "step", "has_unfinished", "load", "execute_dummy_batch", "shutdown",
@@ -126,6 +133,7 @@ class EngineLoop:
         self._last_load_sent = 0.0
         self._stopping = False
         self._backlog: dict[bytes, collections.deque[bytes]] = {}
+        self.counters = {"added": 0, "finished": 0, "aborted": 0}
 
     # ---- the loop ---------------------------------------------------------------
 
@@ -215,6 +223,7 @@ class EngineLoop:
             self._send(client, [Output(rid, [], True, "error", f"rejected by engine: {exc!r}")])
             return
         self._owners[rid] = client
+        self.counters["added"] += 1
 
     def _abort(self, client: bytes, msg: Abort) -> None:
         # Only the owner may abort: another client reusing the id must not.
@@ -223,17 +232,24 @@ class EngineLoop:
             self.engine.abort(ids)
             for rid in ids:
                 del self._owners[rid]
+            self.counters["aborted"] += len(ids)
 
     def _utility(self, client: bytes, call: UtilityCall) -> None:
         try:
-            if call.method.startswith("_") or call.method in ENGINE_PROTOCOL:
+            if call.method == BUILTIN_COUNTERS:
+                value: Any = self._counters(*call.args)
+            elif call.method.startswith("_") or call.method in ENGINE_PROTOCOL:
                 raise AttributeError(f"{call.method!r} is not a utility method")
-            value = getattr(self.engine, call.method)(*call.args)
+            else:
+                value = getattr(self.engine, call.method)(*call.args)
             body = encode(OutputBatch(self.rank, [], UtilityResult(call.call_id, value)))
         except Exception as exc:  # a bad call fails alone, never the rank
             error = UtilityResult(call.call_id, None, f"{type(exc).__name__}: {exc}")
             body = encode(OutputBatch(self.rank, [], error))
         self._send_body(client, body)
+
+    def _counters(self) -> dict[str, int]:
+        return dict(self.counters)
 
     def _on_broadcast(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
@@ -259,6 +275,7 @@ class EngineLoop:
             by_client[owner].append(out)
             if out.finished:
                 del self._owners[out.request_id]
+                self.counters["finished"] += 1
         for client, outs in by_client.items():
             self._send(client, outs)
 
@@ -308,6 +325,7 @@ class EngineLoop:
             self.engine.abort(ids)
             for rid in ids:
                 del self._owners[rid]
+            self.counters["aborted"] += len(ids)
 
     def _fail_all(self, reason: str) -> None:
         by_client: dict[bytes, list[Output]] = defaultdict(list)

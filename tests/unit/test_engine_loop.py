@@ -283,3 +283,32 @@ def test_a_slow_client_loses_nothing_and_stalls_nobody() -> None:
     finally:
         rig.stop()
         rig.ctx.destroy(linger=0)
+
+
+def utility_reply(sock: zmq.Socket[bytes], call: UtilityCall) -> Any:
+    """Send ``call`` and return its UtilityResult (outputs arriving meanwhile are skipped)."""
+    send(sock, RequestType.UTILITY, call)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if sock.poll(100):
+            batch = output_decoder(sock.recv())
+            if batch.utility is not None and batch.utility.call_id == call.call_id:
+                return batch.utility
+    raise AssertionError(f"no answer to {call}")
+
+
+@pytest.mark.timeout(30)
+def test_the_loop_counts_requests_and_answers_raydp_counters_itself(rig: Rig) -> None:
+    a = rig.client(b"ca")
+    assert utility_reply(a, UtilityCall(1, "raydp_counters")).result == {"added": 0, "finished": 0, "aborted": 0}
+    send(a, RequestType.ADD, Request("short", [1], 2))
+    assert outputs(a, {"short"}) == {"short": [1, 1]}
+    send(a, RequestType.ADD, Request("long", [2], 10**7))
+    assert outputs_until(a, lambda o: o.request_id == "long"), "long is streaming"
+    send(a, RequestType.ABORT, Abort(["long", "never-sent"]))
+    # One client's messages are handled in order: the answer comes after the abort.
+    reply = utility_reply(a, UtilityCall(2, "raydp_counters"))
+    assert reply.error is None and reply.result == {"added": 2, "finished": 1, "aborted": 1}
+    assert not hasattr(rig.loop.engine, "raydp_counters"), "the loop answers, not the engine"
+    bad = utility_reply(a, UtilityCall(3, "raydp_counters", [1]))
+    assert bad.error is not None and bad.error.startswith("TypeError")
