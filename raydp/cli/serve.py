@@ -18,7 +18,8 @@ def add_parser(sub: Any) -> None:
         "serve",
         help="launch DP ranks plus HTTP API servers and serve until Ctrl-C or a death",
         description="Launch a data-parallel cluster and N API server processes sharing one "
-        "listening socket (POST /v1/generate, GET /health). Exits non-zero naming the "
+        "listening socket, with an OpenAI-compatible HTTP API (POST /v1/completions, "
+        "GET /v1/models; POST /v1/generate, GET /health, GET /metrics). Exits non-zero naming the "
         "component if any engine, the coordinator or an API server dies; Ctrl-C shuts "
         f"everything down cleanly. Engines by short name: {', '.join(sorted(ENGINES))}; "
         "or a 'module:Class' path.",

@@ -8,8 +8,65 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from raydp.client.client import Client
+from raydp.client.requests import RequestHandle
 from raydp.errors import ClusterClosedError, RaydpError, RequestError
 from raydp.wire.protocol import Output
+
+
+class AsyncRequest:
+    """One request sent by :meth:`AsyncClient.submit`; iterate it for its token chunks.
+
+    ``rank`` is the rank serving it (None until the client's IO thread sent it,
+    updated after a failover); ``finish_reason`` is set once the iteration
+    ended normally. Iteration raises the request's typed error. :meth:`close`
+    aborts it on its engine unless it finished: call it when giving up early
+    (a cancelled ``__anext__`` does not abort by itself).
+    """
+
+    def __init__(self, client: Client, prompt_token_ids: Sequence[int], max_tokens: int, kw: dict[str, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[Output | RaydpError] = asyncio.Queue()
+
+        def listener(item: Output | RaydpError) -> None:
+            loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+        self._client = client
+        request = client._make_request(prompt_token_ids, max_tokens, kw.get("rank"), kw.get("request_id"))
+        self.request_id = request.request_id
+        # The IO thread records the serving rank on a handle; its outputs go to the listener.
+        self._handle = RequestHandle(request.request_id)
+        self.finish_reason: str | None = None
+        self._finished = False
+        client._submit(request, kw.get("rank"), listener, bool(kw.get("retryable", False)), self._handle)
+
+    @property
+    def rank(self) -> int | None:
+        return self._handle.rank
+
+    def __aiter__(self) -> AsyncRequest:
+        return self
+
+    async def __anext__(self) -> list[int]:
+        while not self._finished:
+            item = await self._queue.get()
+            if not isinstance(item, Output):
+                self._finished = True
+                raise item
+            self._finished = item.finished
+            if item.error is not None:
+                raise RequestError(item.request_id, item.error)
+            if item.finished:
+                self.finish_reason = item.finish_reason
+            if item.token_ids:
+                return list(item.token_ids)
+        raise StopAsyncIteration
+
+    def close(self) -> None:
+        """Abort the request on its engine if it has not finished (idempotent)."""
+        if not self._finished:
+            self._finished = True
+            with contextlib.suppress(ClusterClosedError):
+                self._client.abort(self.request_id)
 
 
 class AsyncClient:
@@ -17,6 +74,10 @@ class AsyncClient:
 
     def __init__(self, client: Client) -> None:
         self.client = client
+
+    def submit(self, prompt_token_ids: Sequence[int], max_tokens: int = 16, **kw: Any) -> AsyncRequest:
+        """Send one request now (from a running event loop); see :class:`AsyncRequest`."""
+        return AsyncRequest(self.client, prompt_token_ids, max_tokens, kw)
 
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int = 16, **kw: Any) -> list[int]:
         tokens: list[int] = []
@@ -27,28 +88,9 @@ class AsyncClient:
     async def stream(
         self, prompt_token_ids: Sequence[int], max_tokens: int = 16, **kw: Any
     ) -> AsyncIterator[list[int]]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Output | RaydpError] = asyncio.Queue()
-
-        def listener(item: Output | RaydpError) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        c = self.client
-        request = c._make_request(prompt_token_ids, max_tokens, kw.get("rank"), kw.get("request_id"))
-        c._submit(request, kw.get("rank"), listener, bool(kw.get("retryable", False)))
-        finished = False
+        request = self.submit(prompt_token_ids, max_tokens, **kw)
         try:
-            while not finished:
-                item = await queue.get()
-                if not isinstance(item, Output):
-                    finished = True
-                    raise item
-                finished = item.finished
-                if item.error is not None:
-                    raise RequestError(item.request_id, item.error)
-                if item.token_ids:
-                    yield list(item.token_ids)
+            async for chunk in request:
+                yield chunk
         finally:
-            if not finished:  # the consumer went away (e.g. an HTTP client hung up)
-                with contextlib.suppress(ClusterClosedError):
-                    c.abort(request.request_id)
+            request.close()  # the consumer went away (e.g. an HTTP client hung up): abort

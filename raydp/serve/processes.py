@@ -10,11 +10,13 @@ import signal
 import socket
 import threading
 import weakref
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
 from raydp.backend import DeathListener, notify
 from raydp.errors import ConfigError, ProcessDeadError
 from raydp.processes import Proc, shutdown, spawn, watch_parent, watch_processes
+from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
 
 logger = logging.getLogger("raydp.api")
@@ -26,25 +28,32 @@ def _api_main(
     index: int,
     count: int,
     node_id: str | None,
+    ranks: list[int] | None,
+    settings: ServerSettings,
     death_pipe: Connection,
 ) -> None:
     from raydp.logs import configure_component_logging
-    from raydp.serve.http import serve_forever
+    from raydp.serve.server import serve_forever
 
     configure_component_logging(f"{endpoints.name} api{index}/{count}")
     pid = os.getpid()
 
     def stop(*_: object) -> None:
-        os.kill(pid, signal.SIGINT)  # asyncio.run turns SIGINT into a clean cancel
+        os.kill(pid, signal.SIGINT)  # the server shuts down gracefully on SIGINT
 
     signal.signal(signal.SIGTERM, stop)
     watch_parent(death_pipe, stop)
     with contextlib.suppress(KeyboardInterrupt):
-        serve_forever(sock, endpoints, index, count, node_id)
+        serve_forever(sock, endpoints, index, count, node_id, ranks=ranks, settings=settings)
 
 
 class APIServerProcessManager:
-    """Binds ``host:port`` once and spawns ``count`` servers that all accept on it."""
+    """Binds ``host:port`` once and spawns ``count`` servers that all accept on it.
+
+    ``ranks`` restricts where their clients route (hybrid and external modes);
+    a request may still pin any rank. ``settings`` (timeouts, limits, the model
+    id) apply to every server.
+    """
 
     def __init__(
         self,
@@ -54,6 +63,8 @@ class APIServerProcessManager:
         host: str = "127.0.0.1",
         port: int = 0,
         node_id: str | None = None,
+        ranks: Sequence[int] | None = None,
+        settings: ServerSettings | None = None,
     ) -> None:
         if count < 1:
             raise ConfigError(f"api_servers={count}: must be >= 1")
@@ -65,7 +76,8 @@ class APIServerProcessManager:
         self._stop = threading.Event()
         for index in range(count):
             self.procs.append(
-                spawn(ctx, f"{endpoints.name}-api{index}", _api_main, self._sock, endpoints, index, count, node_id)
+                spawn(ctx, f"{endpoints.name}-api{index}", _api_main, self._sock, endpoints, index, count, node_id,
+                      list(ranks) if ranks is not None else None, settings or ServerSettings())
             )
         self._finalizer = weakref.finalize(self, _release, self.procs, self._sock, self._stop)
         watch_processes(self.procs, self._stop, self._report, "raydp-api-watcher")

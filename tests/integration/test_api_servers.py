@@ -8,6 +8,7 @@ import signal
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ import raydp
 from raydp.errors import ProcessDeadError
 
 
-def post(url: str, payload: dict[str, object]) -> tuple[int, dict[str, object]]:
+def post(url: str, payload: dict[str, object]) -> tuple[int, dict[str, Any]]:
     req = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
@@ -43,9 +44,11 @@ def test_three_api_servers_share_a_port_and_death_is_reported() -> None:
         status, body = post(f"{servers.url}/v1/generate", {"prompt_token_ids": [5, 6], "max_tokens": 4})
         assert (status, body) == (200, {"token_ids": [5, 6, 5, 6]})
         status, body = post(f"{servers.url}/v1/generate", {"prompt_token_ids": [1], "max_tokens": 0})
-        assert status == 400 and "max_tokens=0" in str(body["error"])
+        error = body["error"]
+        assert status == 400 and set(error) == {"message", "type", "param", "code"}, "OpenAI's error shape"
+        assert error["param"] == "max_tokens" and str(error["message"]).startswith("max_tokens=0:")
         status, body = post(f"{servers.url}/v1/generate", {"prompt_token_ids": "x"})
-        assert status == 400 and "prompt_token_ids" in str(body["error"])
+        assert status == 400 and body["error"]["param"] == "prompt_token_ids"
         victim = servers.procs[1]
         os.kill(victim.process.pid, signal.SIGKILL)
         with pytest.raises(ProcessDeadError, match=f"{victim.name}.*SIGKILL|{victim.name}.*-9"):
@@ -61,7 +64,7 @@ def test_api_servers_hear_of_a_dead_rank_from_the_coordinator() -> None:
                       engine_kwargs={"step_delay_s": 0.01}) as cluster:
         servers = cluster.serve_api(2)
         assert post(f"{servers.url}/v1/generate", {"prompt_token_ids": [1], "max_tokens": 1, "rank": 1})[0] == 200
-        stuck: list[tuple[int, dict[str, object]]] = []
+        stuck: list[tuple[int, dict[str, Any]]] = []
         worker = threading.Thread(target=lambda: stuck.append(post(
             f"{servers.url}/v1/generate", {"prompt_token_ids": [1], "max_tokens": 100_000, "rank": 1})))
         worker.start()
@@ -70,10 +73,10 @@ def test_api_servers_hear_of_a_dead_rank_from_the_coordinator() -> None:
         os.kill(victim.process.pid, signal.SIGKILL)
         worker.join(timeout=30)
         assert stuck and stuck[0][0] == 503, stuck
-        assert "rank 1" in str(stuck[0][1]["error"])
+        assert "rank 1" in stuck[0][1]["error"]["message"]
         # New requests go to the live rank; pinning the dead one fails fast.
         for _ in range(6):
             assert post(f"{servers.url}/v1/generate", {"prompt_token_ids": [2], "max_tokens": 2}) == (
                 200, {"token_ids": [2, 2]})
         status, body = post(f"{servers.url}/v1/generate", {"prompt_token_ids": [2], "max_tokens": 2, "rank": 1})
-        assert status == 503 and "rank 1" in str(body["error"])
+        assert status == 503 and "rank 1" in body["error"]["message"]

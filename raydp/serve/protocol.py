@@ -1,0 +1,79 @@
+"""uvicorn's h11 HTTP protocol with the two connection timers uvicorn lacks.
+
+uvicorn (0.54) times a connection out only between requests, with
+``timeout_keep_alive``, armed when a response completes and cancelled by the
+next byte in. So a connection that never sends a byte, or that trickles a
+request one byte at a time (slow loris), holds its slot forever;
+``h11_max_incomplete_event_size`` only bounds the head's size, and
+``limit_concurrency`` turns *other* clients away once such connections pile
+up. :class:`GuardedH11Protocol` adds:
+
+* **idle from the start**: a new connection gets uvicorn's idle timer at
+  once, as a kept-alive one does after each response;
+* **a read deadline**: from a request's first byte, its head and its body
+  must arrive within ``read_timeout_s``, or the connection is closed. The
+  deadline stops once the request is in; generating the answer is the app's
+  time (``request_timeout_s``), never cut by it.
+
+A guarded class is made per setting by :func:`guarded_protocol` (uvicorn
+builds protocols from a class and its config only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import ClassVar
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+logger = logging.getLogger("raydp.serve")
+
+
+class GuardedH11Protocol(H11Protocol):
+    """See the module docstring; ``read_timeout_s`` is set by :func:`guarded_protocol`."""
+
+    read_timeout_s: ClassVar[float] = 10.0
+    _read_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._update_read_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may start a pipelined request already buffered
+        self._update_read_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_read_deadline()
+        super().connection_lost(exc)
+
+    def _update_read_deadline(self) -> None:
+        """Run the deadline while a request is partly in: some of its head, or not all its body."""
+        state = self.conn.their_state
+        receiving = state is h11.SEND_BODY or (state is h11.IDLE and bool(self.conn.trailing_data[0]))
+        if not receiving or self.transport.is_closing():
+            self._stop_read_deadline()
+        elif self._read_deadline is None:
+            self._read_deadline = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
+
+    def _stop_read_deadline(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _read_timed_out(self) -> None:
+        self._read_deadline = None
+        if not self.transport.is_closing():
+            logger.debug("closing %s: its request did not arrive within %gs", self.client, self.read_timeout_s)
+            self.transport.close()
+
+
+def guarded_protocol(read_timeout_s: float) -> type[GuardedH11Protocol]:
+    """A :class:`GuardedH11Protocol` class whose requests must arrive within ``read_timeout_s``."""
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"read_timeout_s": read_timeout_s})

@@ -1,0 +1,119 @@
+"""Run the API app with uvicorn on a socket that N processes share.
+
+:func:`serve_on_socket` blocks until SIGINT or SIGTERM (in the main thread)
+or ``stop`` is set, lets running requests finish for a grace period, and
+returns. Connection limits, all per process:
+
+* a connection idle (no request in progress) for ``idle_timeout_s`` is closed,
+  a new one that never sends a byte included;
+* a request must arrive whole (head and body) within ``read_timeout_s`` of its
+  first byte, so a slow-loris client cannot hold a slot (:mod:`.protocol`);
+* a request head still unfinished past 16 KiB is a 400 (h11's bound), a
+  body over ``max_body_bytes`` a 413 (the app's);
+* past ``max_connections`` open connections, new requests get uvicorn's
+  plain-text 503 until connections close.
+
+:func:`serve_forever` is the body of an API server process
+(:mod:`.processes`): a client of the cluster, the app over it, served here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from raydp.client.client import Client
+from raydp.serve.app import build_app
+from raydp.serve.protocol import guarded_protocol
+from raydp.serve.settings import ServerSettings
+from raydp.wire.endpoints import ClusterEndpoints
+
+MAX_HEAD_BYTES = 16 * 1024  # h11's default, stated: a head still unfinished past it is refused with a 400
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, stoppable by an event, returning (not re-raising) after a signal."""
+
+    def __init__(self, config: uvicorn.Config, stop: threading.Event | None) -> None:
+        super().__init__(config)
+        self._stop = stop
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._stop is not None and self._stop.is_set():
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises a caught signal after shutdown; the caller wants to
+        # return and clean up (close its client), so the old handlers are only restored.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def serve_on_socket(
+    sock: socket.socket,
+    app: ASGIApp,
+    *,
+    idle_timeout_s: float = 5.0,
+    read_timeout_s: float = 10.0,
+    max_connections: int = 2048,
+    graceful_shutdown_s: float = 3.0,
+    stop: threading.Event | None = None,
+) -> None:
+    """Serve ``app`` on the listening ``sock`` until a stop signal or ``stop``; see the module docstring."""
+    ServerSettings(idle_timeout_s=idle_timeout_s, read_timeout_s=read_timeout_s, max_connections=max_connections,
+                   graceful_shutdown_s=graceful_shutdown_s)  # raises ConfigError
+    config = uvicorn.Config(
+        app,
+        http=guarded_protocol(read_timeout_s),
+        ws="none",
+        lifespan="on",
+        log_config=None,  # keep the process's logging as raydp set it up
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        # uvicorn annotates these int, but only hands them to loop.call_later / asyncio.wait_for.
+        timeout_keep_alive=idle_timeout_s,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=graceful_shutdown_s,  # type: ignore[arg-type]
+        limit_concurrency=max_connections,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+    )
+    _Server(config, stop).run(sockets=[sock])
+
+
+def serve_forever(
+    sock: socket.socket,
+    endpoints: ClusterEndpoints,
+    client_index: int,
+    client_count: int,
+    node_id: str | None,
+    *,
+    ranks: list[int] | None = None,
+    settings: ServerSettings | None = None,
+) -> None:
+    """Run one API server on ``sock`` until the process is told to stop; it routes only to ``ranks`` if given."""
+    s = settings or ServerSettings()
+    client = Client(endpoints, node_id=node_id, client_index=client_index, client_count=client_count, ranks=ranks)
+    try:
+        app = build_app(client, model=s.model or endpoints.name, max_body_bytes=s.max_body_bytes,
+                        request_timeout_s=s.request_timeout_s, max_tokens_limit=s.max_tokens_limit,
+                        vocab_size=s.vocab_size)
+        serve_on_socket(sock, app, idle_timeout_s=s.idle_timeout_s, read_timeout_s=s.read_timeout_s,
+                        max_connections=s.max_connections, graceful_shutdown_s=s.graceful_shutdown_s)
+    finally:
+        client.close()
