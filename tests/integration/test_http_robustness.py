@@ -232,7 +232,7 @@ def test_a_slow_loris_client_is_cut_off_and_holds_no_one_up(servers: Servers, fi
         time.sleep(0.5)
         for _ in range(10):  # meanwhile, others are served at once
             start = time.monotonic()
-            assert health(servers.address)["status"] == "ok" and time.monotonic() - start < 1.0
+            assert health(servers.address)["status"] == "ok" and time.monotonic() - start < 2.0
         for t in threads:
             t.join(timeout=READ_S + 5)
     finally:
