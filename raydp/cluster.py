@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from raydp.actors.api_servers import RemoteAPIServers
     from raydp.client.client import Client
     from raydp.serve.processes import APIServerProcessManager
+    from raydp.serve.settings import ServerSettings
 
     APIServers = APIServerProcessManager | RemoteAPIServers
 
@@ -92,18 +93,22 @@ class Cluster:
             self._clients.append(client)
             return client
 
-    def serve_api(self, count: int = 1, *, host: str = "127.0.0.1", port: int = 0) -> APIServerProcessManager:
+    def serve_api(
+        self, count: int = 1, *, host: str = "127.0.0.1", port: int = 0, settings: ServerSettings | None = None
+    ) -> APIServerProcessManager:
         """Start ``count`` HTTP API server processes sharing one socket on ``host:port``.
 
         They are watched like the engines (a death makes :meth:`wait` raise)
-        and closed with the cluster. Returns the manager; its ``url`` says where.
+        and closed with the cluster. ``settings`` sets their timeouts and
+        limits. Returns the manager; its ``url`` says where.
         """
         from raydp.serve.processes import APIServerProcessManager
 
         with self._lock:
             if self._closed:
                 raise ClusterClosedError(f"cluster {self.name!r} is closed")
-        servers = APIServerProcessManager(self.endpoints, count, host=host, port=port, node_id=_node_id())
+        servers = APIServerProcessManager(self.endpoints, count, host=host, port=port, node_id=_node_id(),
+                                          settings=settings)
         servers.on_death(self._on_death)
         with self._lock:
             self._api_servers.append(servers)
