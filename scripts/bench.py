@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Side-by-side benchmarks of raydp against its floor and against Ray's own paths.
 
-Run as ``.venv/bin/python scripts/bench.py [--quick] [--json out.json]``. It
-starts its own local Ray (4 logical CPUs, 4 logical GPUs) and needs no cluster.
+Run as ``.venv/bin/python scripts/bench.py [--quick] [--only SECTION] [--skip SECTION]
+[--json out.json]``. It starts its own local Ray (4 logical CPUs, 4 logical
+GPUs) and needs no cluster.
 
 Only the RATIOS mean anything: every system runs in the same process, on the
 same machine, minutes apart, so a shared or slow machine moves all of them
-together. Two benchmarks:
+together. Three benchmarks (sections ``round-trips``, ``lockstep``, ``http``):
 
 1. request round trips (tiny prompt, ``max_tokens=1``), pipelined (a window
    of requests in flight) and sequential (one at a time: p50 latency), for
@@ -17,7 +18,11 @@ together. Two benchmarks:
 2. lockstep overhead: the step rate of a busy DP=2 cluster in lockstep mode
    (with and without a per-step all-reduce in the engine) against the same
    cluster in dense mode. ``EchoEngine(step_delay_s=...)`` sleeps in each step
-   to stand in for device time; ``step_delay_s=0`` is the worst case.
+   to stand in for device time; ``step_delay_s=0`` is the worst case;
+3. the HTTP front-end (:mod:`bench_http`): OpenAI ``/v1/completions``
+   throughput and p50/p99 latency, plain and streamed (time to first token),
+   of raydp's 4 API servers against a Ray Serve HTTP deployment with the same
+   echo engine and replica count.
 
 It prints the environment, the exact command and markdown tables, and exits
 0 when every measurement ran (1 if one failed; the tables say which).
@@ -28,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import multiprocessing
 import os
 import platform
@@ -45,11 +49,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench_http import (
+    HTTP_FULL,
+    HTTP_QUICK,
+    HttpResult,
+    HttpSizes,
+    http_benchmark,
+    http_failed,
+    http_table,
+    quiet_serve_logs,
+)
+
 ECHO_ENGINE = "raydp.engine:EchoEngine"
 PROMPT = [1, 2, 3]
 DP_SIZE = 2
 TIMEOUT_S = 60.0
 STOP_TAG = b"\xff"
+SECTIONS = ("round-trips", "lockstep", "http")
 # Busy requests never finish inside a window: they are aborted after it.
 BUSY_MAX_TOKENS = 1_000_000
 
@@ -399,11 +415,6 @@ def serve_target(window: int) -> Iterator[EchoTarget]:
         serve.shutdown()
 
 
-def quiet_serve_logs() -> None:
-    """The driver-side router warns on every slow queue-length probe: too chatty on 2 cores."""
-    logging.getLogger("ray.serve").setLevel(logging.ERROR)
-
-
 # ---- benchmark 1 ---------------------------------------------------------------------------
 
 
@@ -745,13 +756,50 @@ def rate_cell(rate: float, error: object) -> str:
     return f"{rate:,.0f}" if rate > 0 else "n/a"
 
 
-def print_report(
-    env: dict[str, Any],
-    trips: list[RoundTrip],
-    steps: list[StepRate],
-    floor: dict[float, tuple[float, float]] | str,
-    sizes: Sizes,
-) -> None:
+@dataclass
+class Report:
+    """What one run measured; a section left out (``--only``, ``--skip``) stays None."""
+
+    trips: list[RoundTrip] | None = None
+    steps: list[StepRate] | None = None
+    floor: dict[float, tuple[float, float]] | str | None = None
+    http: list[HttpResult] | None = None
+
+    def failed(self) -> bool:
+        return (
+            any(r.error for r in self.trips or [])
+            or any(r.error for r in self.steps or [])
+            or isinstance(self.floor, str)
+            or (self.http is not None and http_failed(self.http))
+        )
+
+    def as_json(self, env: dict[str, Any], http_sizes: HttpSizes) -> dict[str, Any]:
+        payload: dict[str, Any] = {"environment": env}
+        if self.trips is not None:
+            payload["round_trips"] = [asdict(r) for r in self.trips]
+        if self.steps is not None:
+            payload["step_rates"] = [asdict(r) for r in self.steps]
+        if isinstance(self.floor, dict):
+            payload["floor"] = {str(d): {"bare_loop": a, "gloo_allreduce": b} for d, (a, b) in self.floor.items()}
+        elif self.floor is not None:
+            payload["floor"] = {"error": self.floor}
+        if self.http is not None:
+            payload["http"] = {"sizes": asdict(http_sizes), "results": [asdict(r) for r in self.http]}
+        return payload
+
+
+def run_sections(sections: list[str], sizes: Sizes, http_sizes: HttpSizes) -> Report:
+    report = Report()
+    if "round-trips" in sections:
+        report.trips = round_trip_benchmark(sizes)
+    if "lockstep" in sections:
+        report.steps, report.floor = lockstep_benchmark(sizes)
+    if "http" in sections:
+        report.http = http_benchmark(http_sizes, log)
+    return report
+
+
+def print_report(env: dict[str, Any], report: Report, sizes: Sizes, http_sizes: HttpSizes) -> None:
     print()
     print("## raydp benchmark")
     print()
@@ -764,10 +812,15 @@ def print_report(
     )
     print("Local Ray: num_cpus=4, num_gpus=4 (logical). Absolute numbers are noise on a shared machine;")
     print("compare the ratios, which come from one run.")
-    print()
-    print("\n".join(round_trip_table(trips, sizes)))
-    print()
-    print("\n".join(lockstep_table(steps, floor, sizes)))
+    if report.trips is not None:
+        print()
+        print("\n".join(round_trip_table(report.trips, sizes)))
+    if report.steps is not None and report.floor is not None:
+        print()
+        print("\n".join(lockstep_table(report.steps, report.floor, sizes)))
+    if report.http is not None:
+        print()
+        print("\n".join(http_table(report.http, http_sizes)))
 
 
 def log(message: str) -> None:
@@ -776,39 +829,40 @@ def log(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test in under a minute")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test in about a minute")
+    parser.add_argument("--only", action="append", choices=SECTIONS, metavar="SECTION",
+                        help=f"run only this section (repeatable): {', '.join(SECTIONS)}")
+    parser.add_argument("--skip", action="append", choices=SECTIONS, metavar="SECTION",
+                        help="leave this section out (repeatable)")
     parser.add_argument("--json", metavar="PATH", help="also write every number to this JSON file")
     args = parser.parse_args(argv)
+    sections = [s for s in SECTIONS if s in (args.only or SECTIONS) and s not in (args.skip or [])]
+    if not sections:
+        parser.error("--only and --skip leave no section to run")
     sizes = QUICK if args.quick else FULL
+    http_sizes = HTTP_QUICK if args.quick else HTTP_FULL
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
     import ray
 
     env = environment(sizes, args.quick)
+    env["sections"] = sections
+    env["http_sizes"] = asdict(http_sizes)
     start = time.perf_counter()
     # address="local": always a fresh Ray of our own, never one found via RAY_ADDRESS
     # or /tmp/ray/ray_current_cluster (another user's cluster on this machine).
     ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        trips = round_trip_benchmark(sizes)
-        steps, floor = lockstep_benchmark(sizes)
+        report = run_sections(sections, sizes, http_sizes)
     finally:
         ray.shutdown()
     env["wall_s"] = round(time.perf_counter() - start, 1)
-    print_report(env, trips, steps, floor, sizes)
+    print_report(env, report, sizes, http_sizes)
     print()
     print(f"(ran in {env['wall_s']} s)")
     if args.json:
-        payload = {
-            "environment": env,
-            "round_trips": [asdict(r) for r in trips],
-            "step_rates": [asdict(r) for r in steps],
-            "floor": {str(d): {"bare_loop": a, "gloo_allreduce": b} for d, (a, b) in floor.items()}
-            if isinstance(floor, dict) else {"error": floor},
-        }
-        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
-    failed = any(r.error for r in trips) or any(r.error for r in steps) or isinstance(floor, str)
-    return 1 if failed else 0
+        Path(args.json).write_text(json.dumps(report.as_json(env, http_sizes), indent=2) + "\n")
+    return 1 if report.failed() else 0
 
 
 if __name__ == "__main__":
