@@ -103,7 +103,7 @@ class GenerationRoutes:
         events = _events(gen, shape, first)
         # Starlette stops iterating when the client hangs up but never closes the
         # iterator; closing it runs its finally, which aborts the request.
-        return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(events.aclose))
+        return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(_close, events))
 
 
 async def _events(gen: Generation, shape: _Shape, first: list[int] | None) -> AsyncGenerator[bytes, None]:
@@ -119,3 +119,8 @@ async def _events(gen: Generation, shape: _Shape, first: list[int] | None) -> As
         yield sse_event(exc.body())
     finally:
         gen.close()
+
+
+async def _close(events: AsyncGenerator[bytes, None]) -> None:
+    """Close the stream on the event loop (Starlette would run a bound ``aclose`` in a thread and drop it)."""
+    await events.aclose()
