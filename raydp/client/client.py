@@ -28,6 +28,7 @@ from typing import Any
 import zmq
 
 from raydp.client.balancer import LoadBalancer
+from raydp.client.calls import PendingCalls
 from raydp.client.requests import Listener, RequestHandle, RequestState
 from raydp.client.sockets import ClientSockets
 from raydp.errors import (
@@ -84,7 +85,7 @@ class Client:
         self._follow_liveness = follow_liveness
         self._balancer = LoadBalancer(len(endpoints.engines), client_count, ranks)
         self._requests: dict[str, RequestState] = {}
-        self._calls: dict[int, tuple[int, str, Future[Any]]] = {}
+        self._calls = PendingCalls()
         self._call_ids = itertools.count(1)
         self._dead: dict[int, EngineDeadError] = {}
         self._commands: collections.deque[Command] = collections.deque()
@@ -138,14 +139,14 @@ class Client:
             body = encode(UtilityCall(call_id, method, list(args)))
         except TypeError as exc:
             raise ConfigError(f"args={args!r}: not msgpack-encodable ({exc})") from None
-        self._enqueue(lambda: self._do_call(rank, call_id, (method, future), body))
+        self._enqueue(lambda: self._do_call(rank, call_id, method, future, body))
         try:
             return future.result(timeout)
         except BaseException:
             # Timed out or interrupted: nobody waits for this answer any more, so the
             # IO thread (the table's only user) drops the entry; a late answer is ignored.
             if not future.done():
-                self._enqueue(lambda: self._forget_call(call_id), allow_closed=True)
+                self._enqueue(lambda: self._calls.forget(call_id), allow_closed=True)
             raise
 
     def snapshot(self) -> StatsSnapshot | None:
@@ -325,12 +326,8 @@ class Client:
             return
         for out in batch.outputs:
             self._deliver(out)
-        if batch.utility is not None and batch.utility.call_id in self._calls:
-            rank, method, future = self._calls.pop(batch.utility.call_id)
-            if batch.utility.error is not None:
-                future.set_exception(RaydpError(f"utility {method!r} on rank {rank} failed: {batch.utility.error}"))
-            else:
-                future.set_result(batch.utility.result)
+        if batch.utility is not None:
+            self._calls.resolve(batch.utility)
 
     def _deliver(self, out: Output) -> None:
         state = self._requests.get(out.request_id)
@@ -386,19 +383,14 @@ class Client:
             self._io.send_input(state.rank, RequestType.ABORT, encode(Abort([request_id])))
         state.deliver(Output(request_id, [], True, "abort"))
 
-    def _do_call(self, rank: int, call_id: int, call: tuple[str, Future[Any]], body: bytes) -> None:
+    def _do_call(self, rank: int, call_id: int, method: str, future: Future[Any], body: bytes) -> None:
         if rank in self._dead:
-            call[1].set_exception(self._dead[rank])
+            future.set_exception(self._dead[rank])
             return
-        self._calls[call_id] = (rank, *call)
         if not self._io.send_input(rank, RequestType.UTILITY, body):
-            del self._calls[call_id]
-            call[1].set_exception(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
-
-    def _forget_call(self, call_id: int) -> None:
-        entry = self._calls.pop(call_id, None)
-        if entry is not None:
-            entry[2].cancel()
+            future.set_exception(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
+            return
+        self._calls.add(call_id, rank, method, future)
 
     def _do_mark_dead(self, error: EngineDeadError) -> None:
         self._dead[error.rank] = error
@@ -407,11 +399,7 @@ class Client:
     def _fail_rank(self, rank: int, error: EngineDeadError) -> None:
         """Fail (or move, if retryable and nothing streamed yet) the requests on ``rank``;
         fail its pending utility calls (the engine that would answer them is gone)."""
-        for call_id, (call_rank, _, future) in list(self._calls.items()):
-            if call_rank == rank:
-                del self._calls[call_id]
-                if not future.done():
-                    future.set_exception(error)
+        self._calls.fail(error, rank)
         for rid, state in list(self._requests.items()):
             if state.rank != rank:
                 continue
@@ -439,10 +427,7 @@ class Client:
         for state in self._requests.values():
             state.deliver(error)
         self._requests.clear()
-        for _, _, future in self._calls.values():
-            if not future.done():
-                future.set_exception(error)
-        self._calls.clear()
+        self._calls.fail(error)
 
 
 def _cause(text: str) -> DeathCause:
