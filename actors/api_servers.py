@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -96,9 +95,6 @@ class RemoteAPIServers:
         if not self._closed.is_set():
             notify(self._listeners, ProcessDeadError(f"API servers {self.label} at {self.url} ({why})", None,
                                                      self.node_id))
-
-    def record(self, mode: str) -> dict[str, Any]:
-        return {"mode": mode, "url": self.url, "count": self.count, "node_id": self.node_id, "ranks": self.ranks}
 
     def close(self) -> None:
         if self._closed.is_set():

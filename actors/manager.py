@@ -35,7 +35,7 @@ from raydp.actors.owned import Owned
 from raydp.actors.slots import RankSlot, place_ranks, probe_devices
 from raydp.actors.terminate import kill_and_wait
 from raydp.actors.watch import check_started, watch_run_refs
-from raydp.backend import DeathListener, DeathReports, RestartListener
+from raydp.backend import APIServerGroup, DeathListener, DeathReports, RestartListener
 from raydp.config import RaydpConfig
 from raydp.coordinator.client import CoordinatorClient
 from raydp.errors import (
@@ -118,6 +118,14 @@ class ActorManager:
 
     def register_api_servers(self, record: dict[str, Any]) -> None:
         self._owned.coordinator.add_api_servers.remote(record)
+
+    def start_api_servers(
+        self, endpoints: ClusterEndpoints, node_id: str, ranks: list[int], count: int, port: int, label: str
+    ) -> APIServerGroup:
+        """On the rank's node, under a small actor pinned there."""
+        from raydp.actors.api_servers import RemoteAPIServers
+
+        return RemoteAPIServers(endpoints, node_id, count, port, ranks, label)
 
     def on_death(self, listener: DeathListener) -> None:
         self._reports.on_death(listener)
@@ -303,11 +311,8 @@ class ActorManager:
         cfg = self.config
         return {
             "accelerator": cfg.accelerator,
-            "world_size": cfg.world_size,
             "devices": [list(d) for d in startup.devices],
             "lockstep": cfg.lockstep,
-            "detached": cfg.detached,
-            "max_restarts": cfg.max_restarts,
             "engine": cfg.engine,
         }
 

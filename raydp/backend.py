@@ -38,6 +38,17 @@ RestartListener = Callable[[EngineEndpoint], None]
 logger = logging.getLogger("raydp.deaths")
 
 
+class APIServerGroup(Protocol):
+    """API server processes serving one cluster at ``url`` (see :mod:`raydp.serve`)."""
+
+    @property
+    def url(self) -> str: ...
+
+    def on_death(self, listener: DeathListener) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Backend(Protocol):
     """What :class:`~raydp.cluster.Cluster` needs from whatever runs the engines."""
 
@@ -65,6 +76,12 @@ class Backend(Protocol):
 
     def register_api_servers(self, record: dict[str, Any]) -> None:
         """Note where API servers listen, so that ``raydp status`` can list them."""
+        ...
+
+    def start_api_servers(
+        self, endpoints: ClusterEndpoints, node_id: str, ranks: list[int], count: int, port: int, label: str
+    ) -> APIServerGroup:
+        """Start ``count`` API servers on node ``node_id`` that route to ``ranks`` (hybrid and external modes)."""
         ...
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from raydp.actors.connection import connect
-from raydp.backend import Backend
+from raydp.backend import APIServerGroup, Backend
 from raydp.config import RaydpConfig
 from raydp.engine.core import check_engine_class, engine_path, load_engine_class
 from raydp.errors import (
@@ -25,12 +25,9 @@ from raydp.names import NAMESPACE, coordinator_name
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 
 if TYPE_CHECKING:
-    from raydp.actors.api_servers import RemoteAPIServers
     from raydp.client.client import Client
     from raydp.serve.processes import APIServerProcessManager
     from raydp.serve.settings import ServerSettings
-
-    APIServers = APIServerProcessManager | RemoteAPIServers
 
 logger = logging.getLogger("raydp")
 
@@ -48,7 +45,7 @@ class Cluster:
         self.endpoints = endpoints
         self.config: RaydpConfig | None = manager.config if manager is not None else None
         self._clients: list[Client] = []
-        self._api_servers: list[APIServers] = []
+        self._api_servers: list[APIServerGroup] = []
         self._lock = threading.Lock()
         self._dead = threading.Condition(self._lock)
         self._deaths: list[ComponentDeadError] = []
@@ -104,19 +101,14 @@ class Cluster:
         """
         from raydp.serve.processes import APIServerProcessManager
 
-        with self._lock:
-            if self._closed:
-                raise ClusterClosedError(f"cluster {self.name!r} is closed")
-        servers = APIServerProcessManager(self.endpoints, count, host=host, port=port, node_id=_node_id(),
+        self._check_open()
+        node = _node_id()
+        servers = APIServerProcessManager(self.endpoints, count, host=host, port=port, node_id=node,
                                           settings=settings)
-        servers.on_death(self._on_death)
-        with self._lock:
-            self._api_servers.append(servers)
-        self._register_api_servers({"mode": "internal", "url": servers.url, "count": count,
-                                    "node_id": _node_id(), "ranks": None})
+        self._adopt(servers, "internal", node, None, count)
         return servers
 
-    def serve_api_per_node(self, count: int = 1, *, port: int = 0) -> list[APIServers]:
+    def serve_api_per_node(self, count: int = 1, *, port: int = 0) -> list[APIServerGroup]:
         """Hybrid mode: ``count`` API servers on every node that holds ranks, each routing to its node's ranks.
 
         Each node's servers bind that node's IP on ``port`` (0: any free port).
@@ -127,7 +119,7 @@ class Cluster:
             by_node.setdefault(ep.node_id, []).append(ep.rank)
         return self._serve_groups([(node, ranks, count, port) for node, ranks in by_node.items()], "hybrid")
 
-    def serve_api_per_rank(self, *, port: int = 0) -> list[APIServers]:
+    def serve_api_per_rank(self, *, port: int = 0) -> list[APIServerGroup]:
         """External mode: one API server per rank, on the rank's node, for an outside router.
 
         Rank ``r`` listens on ``port + r`` (any free port if ``port`` is 0);
@@ -136,36 +128,40 @@ class Cluster:
         groups = [(ep.node_id, [ep.rank], 1, port + ep.rank if port else 0) for ep in self.endpoints.engines]
         return self._serve_groups(groups, "external")
 
-    def _serve_groups(self, groups: list[tuple[str, list[int], int, int]], mode: str) -> list[APIServers]:
-        with self._lock:
-            if self._closed:
-                raise ClusterClosedError(f"cluster {self.name!r} is closed")
-        started: list[APIServers] = []
+    def _serve_groups(self, groups: list[tuple[str, list[int], int, int]], mode: str) -> list[APIServerGroup]:
+        self._check_open()
+        started: list[APIServerGroup] = []
         try:
             for node_id, ranks, count, port in groups:
-                servers = self._start_group(node_id, ranks, count, port, mode)
+                servers = self._start_group(node_id, ranks, count, port, f"{mode}-dp{ranks[0]}")
                 started.append(servers)
-                servers.on_death(self._on_death)
-                with self._lock:
-                    self._api_servers.append(servers)
-                self._register_api_servers({"mode": mode, "url": servers.url, "count": count,
-                                            "node_id": node_id, "ranks": ranks})
+                self._adopt(servers, mode, node_id, ranks, count)
         except BaseException:
             for servers in started:
                 servers.close()
             raise
         return started
 
-    def _start_group(self, node_id: str, ranks: list[int], count: int, port: int, mode: str) -> APIServers:
-        from raydp.local import ProcessManager
+    def _start_group(self, node_id: str, ranks: list[int], count: int, port: int, label: str) -> APIServerGroup:
+        if self._manager is not None:
+            return self._manager.start_api_servers(self.endpoints, node_id, ranks, count, port, label)
+        from raydp.actors.api_servers import RemoteAPIServers  # attached: the cluster runs on Ray
 
-        if isinstance(self._manager, ProcessManager):  # every rank is on this machine
-            from raydp.serve.processes import APIServerProcessManager
+        return RemoteAPIServers(self.endpoints, node_id, count, port, ranks, label)
 
-            return APIServerProcessManager(self.endpoints, count, port=port, node_id=node_id, ranks=ranks)
-        from raydp.actors.api_servers import RemoteAPIServers
+    def _adopt(self, servers: APIServerGroup, mode: str, node_id: str | None, ranks: list[int] | None,
+               count: int) -> None:
+        """Watch ``servers`` like the engines, close them with the cluster, list them in ``raydp status``."""
+        servers.on_death(self._on_death)
+        with self._lock:
+            self._api_servers.append(servers)
+        self._register_api_servers({"mode": mode, "url": servers.url, "count": count, "node_id": node_id,
+                                    "ranks": ranks})
 
-        return RemoteAPIServers(self.endpoints, node_id, count, port, ranks, f"{mode}-dp{ranks[0]}")
+    def _check_open(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise ClusterClosedError(f"cluster {self.name!r} is closed")
 
     def _register_api_servers(self, record: dict[str, Any]) -> None:
         """Tell the coordinator (for ``raydp status``); an attached handle reaches it by name."""

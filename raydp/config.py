@@ -144,8 +144,11 @@ def _parse_json(name: str, raw: str) -> Any:
         ) from None
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """One line per problem: ``field=value: what is allowed``."""
+def format_validation_error(
+    exc: ValidationError, model: type[BaseModel] | None = None, what: str = "raydp config"
+) -> str:
+    """One line per problem: ``field=value: what is allowed`` (``model``: whose fields an unknown one is checked
+    against; RaydpConfig by default)."""
     lines = []
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "config"
@@ -153,8 +156,8 @@ def format_validation_error(exc: ValidationError) -> str:
         if err["type"] == "value_error":
             lines.append(f"{field}: {err['msg'].removeprefix('Value error, ')}")
         elif err["type"] == "extra_forbidden":
-            allowed = ", ".join(RaydpConfig.model_fields)
+            allowed = ", ".join((model or RaydpConfig).model_fields)
             lines.append(f"{field}={given!r}: unknown field; allowed fields: {allowed}")
         else:
             lines.append(f"{field}={given!r}: {err['msg']}")
-    return "invalid raydp config: " + "; ".join(lines)
+    return f"invalid {what}: " + "; ".join(lines)

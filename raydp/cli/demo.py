@@ -9,10 +9,10 @@ import time
 from collections import Counter
 from typing import Any
 
-from raydp.cli.options import ENGINES, add_config_flags, config_from_args
+from raydp.cli.options import ENGINES, SERVING_PRESETS, add_config_flags, config_from_args
 
 # The demo's own starting point; RAYDP_* variables and flags override it.
-PRESETS: dict[str, Any] = {"dp_size": 2, "engine": "tiny-lm"}
+PRESETS = SERVING_PRESETS
 CONFIG_FLAGS = ("dp_size", "tensor_parallel_size", "engine", "lockstep", "accelerator", "placement_strategy",
                 "max_restarts", "transport", "auth")
 

@@ -20,6 +20,9 @@ from raydp.config import ENV_PREFIX, RaydpConfig, env_fields
 # Short names the CLI accepts for ``--engine`` (and RAYDP_ENGINE), besides 'module:Class' paths.
 ENGINES = {"tiny-lm": "raydp.engine.tiny_lm:TinyLMEngine", "echo": "raydp.engine:EchoEngine"}
 
+# Where `raydp demo` and `raydp serve` start: a small DP cluster of the reference LM.
+SERVING_PRESETS: dict[str, Any] = {"dp_size": 2, "engine": "tiny-lm"}
+
 # A flag spelled differently from its field; the field's own flag works too.
 ALIASES: dict[str, tuple[str, ...]] = {
     "placement_strategy": ("--strategy",),

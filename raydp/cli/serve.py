@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from raydp.cli.options import ENGINES, add_config_flags, config_from_args
+from raydp.cli.options import ENGINES, SERVING_PRESETS, add_config_flags, config_from_args
 
-PRESETS: dict[str, Any] = {"dp_size": 2, "engine": "tiny-lm"}
+PRESETS = SERVING_PRESETS
 CONFIG_FLAGS = ("name", "dp_size", "dp_size_local", "tensor_parallel_size", "pipeline_parallel_size", "engine",
                 "lockstep", "accelerator", "placement_strategy", "node_allowlist", "max_restarts", "transport",
                 "auth", "detached")

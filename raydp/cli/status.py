@@ -15,6 +15,7 @@ from typing import Any
 
 from raydp.actors.connection import connect
 from raydp.names import NAMESPACE, coordinator_name
+from raydp.placement.report import render_table
 
 EXIT_NOT_FOUND = 1
 _SUFFIX = coordinator_name("")
@@ -105,7 +106,7 @@ def format_report(report: dict[str, Any]) -> str:
         devices = f"{report['accelerator']} {','.join(r['devices'])}" if r["devices"] else "-"
         rows.append([str(r["rank"]), r["node_id"][:8], devices, str(r["waiting"]), str(r["running"]),
                      str(r["deaths"]), str(r["restarts"]), r["state"]])
-    lines += _table(rows)
+    lines += render_table(rows[0], rows[1:]).split("\n")
     servers = report["api_servers"]
     lines.append("API servers:" + ("" if servers else " none"))
     for s in servers:
@@ -114,7 +115,3 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"  {s['url']}  {s['mode']}, {s['count']} process(es) on node {node}, routing to {ranks}")
     return "\n".join(lines)
 
-
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

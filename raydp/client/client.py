@@ -42,6 +42,7 @@ from raydp.errors import (
 )
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.wire.protocol import (
+    MAX_TOKEN_ID,
     Abort,
     FirstRequest,
     Output,
@@ -56,7 +57,6 @@ from raydp.wire.protocol import (
 from raydp.wire.transport import SocketOptions
 
 logger = logging.getLogger("raydp.client.client")
-MAX_TOKEN_ID = 2**31 - 1
 RECV_BUDGET = 256  # output batches taken from one engine per IO-thread turn
 SILENCE_HEARTBEATS, SILENCE_MIN_S = 5, 5.0  # when a silent coordinator counts as dead
 Command = Callable[[], None]

@@ -174,20 +174,17 @@ class CoordinatorLoop:
         """Wave, running flag, counts and counters, for operators and tests (any thread)."""
         s = self.state
         with self._state_lock, self._subscribed_changed:
-            return self._describe_locked(s)
-
-    def _describe_locked(self, s: CoordinatorState) -> dict[str, Any]:
-        return {
-            "wave": s.wave,
-            "running": s.running,
-            "counts": [list(c) for c in s.counts],
-            "dead": dict(s.dead),
-            "deaths": list(s.deaths),
-            "restarts": list(s.restarts),
-            "dropped": self.dropped + s.rejected,
-            "broadcasts": self.broadcasts,
-            "subscribed": sorted(self.subscribed),
-        }
+            return {
+                "wave": s.wave,
+                "running": s.running,
+                "counts": [list(c) for c in s.counts],
+                "dead": dict(s.dead),
+                "deaths": list(s.deaths),
+                "restarts": list(s.restarts),
+                "dropped": self.dropped + s.rejected,
+                "broadcasts": self.broadcasts,
+                "subscribed": sorted(self.subscribed),
+            }
 
     def wait_for_engines(self, ranks: int, timeout_s: float) -> bool:
         """Block until ``ranks`` engines have subscribed to the broadcast socket."""

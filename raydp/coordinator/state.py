@@ -48,10 +48,14 @@ class CoordinatorState:
     _seq: int = 0
 
     def __post_init__(self) -> None:
-        if not self.counts:
-            self.counts = [[0, 0] for _ in range(self.engine_count)]
-        self.deaths = (self.deaths + [0] * self.engine_count)[: self.engine_count]
-        self.restarts = (self.restarts + [0] * self.engine_count)[: self.engine_count]
+        self._resize(self.engine_count)
+
+    def _resize(self, n: int) -> None:
+        """Per-rank lists for ``n`` ranks: existing ranks keep theirs, new ones start at zero."""
+        self.counts = (self.counts + [[0, 0] for _ in range(n)])[:n]
+        self.deaths = (self.deaths + [0] * n)[:n]
+        self.restarts = (self.restarts + [0] * n)[:n]
+        self.engine_count = n
 
     def handle(self, msg: ToCoordinator) -> StartDPWave | None:
         """Apply one message; return the broadcast it calls for, if any."""
@@ -139,10 +143,7 @@ class CoordinatorState:
             logger.warning("coordinator: dropped ScaleEngines(engine_count=%d): must be >= 1", msg.engine_count)
             return
         n = msg.engine_count
-        self.counts = (self.counts + [[0, 0] for _ in range(n)])[:n]
-        self.deaths = (self.deaths + [0] * n)[:n]
-        self.restarts = (self.restarts + [0] * n)[:n]
-        self.engine_count = n
+        self._resize(n)
         self.changed = True
 
     def _bad_rank(self, rank: int, msg: ToCoordinator) -> bool:

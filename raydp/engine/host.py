@@ -19,7 +19,7 @@ import zmq
 from raydp.config import RaydpConfig
 from raydp.engine.collective import GlooDPGroup, Rendezvous
 from raydp.engine.core import EngineContext, check_engine_class, load_engine_class
-from raydp.engine.loop import EngineLoop, EngineSockets
+from raydp.engine.loop import COUNTERS, EngineLoop, EngineSockets
 from raydp.engine.waves import EngineWaves
 from raydp.logs import configure_component_logging
 from raydp.wire.handshake import engine_handshake
@@ -161,7 +161,7 @@ class EngineHost:
     def counters(self) -> dict[str, int]:
         """The loop's request counters (zeros before it runs); safe from any thread."""
         loop = self._loop
-        return dict(loop.counters) if loop is not None else {"added": 0, "finished": 0, "aborted": 0}
+        return dict(loop.counters) if loop is not None else dict.fromkeys(COUNTERS, 0)
 
     def shutdown(self) -> None:
         """Stop the loop from another thread (wakes it if it is idle); never blocks."""

@@ -63,6 +63,7 @@ IDLE_POLL_MS = 1000
 INPUT_BUDGET = 512  # messages taken per socket between two steps
 BACKLOG_LIMIT = 10_000  # output batches a slow client may fall behind before it is dropped
 BUILTIN_COUNTERS = "raydp_counters"  # the utility the loop answers itself
+COUNTERS = ("added", "finished", "aborted")  # what it counts, per rank
 # The engine core's own methods: the loop drives these, a utility call may not.
 ENGINE_PROTOCOL = frozenset(
     {"add_request", "abort", "step", "has_unfinished", "load", "execute_dummy_batch", "shutdown",
@@ -133,7 +134,7 @@ class EngineLoop:
         self._last_load_sent = 0.0
         self._stopping = False
         self._backlog: dict[bytes, collections.deque[bytes]] = {}
-        self.counters = {"added": 0, "finished": 0, "aborted": 0}
+        self.counters = dict.fromkeys(COUNTERS, 0)
 
     # ---- the loop ---------------------------------------------------------------
 
@@ -227,7 +228,9 @@ class EngineLoop:
 
     def _abort(self, client: bytes, msg: Abort) -> None:
         # Only the owner may abort: another client reusing the id must not.
-        ids = [rid for rid in msg.request_ids if self._owners.get(rid) == client]
+        self._abort_ids([rid for rid in msg.request_ids if self._owners.get(rid) == client])
+
+    def _abort_ids(self, ids: list[str]) -> None:
         if ids:
             self.engine.abort(ids)
             for rid in ids:
@@ -321,11 +324,7 @@ class EngineLoop:
         self._backlog.pop(client, None)
         ids = [rid for rid, owner in self._owners.items() if owner == client]
         logger.warning("rank %d: client %s %s; aborting its %d requests", self.rank, client.hex(), why, len(ids))
-        if ids:
-            self.engine.abort(ids)
-            for rid in ids:
-                del self._owners[rid]
-            self.counters["aborted"] += len(ids)
+        self._abort_ids(ids)
 
     def _fail_all(self, reason: str) -> None:
         by_client: dict[bytes, list[Output]] = defaultdict(list)

@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from raydp.backend import DeathListener, DeathReports, OwnedResources, RestartListener
+from raydp.backend import APIServerGroup, DeathListener, DeathReports, OwnedResources, RestartListener
 from raydp.config import RaydpConfig
 from raydp.coordinator.client import CoordinatorClient
 from raydp.errors import (
@@ -152,6 +152,14 @@ class ProcessManager:
 
     def register_api_servers(self, record: dict[str, Any]) -> None:
         """``raydp status`` reads Ray clusters only: a local cluster keeps no registry."""
+
+    def start_api_servers(
+        self, endpoints: ClusterEndpoints, node_id: str, ranks: list[int], count: int, port: int, label: str
+    ) -> APIServerGroup:
+        """Every rank is on this machine: local processes, on loopback."""
+        from raydp.serve.processes import APIServerProcessManager
+
+        return APIServerProcessManager(endpoints, count, port=port, node_id=node_id, ranks=ranks)
 
     def start(self) -> ClusterEndpoints:
         try:

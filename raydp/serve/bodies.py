@@ -20,8 +20,8 @@ from pydantic_core import ErrorDetails
 from starlette.requests import Request
 
 from raydp.serve.api_errors import ApiError
+from raydp.wire.protocol import MAX_TOKEN_ID  # what the client and the wire accept
 
-MAX_TOKEN_ID = 2**31 - 1  # what the client and the wire accept when no vocabulary is given
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 

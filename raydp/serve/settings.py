@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from raydp.config import format_validation_error
 from raydp.errors import ConfigError
 
 MAX_TOKENS_LIMIT = 1 << 20
@@ -37,7 +38,4 @@ class ServerSettings(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}" for e in exc.errors()
-            )
-            raise ConfigError(f"invalid API server settings: {problems}") from None
+            raise ConfigError(format_validation_error(exc, ServerSettings, "API server settings")) from None

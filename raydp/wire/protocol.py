@@ -40,6 +40,9 @@ class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, forbid_unknown_f
 # ---- client -> engine ------------------------------------------------------------
 
 
+MAX_TOKEN_ID: Final = 2**31 - 1  # token ids and max_tokens fit an int32 on every engine
+
+
 class Request(_Msg, gc=False):
     """A request for one engine. ``wave`` is the sender's view of the current wave."""
 
