@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -72,3 +73,21 @@ def _status(cluster: Any) -> list[dict[str, Any]]:
     from raydp.cli.status import describe_cluster
 
     return list(describe_cluster(cluster.name)["api_servers"])
+
+
+@pytest.mark.timeout(120)
+def test_external_mode_and_server_settings_on_the_mp_backend() -> None:
+    from raydp.serve.settings import ServerSettings
+
+    with raydp.launch(name="extmp", dp_size=2, engine=ENGINE, backend="mp", progress=False) as cluster:
+        endpoints = cluster.serve_api_per_rank()
+        assert [e.url.startswith("http://127.0.0.1:") for e in endpoints] == [True, True]
+        for rank, endpoint in enumerate(endpoints):
+            assert {generate(endpoint.url)[0] for _ in range(5)} == {rank}
+        small = cluster.serve_api(1, settings=ServerSettings(max_body_bytes=1000))
+        with pytest.raises(urllib.error.HTTPError) as too_big:
+            generate(small.url, prompt_token_ids=[1] * 1000)
+        assert too_big.value.code == 413
+        assert generate(small.url) in ([0], [1])  # a small body still goes through
+        urls = [e.url for e in endpoints] + [small.url]
+    assert all(server_pids(url) == [] for url in urls)
