@@ -5,7 +5,7 @@ from __future__ import annotations
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from raydp.errors import DeathCause
+from raydp.errors import DeathCause, WorkerDeadError
 
 _MARKERS: tuple[tuple[str, DeathCause], ...] = (
     ("ray.kill", DeathCause.KILLED),
@@ -39,6 +39,9 @@ def death_of(ref: ray.ObjectRef) -> tuple[DeathCause, str] | None:  # type: igno
             return DeathCause.INIT_FAILED, str(exc)
         return cause_from_message(str(exc)), str(exc)
     except RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, WorkerDeadError):  # a worker's death ended the rank: report the worker's cause
+            return cause.cause, str(cause)
         return DeathCause.ENGINE_ERROR, str(exc)
     except Exception as exc:  # anything else Ray may raise for a lost ref
         return DeathCause.UNKNOWN, repr(exc)

@@ -9,8 +9,10 @@ from typing import Any
 import ray
 
 from raydp.actors.metrics import EngineMetrics, export_periodically
+from raydp.actors.workers import RayExecutor
 from raydp.config import RaydpConfig
 from raydp.engine.host import EngineHost
+from raydp.processes import set_process_title
 from raydp.wire.security import CurveKeys
 
 
@@ -50,7 +52,8 @@ class EngineCoreActor:
     ) -> None:
         node_id = ray.get_runtime_context().get_node_id()
         self.host = EngineHost(
-            config, rank, local_rank, node_id, frontend_node_id, device_ids, ipc_prefix, engine_cls, curve
+            config, rank, local_rank, node_id, frontend_node_id, device_ids, ipc_prefix, engine_cls, curve,
+            executor_factory=RayExecutor,
         )
         self._metrics_stop = threading.Event()
         export_periodically(self.host.counters, EngineMetrics(config.name, rank), self._metrics_stop)
@@ -73,16 +76,6 @@ class EngineCoreActor:
     def shutdown(self) -> None:
         self._metrics_stop.set()
         self.host.shutdown()
-
-
-def set_process_title(title: str) -> None:
-    """Show ``title`` in ps/top (Ray ships setproctitle in its raylet module)."""
-    try:
-        from ray._raylet import setproctitle  # type: ignore[attr-defined]
-
-        setproctitle(title)
-    except (ImportError, AttributeError):  # pragma: no cover - depends on the Ray build
-        pass
 
 
 def _probe_device_ids(accelerator: str) -> list[str]:

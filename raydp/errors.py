@@ -12,8 +12,10 @@ Every error raydp raises on purpose derives from :class:`RaydpError`, so
     ├── StartupError           a component failed or timed out while starting
     ├── ComponentDeadError     a running component died (names it, its node, the cause)
     │   ├── EngineDeadError    ... an engine core rank
+    │   ├── WorkerDeadError    ... a device worker of a rank (fails that rank)
     │   ├── CoordinatorDeadError
     │   └── ProcessDeadError   ... a local process (mp backend, API server)
+    ├── WorkerError            a device worker raised (names it, carries its traceback)
     ├── RequestError           one request failed on its engine
     └── ClusterClosedError     the cluster handle was used after ``close()``
 
@@ -24,6 +26,7 @@ Errors that describe a component death carry structured fields (``rank``,
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 
 class RaydpError(Exception):
@@ -115,6 +118,39 @@ class EngineDeadError(ComponentDeadError):
             self.args = (f"{self.args[0]}; restarting it",)
         self.rank = rank
         self.restarting = restarting
+
+
+class WorkerDeadError(ComponentDeadError):
+    """A device worker of a rank died; the rank fails with it."""
+
+    component = "worker"
+
+    def __init__(self, dp_rank: int, tp_rank: int, node_id: str | None, cause: DeathCause, detail: str = "") -> None:
+        super().__init__(f"tp{tp_rank} of rank {dp_rank}", node_id, cause, detail)
+        self.dp_rank = dp_rank
+        self.tp_rank = tp_rank
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Crosses Ray and process boundaries as the cause of a rank's death.
+        return (type(self), (self.dp_rank, self.tp_rank, self.node_id, self.cause, self.detail))
+
+
+class WorkerError(RaydpError):
+    """A device worker raised; ``traceback`` is the worker's own traceback text."""
+
+    def __init__(self, dp_rank: int, tp_rank: int, node_id: str | None, method: str, traceback: str) -> None:
+        last = traceback.strip().splitlines()[-1] if traceback.strip() else "?"
+        super().__init__(
+            f"worker tp{tp_rank} of rank {dp_rank} on node {(node_id or '?')[:12]} raised in {method}: {last}"
+        )
+        self.dp_rank, self.tp_rank, self.node_id = dp_rank, tp_rank, node_id
+        self.method, self.traceback = method, traceback
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.dp_rank, self.tp_rank, self.node_id, self.method, self.traceback))
+
+    def __str__(self) -> str:
+        return f"{self.args[0]}\n--- worker traceback ---\n{self.traceback.rstrip()}"
 
 
 class CoordinatorDeadError(ComponentDeadError):

@@ -14,6 +14,7 @@ import contextlib
 import inspect
 import logging
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -21,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, cast
+from typing import Any
 
 logger = logging.getLogger("raydp.processes")
 GRACE_S = 5.0
@@ -43,7 +44,8 @@ def spawn(mp_ctx: Any, name: str, target: Callable[..., None], *args: Any, rank:
 
     The child watches the reader: it ends when the parent goes, however the parent died.
     """
-    reader, writer = mp_ctx.Pipe(duplex=False)
+    # Duplex, so that the child can leave its last words (why it failed) before it exits.
+    reader, writer = mp_ctx.Pipe(duplex=True)
     process = mp_ctx.Process(target=target, args=(*args, reader), name=name, daemon=True)
     process.start()
     reader.close()
@@ -87,8 +89,10 @@ def _kill_tree(pid: int | None) -> None:
 def watch_processes(
     procs: Sequence[Proc], stop: threading.Event, on_exit: Callable[[Proc], None], name: str
 ) -> threading.Thread:
-    """Call ``on_exit(proc)`` as each process exits, until ``stop`` is set.
+    """Call ``on_exit(proc)`` as each process exits (or leaves its last words), until ``stop`` is set.
 
+    A child that fails says why on its death pipe before it tears down, and
+    that counts as its death: the report does not wait for a slow exit.
     A bound ``on_exit`` is held weakly, so the watcher never keeps its manager
     alive: dropping the manager still runs its finalizer.
     """
@@ -97,10 +101,14 @@ def watch_processes(
     )
 
     def run() -> None:
-        alive = {p.process.sentinel: p for p in procs}
+        alive: dict[Any, Proc] = {p.process.sentinel: p for p in procs}
+        alive.update({p.death_pipe: p for p in procs if p.death_pipe is not None})
         while alive and not stop.is_set():
-            for sentinel in wait(list(alive), timeout=WATCH_TIMEOUT_S):
-                proc = alive.pop(cast(int, sentinel))
+            for ready in wait(list(alive), timeout=WATCH_TIMEOUT_S):
+                proc = alive.pop(ready, None)
+                if proc is None:
+                    continue  # its other handle fired in this same round
+                alive = {k: p for k, p in alive.items() if p is not proc}
                 callback = ref()
                 if stop.is_set() or callback is None:
                     return
@@ -123,6 +131,45 @@ def watch_parent(death_pipe: Connection, on_parent_death: Callable[[], None]) ->
         on_parent_death()
 
     threading.Thread(target=watcher, name="raydp-parent-watch", daemon=True).start()
+
+
+def leave_last_words(death_pipe: Connection, words: bytes) -> None:
+    """In a child about to fail: tell the parent why, on the parent-death pipe."""
+    with contextlib.suppress(OSError, ValueError):
+        death_pipe.send_bytes(words)
+
+
+def last_words(proc: Proc) -> bytes | None:
+    """What a dead child said with :func:`leave_last_words`, if anything."""
+    pipe = proc.death_pipe
+    try:
+        return pipe.recv_bytes() if pipe is not None and pipe.poll(0) else None
+    except (EOFError, OSError, ValueError):
+        return None
+
+
+def set_process_title(title: str) -> None:
+    """Show ``title`` in ps and top, so an operator can tell raydp's processes apart."""
+    # In a Ray worker, Ray's own copy of setproctitle owns the title's memory:
+    # a second copy of the library would write where nobody reads.
+    raylet = sys.modules.get("ray._raylet")
+    if raylet is not None and hasattr(raylet, "setproctitle"):
+        raylet.setproctitle(title)
+        return
+    import setproctitle
+
+    setproctitle.setproctitle(title)
+
+
+def keep_process_title(title: str) -> None:
+    """Set ``title`` again if something else (Ray, after each actor call) replaced it."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            current = f.read()
+    except OSError:
+        return
+    if not current.startswith(title.encode()):
+        set_process_title(title)
 
 
 def on_stop_signals(stop: Callable[[], None]) -> None:

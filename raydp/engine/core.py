@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from raydp.engine.executor import Executor
 from raydp.errors import ConfigError
 from raydp.wire.protocol import Output, Request
 
@@ -30,6 +31,9 @@ class EngineContext:
     world_size: int
     node_id: str
     device_ids: tuple[str, ...] = ()
+    # The rank's device workers, when the engine class names a ``worker_class``
+    # (see raydp.engine.executor); None otherwise.
+    executor: Executor | None = None
 
 
 @runtime_checkable

@@ -19,8 +19,10 @@ import zmq
 from raydp.config import RaydpConfig
 from raydp.engine.collective import GlooDPGroup, Rendezvous
 from raydp.engine.core import EngineContext, check_engine_class, load_engine_class
+from raydp.engine.executor import WORKER_CLASS_ATTR, Executor, ExecutorFactory, WorkerGroupSpec
 from raydp.engine.loop import COUNTERS, EngineLoop, EngineSockets
 from raydp.engine.waves import EngineWaves
+from raydp.errors import ConfigError
 from raydp.logs import configure_component_logging
 from raydp.wire.handshake import engine_handshake
 from raydp.wire.protocol import Init, Ready
@@ -51,26 +53,65 @@ class EngineHost:
         ipc_prefix: str = "",
         engine_cls: type | None = None,
         curve: CurveKeys | None = None,
+        executor_factory: ExecutorFactory | None = None,
     ) -> None:
         self.config, self.rank, self.node_id = config, rank, node_id
         self._curve = curve
         self.local = node_id == frontend_node_id
         self.tag = f"{config.name} dp{rank} lr{local_rank} node {node_id[:8]}"
         configure_component_logging(self.tag)
-        set_device_visibility(config.accelerator, device_ids)
-        context = EngineContext(rank, local_rank, config.dp_size, config.world_size, node_id, device_ids)
-        # A class handed over through Ray (e.g. defined in a notebook) wins over the path.
-        factory = check_engine_class(engine_cls, config.engine) if engine_cls else load_engine_class(config.engine)
-        self.engine = factory(context, **config.engine_kwargs)
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._gate = guard(self.ctx, curve)
         self.ipc_dir = IpcDir(f"{ipc_prefix or config.name}-dp{rank}")
         self._wake_address = f"inproc://raydp-engine-wake-{rank}"
         self._loop: EngineLoop | None = None
+        self._failure: BaseException | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None  # told when run() is about to raise
         self._stopping = threading.Event()
         self._lock = threading.RLock()  # re-entered by a signal handler on the same thread
         self._collective: GlooDPGroup | None = None
         self._rendezvous: Rendezvous | None = None
+        # A class handed over through Ray (e.g. defined in a notebook) wins over the path.
+        factory = check_engine_class(engine_cls, config.engine) if engine_cls else load_engine_class(config.engine)
+        self.executor = self._start_workers(factory, device_ids, executor_factory)
+        context = EngineContext(rank, local_rank, config.dp_size, config.world_size, node_id, device_ids,
+                                self.executor)
+        if self.executor is None:  # with workers, each worker sees only its own device
+            set_device_visibility(config.accelerator, device_ids)
+        try:
+            self.engine = factory(context, **config.engine_kwargs)
+        except BaseException:
+            self._close_workers()
+            raise
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._gate = guard(self.ctx, curve)
+
+    def _start_workers(
+        self, factory: object, device_ids: tuple[str, ...], executor_factory: ExecutorFactory | None
+    ) -> Executor | None:
+        """The rank's device workers, if the engine class names a worker class."""
+        worker_class = getattr(factory, WORKER_CLASS_ATTR, None)
+        if worker_class is None:
+            return None
+        cfg = self.config
+        if executor_factory is None:
+            raise ConfigError(f"engine={cfg.engine!r} needs device workers, which this backend cannot start")
+        spec = WorkerGroupSpec(
+            cfg.name, self.rank, cfg.world_size, worker_class, self.node_id, cfg.accelerator, device_ids,
+            self.ipc_dir, self._curve, cfg.max_message_bytes, cfg.startup_timeout_s,
+        )
+        return executor_factory(spec, self.fail)
+
+    def _close_workers(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+        self.ipc_dir.remove()
+
+    def fail(self, exc: BaseException) -> None:
+        """From any thread: the rank cannot go on (a worker died); its loop raises ``exc``."""
+        with self._lock:
+            self._failure = exc
+            if self._loop is not None:
+                self._loop.fail(exc)
+        self._ring()
 
     def dp_master(self) -> str:
         """``ip:port`` of the gloo rendezvous this rank hosts (asked of rank 0), listening already."""
@@ -105,6 +146,10 @@ class EngineHost:
                 timeout_s=self.config.handshake_timeout_s,
             )
             self._serve(init, inputs, opts)
+        except BaseException as exc:
+            if self.on_failure is not None:  # before the (slow) teardown, so the death is known at once
+                self.on_failure(exc)
+            raise
         finally:
             with self._lock:
                 self._loop = None
@@ -113,6 +158,8 @@ class EngineHost:
     def _release(self) -> None:
         """Each step runs even if an earlier one raises; the engine's own error stays the cause."""
         steps: list[Callable[[], object]] = [self.engine.shutdown]
+        if self.executor is not None:
+            steps.append(self.executor.close)
         if self._collective is not None:
             steps.append(self._collective.close)
         if self._rendezvous is not None:
@@ -141,6 +188,8 @@ class EngineHost:
                 if self._stopping.is_set():
                     return
                 self._loop = loop
+                if self._failure is not None:  # a worker died during the handshake
+                    loop.fail(self._failure)
             loop.run()
 
     def _make_loop(self, init: Init, sockets: EngineSockets) -> EngineLoop:
@@ -170,6 +219,13 @@ class EngineHost:
             if self._loop is None:
                 return
             self._loop.stop()
+        self._ring()
+
+    def _ring(self) -> None:
+        """Wake the loop if it waits for input."""
+        with self._lock:
+            if self._loop is None:
+                return
             bell = make_socket(self.ctx, zmq.PAIR, SocketOptions())
             try:
                 bell.connect(self._wake_address)

@@ -133,6 +133,7 @@ class EngineLoop:
         self._last_load: tuple[int, int] = (-1, -1)
         self._last_load_sent = 0.0
         self._stopping = False
+        self._failure: BaseException | None = None
         self._backlog: dict[bytes, collections.deque[bytes]] = {}
         self.counters = dict.fromkeys(COUNTERS, 0)
 
@@ -142,9 +143,13 @@ class EngineLoop:
         """Loop until a Shutdown broadcast or :meth:`stop`; re-raises engine failures."""
         try:
             while not self._stopping:
+                if self._failure is not None:
+                    raise self._failure
                 if self._backlog:
                     self._flush_backlogs()
                 self._poll_inputs(block=not self._backlog and not self._should_step())
+                if self._failure is not None:
+                    raise self._failure
                 if self._stopping:
                     break
                 has_work = self.engine.has_unfinished()
@@ -160,6 +165,10 @@ class EngineLoop:
         """Ask the loop to leave at its next turn (the host rings the wake socket too)."""
         self._stopping = True
 
+    def fail(self, exc: BaseException) -> None:
+        """From another thread: fail every in-flight request with ``exc`` and raise it (e.g. a worker died)."""
+        self._failure = exc
+
     def _should_step(self, has_work: bool | None = None) -> bool:
         if has_work is None:
             has_work = self.engine.has_unfinished()
@@ -169,7 +178,7 @@ class EngineLoop:
         """Take what has arrived, at most a budget per socket, so steps are never starved."""
         events = dict(self.sockets.poller.poll(IDLE_POLL_MS if block else 0))
         if self.sockets.wake in events:
-            self._stopping = True
+            self._stopping = self._failure is None  # a failure is raised by the caller instead
             return
         if self.sockets.broadcast in events:
             for frames in _drain(self.sockets.broadcast, INPUT_BUDGET):

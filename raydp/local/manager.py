@@ -38,7 +38,17 @@ from raydp.errors import (
     describe_exit,
 )
 from raydp.names import coordinator_name, rank_name
-from raydp.processes import Proc, on_stop_signals, shutdown, spawn, watch_parent, watch_processes
+from raydp.processes import (
+    Proc,
+    last_words,
+    leave_last_words,
+    on_stop_signals,
+    set_process_title,
+    shutdown,
+    spawn,
+    watch_parent,
+    watch_processes,
+)
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.handshake import HandshakeServer, parallel_config
 from raydp.wire.protocol import EngineAddresses, Init
@@ -62,11 +72,44 @@ def _engine_main(
     config: RaydpConfig, rank: int, addresses: list[str], prefix: str, death_pipe: Connection
 ) -> None:
     from raydp.engine.host import EngineHost
+    from raydp.local.executor import MPExecutor
 
-    host = EngineHost(config, rank, rank, LOCAL_NODE, LOCAL_NODE, ipc_prefix=prefix)
-    on_stop_signals(host.shutdown)
-    watch_parent(death_pipe, host.shutdown)
-    host.run(addresses)
+    said: list[bool] = []
+
+    def last_words(exc: BaseException) -> None:
+        if not said:
+            said.append(True)
+            leave_last_words(death_pipe, _encode_death(exc))
+
+    try:
+        host = EngineHost(config, rank, rank, LOCAL_NODE, LOCAL_NODE, ipc_prefix=prefix, executor_factory=MPExecutor)
+        host.on_failure = last_words
+        set_process_title(f"raydp::{host.tag}")
+        on_stop_signals(host.shutdown)
+        watch_parent(death_pipe, host.shutdown)
+        host.run(addresses)
+    except BaseException as exc:
+        last_words(exc)
+        raise
+
+
+class _LastWords(msgspec.Struct, frozen=True):
+    """Why an engine process failed, sent to the parent before it exits."""
+
+    cause: str
+    message: str
+
+
+def _encode_death(exc: BaseException) -> bytes:
+    cause = exc.cause.value if isinstance(exc, ComponentDeadError) else DeathCause.ENGINE_ERROR.value
+    return msgspec.msgpack.encode(_LastWords(cause, f"{type(exc).__name__}: {exc}"))
+
+
+def _decode_death(words: bytes | None) -> _LastWords | None:
+    try:
+        return msgspec.msgpack.decode(words, type=_LastWords) if words else None
+    except (msgspec.DecodeError, ValueError):
+        return None
 
 
 def _coordinator_main(config: RaydpConfig, prefix: str, conn: Connection, death_pipe: Connection) -> None:
@@ -247,13 +290,20 @@ class ProcessManager:
     def _check_alive(self) -> None:
         for proc in self._owned.procs:
             if not proc.process.is_alive():
-                raise StartupError(f"{proc.name} died during startup ({describe_exit(proc.process.exitcode)})")
+                words = _decode_death(last_words(proc))
+                why = f":\n{words.message}" if words else ""
+                raise StartupError(f"{proc.name} died during startup ({describe_exit(proc.process.exitcode)}){why}")
 
     def _report(self, proc: Proc) -> None:
-        proc.process.join(timeout=1)
+        words = _decode_death(last_words(proc)) if proc.rank is not None else None
+        if words is None:
+            proc.process.join(timeout=1)
         code = proc.process.exitcode
         err: ComponentDeadError
-        if proc.rank is not None:
+        if words is not None:  # it said why (e.g. one of its workers died), and is exiting now
+            err = EngineDeadError(proc.rank or 0, LOCAL_NODE, DeathCause(words.cause),
+                                  f"{proc.name} pid {proc.process.pid}: {words.message}")
+        elif proc.rank is not None:
             detail = f"{proc.name} pid {proc.process.pid} {describe_exit(code)}"
             err = EngineDeadError(proc.rank, LOCAL_NODE, DeathCause.of_exit(code), detail)
         else:

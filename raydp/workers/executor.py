@@ -1,0 +1,158 @@
+"""The driver side of a rank's workers: steps and calls over the channel, death bookkeeping.
+
+:class:`ChannelExecutor` implements :class:`~raydp.engine.executor.Executor`
+over one :class:`~raydp.workers.channel.Link` per worker. The backends
+subclass it: they start the workers, hand over the links, and report a
+worker's death with :meth:`mark_dead`, which fails the call waiting on the
+channel within one poll slice and tells the rank (``on_death``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from raydp.engine.executor import WorkerContext
+from raydp.errors import DeathCause, ProtocolError, RaydpError, WorkerDeadError, WorkerError
+from raydp.workers.channel import RPC, STEP, STOP, Call, Link, LinkClosedError, call_encoder, reply_decoder
+
+logger = logging.getLogger("raydp.executor")
+DeathHandler = Callable[[WorkerDeadError], None]
+MONITOR_GRACE_S = 0.2
+
+
+class ChannelExecutor:
+    """Steps and calls over the links of ``contexts`` (one per TP rank); see the module docstring."""
+
+    def __init__(self, contexts: Sequence[WorkerContext], on_death: DeathHandler | None = None) -> None:
+        self.contexts = list(contexts)
+        self.dp_rank = contexts[0].dp_rank
+        self.links: list[Link] = []
+        self._on_death = on_death
+        self._dead: WorkerDeadError | None = None
+        self._broken: str | None = None
+        self._closing = threading.Event()
+        self._seq = 0
+
+    @property
+    def world_size(self) -> int:
+        return len(self.contexts)
+
+    # ---- the Executor interface ------------------------------------------------------
+
+    def execute_step(self, step_input: Any) -> Any:
+        return self._call(STEP, "execute_step", step_input, None, None, range(self.world_size))[0]
+
+    def collective_rpc(
+        self,
+        method: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+        driver_only: bool = False,
+    ) -> list[Any]:
+        targets = range(1) if driver_only else range(self.world_size)
+        return self._call(RPC, method, list(args), dict(kwargs or {}), timeout_s, targets)
+
+    def check_health(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+        if self._broken is not None:  # a call timed out half-way: the links are out of step for good
+            raise ProtocolError(self._broken)
+
+    def close(self) -> None:
+        """Ask every worker to stop, then let the backend end them (``_stop_workers``).
+
+        After a worker's death the survivors' group is broken: they are ended at once.
+        """
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        graceful = self._dead is None and self._broken is None
+        stop = call_encoder.encode(Call(STOP, 0))
+        for link in self.links if graceful else ():
+            try:
+                link.send(stop)
+            except (LinkClosedError, OSError):
+                pass
+        try:
+            self._stop_workers(graceful)
+        finally:
+            for link in self.links:
+                link.close()
+
+    # ---- for the backends --------------------------------------------------------------
+
+    def mark_dead(self, tp_rank: int, cause: DeathCause, detail: str) -> None:
+        """A worker died: fail what waits on it, and tell the rank once."""
+        if self._closing.is_set() or self._dead is not None:
+            return
+        ctx = self.contexts[tp_rank]
+        self._dead = WorkerDeadError(ctx.dp_rank, tp_rank, ctx.node_id, cause, detail)
+        logger.error("%s", self._dead)
+        if self._on_death is not None:
+            self._on_death(self._dead)
+
+    def _stop_workers(self, graceful: bool) -> None:
+        """End the worker actors or processes (the backend's part of close); ``graceful``: they were asked."""
+
+    # ---- the channel ----------------------------------------------------------------------
+
+    def _call(self, kind: int, method: str, args: Any, kwargs: Any, timeout_s: float | None,
+              targets: range) -> list[Any]:
+        self.check_health()
+        if self._closing.is_set():
+            raise RaydpError(f"the workers of rank {self.dp_rank} are closed")
+        self._seq += 1
+        frame = call_encoder.encode(Call(kind, self._seq, method, args, kwargs))
+        for tp in targets:
+            self._send(tp, frame)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        replies = [self._recv(tp, deadline) for tp in targets]
+        return self._results(method, replies)
+
+    def _send(self, tp: int, frame: bytes) -> None:
+        try:
+            self.links[tp].send(frame)
+        except LinkClosedError as exc:
+            self._lost(tp, str(exc))
+
+    def _recv(self, tp: int, deadline: float | None) -> Any:
+        try:
+            frame = self.links[tp].recv(deadline, self.check_health)
+            reply = reply_decoder.decode(frame)
+        except LinkClosedError as exc:
+            self._lost(tp, str(exc))
+        except TimeoutError:
+            self._broken = f"worker tp{tp} of rank {self.dp_rank} did not answer in time"
+            raise
+        except Exception as exc:  # a malformed reply: the channel cannot be trusted any more
+            self._broken = f"worker tp{tp} of rank {self.dp_rank} sent a malformed reply: {exc}"
+            raise ProtocolError(self._broken) from exc
+        if reply.seq != self._seq:
+            self._broken = f"worker tp{tp} answered call {reply.seq}, expected {self._seq}"
+            raise ProtocolError(self._broken)
+        return reply
+
+    def _lost(self, tp: int, why: str) -> Any:
+        """A closed link is a dead worker, even before the backend's monitor says so.
+
+        The monitor knows the cause (killed, node died...), so it gets a moment to report first.
+        """
+        deadline = time.monotonic() + MONITOR_GRACE_S
+        while self._dead is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.mark_dead(tp, DeathCause.PROCESS_DIED, f"its channel closed ({why})")
+        self.check_health()
+        raise WorkerDeadError(self.dp_rank, tp, self.contexts[tp].node_id, DeathCause.UNKNOWN, why)
+
+    def _results(self, method: str, replies: list[Any]) -> list[Any]:
+        for tp, reply in enumerate(replies):
+            if not reply.ok:
+                ctx = self.contexts[tp]
+                raise WorkerError(ctx.dp_rank, tp, ctx.node_id, method, str(reply.value))
+        return [r.value for r in replies]
