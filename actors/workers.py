@@ -94,8 +94,9 @@ class WorkerActor:
 class RayExecutor(ChannelExecutor):
     """The workers of the rank whose engine actor constructs it; see the module docstring."""
 
-    def __init__(self, spec: WorkerGroupSpec, on_death: DeathHandler | None = None) -> None:
-        group = ray.util.get_current_placement_group()
+    def __init__(self, spec: WorkerGroupSpec, on_death: DeathHandler | None = None, group: Any = None) -> None:
+        """``group``: the rank's placement group (default: the one this actor runs in)."""
+        group = group or ray.util.get_current_placement_group()
         if group is None:
             raise ConfigError(f"engine rank {spec.dp_rank}: device workers need the rank's placement group")
         self.spec = spec

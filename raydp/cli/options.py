@@ -18,10 +18,17 @@ from typing import Any, Literal, Union, get_args, get_origin
 from raydp.config import ENV_PREFIX, RaydpConfig, env_fields
 
 # Short names the CLI accepts for ``--engine`` (and RAYDP_ENGINE), besides 'module:Class' paths.
-ENGINES = {"tiny-lm": "raydp.engine.tiny_lm:TinyLMEngine", "echo": "raydp.engine:EchoEngine"}
+ENGINES = {
+    "tiny-lm": "raydp.engine.tiny_lm:TinyLMEngine",
+    "tp-lm": "raydp.engine.tp_lm:TPLMEngine",
+    "echo": "raydp.engine:EchoEngine",
+    "echo-workers": "raydp.engine.echo_workers:WorkerEchoEngine",
+}
 
 # Where `raydp demo` and `raydp serve` start: a small DP cluster of the reference LM.
 SERVING_PRESETS: dict[str, Any] = {"dp_size": 2, "engine": "tiny-lm"}
+# The preset's engine when each rank has several devices: the one that shards over them.
+TENSOR_PARALLEL_ENGINE = "tp-lm"
 
 # A flag spelled differently from its field; the field's own flag works too.
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -75,7 +82,18 @@ def config_from_args(
     """Flags over ``RAYDP_*`` over the command's presets over the field defaults."""
     given = {name: getattr(args, name) for name in fields if hasattr(args, name)}
     environ = os.environ if env is None else env
-    fields_in_force = {**presets, **env_fields(environ), **given}
+    chosen = {**env_fields(environ), **given}
+    fields_in_force = {**presets, **chosen}
+    if "engine" in presets and "engine" not in chosen and _more_than_one(fields_in_force.get("tensor_parallel_size")):
+        fields_in_force["engine"] = TENSOR_PARALLEL_ENGINE
     if isinstance(fields_in_force.get("engine"), str):
         fields_in_force["engine"] = ENGINES.get(fields_in_force["engine"], fields_in_force["engine"])
     return RaydpConfig(**fields_in_force)
+
+
+def _more_than_one(value: Any) -> bool:
+    """A bad value is left for the config to reject, with its own message."""
+    try:
+        return int(value) > 1
+    except (TypeError, ValueError):
+        return False

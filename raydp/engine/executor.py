@@ -30,6 +30,7 @@ from raydp.wire.security import CurveKeys
 from raydp.wire.transport import IpcDir
 
 WORKER_CLASS_ATTR = "worker_class"
+WORKER_DESCRIBE = "raydp_describe"  # answered by raydp for any worker: where it runs, what it sees
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,7 @@ class EngineHost:
                 attach(collective.group)
         return EngineLoop(
             self.engine, self.rank, sockets, waves=waves, collective=collective,
-            stats_interval_s=parallel.stats_interval_s,
+            stats_interval_s=parallel.stats_interval_s, workers=self.executor,
         )
 
     def counters(self) -> dict[str, int]:

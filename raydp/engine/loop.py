@@ -11,11 +11,12 @@
 * ``broadcast`` SUB from the coordinator: ``StartDPWave`` and ``Shutdown``;
 * ``wake`` PAIR (inproc): another thread of the process asks it to stop.
 
-The loop answers one utility itself, before the user's engine sees it:
+The loop answers two utilities itself, before the user's engine sees them:
 ``raydp_counters`` returns ``{"added", "finished", "aborted"}``, the requests
 this rank accepted, finished (including errors) and dropped on an abort or a
 lost client, so tests and operators can check what happened to requests
-without asking the engine.
+without asking the engine; ``raydp_workers`` describes the rank's device
+workers (TP rank, node, pid, devices), or ``[]`` when it has none.
 
 Malformed messages are logged and dropped. A request the user's engine rejects
 fails alone with an error output; an exception from ``step()`` fails every
@@ -36,6 +37,7 @@ import zmq
 
 from raydp.engine.collective import DPCollective
 from raydp.engine.core import EngineCore
+from raydp.engine.executor import WORKER_DESCRIBE, Executor
 from raydp.engine.waves import EngineWaves
 from raydp.errors import ProtocolError
 from raydp.wire.protocol import (
@@ -62,7 +64,8 @@ logger = logging.getLogger("raydp.engine.core")
 IDLE_POLL_MS = 1000
 INPUT_BUDGET = 512  # messages taken per socket between two steps
 BACKLOG_LIMIT = 10_000  # output batches a slow client may fall behind before it is dropped
-BUILTIN_COUNTERS = "raydp_counters"  # the utility the loop answers itself
+BUILTIN_COUNTERS = "raydp_counters"  # utilities the loop answers itself
+BUILTIN_WORKERS = "raydp_workers"
 COUNTERS = ("added", "finished", "aborted")  # what it counts, per rank
 # The engine core's own methods: the loop drives these, a utility call may not.
 ENGINE_PROTOCOL = frozenset(
@@ -125,8 +128,10 @@ class EngineLoop:
         waves: EngineWaves | None = None,
         collective: DPCollective | None = None,
         stats_interval_s: float = 0.1,
+        workers: Executor | None = None,
     ) -> None:
         self.engine, self.rank, self.sockets = engine, rank, sockets
+        self.workers = workers
         self.waves, self.collective = waves, collective
         self._stats_gap = stats_interval_s / 4
         self._owners: dict[str, bytes] = {}
@@ -250,6 +255,8 @@ class EngineLoop:
         try:
             if call.method == BUILTIN_COUNTERS:
                 value: Any = self._counters(*call.args)
+            elif call.method == BUILTIN_WORKERS:
+                value = self.workers.collective_rpc(WORKER_DESCRIBE) if self.workers is not None else []
             elif call.method.startswith("_") or call.method in ENGINE_PROTOCOL:
                 raise AttributeError(f"{call.method!r} is not a utility method")
             else:

@@ -319,7 +319,9 @@ class TPLMEngine:
         return Output(rid, [token])
 
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running)
+        # Pending frees count: one more (forward-free) step releases their KV caches,
+        # rather than holding them until the next request arrives.
+        return bool(self._waiting or self._running or self._to_free)
 
     def load(self) -> tuple[int, int]:
         return len(self._waiting), len(self._running)

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from raydp.engine.executor import Worker, WorkerContext
+from raydp.engine.executor import WORKER_DESCRIBE, Worker, WorkerContext
 from raydp.errors import ConfigError
 from raydp.workers.channel import RPC, STEP, STOP, Call, Link, LinkClosedError, Reply, call_decoder, call_encoder
 
 logger = logging.getLogger("raydp.worker")
+
 
 
 class WorkerRuntime:
@@ -33,10 +35,21 @@ class WorkerRuntime:
         self.worker: Worker = cls(context)
 
     def call(self, method: str, args: Any = (), kwargs: Any = None) -> Any:
-        """Run a public method of the worker (control path)."""
+        """Run a public method of the worker (control path); ``raydp_describe`` is answered here."""
+        if method == WORKER_DESCRIBE:
+            return self.describe()
         if method.startswith("_"):
             raise AttributeError(f"{method!r} is not a public worker method")
         return getattr(self.worker, method)(*(args or ()), **(kwargs or {}))
+
+    def describe(self) -> dict[str, Any]:
+        """Where this worker runs and what it sees, for operators and tests."""
+        ctx = self.context
+        return {
+            "dp_rank": ctx.dp_rank, "tp_rank": ctx.tp_rank, "node_id": ctx.node_id, "pid": os.getpid(),
+            "device": ctx.device, "device_ids": list(ctx.device_ids),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
 
     def serve(self, link: Link, on_idle: Callable[[], None] | None = None) -> None:
         """Answer calls on ``link`` until STOP, the driver's end closing, or :meth:`stop`.

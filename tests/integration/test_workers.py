@@ -117,23 +117,6 @@ def _serves(client: Any) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def two_single_gpu_nodes(cluster_pool):  # type: ignore[no-untyped-def]
-    return cluster_pool.get((1, 1))
-
-
-@pytest.mark.timeout(240)
-def test_span_puts_one_ranks_workers_on_two_nodes_over_curve(two_single_gpu_nodes) -> None:  # type: ignore[no-untyped-def]
-    with raydp.launch(name="wspan", dp_size=1, tensor_parallel_size=2, placement_strategy="span",
-                      engine=ECHO_WORKERS, progress=False) as cluster:
-        client = cluster.client()
-        workers = client.call_utility(0, "describe_workers")
-        assert len({w["node_id"] for w in workers}) == 2, workers
-        assert client.call_utility(0, "worker_all_reduce", 0.5) == [1.0, 1.0]
-        assert [client.generate([4, 5, 6], max_tokens=5) for _ in range(3)] == [[4, 5, 6, 4, 5]] * 3
-    assert_nothing_left("wspan")
-
-
 # ---- the mp backend -----------------------------------------------------------------------
 
 

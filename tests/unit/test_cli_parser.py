@@ -56,6 +56,7 @@ def test_an_unset_flag_leaves_the_field_to_the_environment(command: str) -> None
 
 def test_precedence_is_flag_then_environment_then_preset_then_field_default() -> None:
     from raydp.cli import demo
+    from raydp.cli.options import add_config_flags, config_from_args
     from raydp.cli.options import config_from_args
 
     def cfg(*flags: str, env: dict[str, str] | None = None) -> object:
@@ -90,8 +91,27 @@ def test_aliases_and_repeated_flags_reach_the_config() -> None:
 
 def test_a_bad_environment_value_names_the_field() -> None:
     from raydp.cli import demo
+    from raydp.cli.options import add_config_flags, config_from_args
     from raydp.cli.options import config_from_args
     from raydp.errors import ConfigError
 
     with pytest.raises(ConfigError, match="dp_size='zero'"):
         config_from_args(parsed("demo"), demo.CONFIG_FLAGS, demo.PRESETS, env={"RAYDP_DP_SIZE": "zero"})
+
+
+@pytest.mark.timeout(10)
+def test_the_preset_engine_shards_over_devices_when_tensor_parallel_size_is_above_one() -> None:
+    from raydp.cli import demo
+    from raydp.cli.options import add_config_flags, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, demo.CONFIG_FLAGS, demo.PRESETS)
+    tp2 = config_from_args(parser.parse_args(["--tensor-parallel-size", "2"]), demo.CONFIG_FLAGS, demo.PRESETS, env={})
+    assert tp2.engine == "raydp.engine.tp_lm:TPLMEngine" and tp2.world_size == 2
+    env = {"RAYDP_TENSOR_PARALLEL_SIZE": "2"}
+    assert config_from_args(parser.parse_args([]), demo.CONFIG_FLAGS, demo.PRESETS, env=env).engine.endswith(
+        "TPLMEngine")
+    chosen = parser.parse_args(["--tensor-parallel-size", "2", "--engine", "echo"])
+    assert config_from_args(chosen, demo.CONFIG_FLAGS, demo.PRESETS, env={}).engine == "raydp.engine:EchoEngine"
+    assert config_from_args(parser.parse_args([]), demo.CONFIG_FLAGS, demo.PRESETS, env={}).engine.endswith(
+        "TinyLMEngine")

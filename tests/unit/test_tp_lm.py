@@ -141,10 +141,13 @@ def test_abort_and_finish_free_the_kv_cache_on_every_shard() -> None:
     assert engine.step() == []  # nothing running: a free-only step, without a forward
     assert _cached(engine) == [0, 0]
     assert [s["steps"] for s in engine.stats()["workers"]] == steps
-    _run(engine, [Request("c", [7], 3)])
-    assert _cached(engine) == [1, 1]
-    engine.execute_dummy_batch()  # flushes the finished request's free
-    assert _cached(engine) == [0, 0]
+    engine.add_request(Request("c", [7], 1))
+    assert [o.finished for o in engine.step()] == [True]
+    assert _cached(engine) == [1, 1] and engine.has_unfinished(), "a pending free keeps the engine stepping"
+    engine.execute_dummy_batch()  # a dummy batch flushes it too
+    assert _cached(engine) == [0, 0] and not engine.has_unfinished()
+    _run(engine, [Request("d", [7], 3)])
+    assert _cached(engine) == [0, 0], "an idle engine holds no KV cache"
 
 
 def test_continuous_batching_admits_waiting_requests_as_slots_free() -> None:
@@ -155,12 +158,13 @@ def test_continuous_batching_admits_waiting_requests_as_slots_free() -> None:
     while engine.has_unfinished():
         finished_per_step.append(sorted(o.request_id for o in engine.step() if o.finished))
         loads.append(engine.load())
-    assert finished_per_step == [["a"], [], ["b", "c"], [], ["d"]]
-    assert loads == [(2, 1), (1, 2), (1, 0), (0, 1), (0, 0)]
+    # The last step only frees d's KV cache (no forward, no outputs).
+    assert finished_per_step == [["a"], [], ["b", "c"], [], ["d"], []]
+    assert loads == [(2, 1), (1, 2), (1, 0), (0, 1), (0, 0), (0, 0)]
     inputs = _executor(engine).step_inputs
-    assert [[s for s, _ in i["new"]] for i in inputs] == [[0, 1], [2], [], [3], []]
-    assert [[s for s, _ in i["decode"]] for i in inputs] == [[], [1], [1, 2], [], [3]]
-    assert [i["free"] for i in inputs] == [[], [0], [], [1, 2], []]
+    assert [[s for s, _ in i["new"]] for i in inputs] == [[0, 1], [2], [], [3], [], []]
+    assert [[s for s, _ in i["decode"]] for i in inputs] == [[], [1], [1, 2], [], [3], []]
+    assert [i["free"] for i in inputs] == [[], [0], [], [1, 2], [], [3]]
 
 
 def _worker() -> TPLMWorker:
