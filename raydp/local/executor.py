@@ -38,15 +38,19 @@ from raydp.workers.executor import ChannelExecutor, DeathHandler
 STOP_GRACE_S = 2.0
 
 
-def check_device_count(accelerator: str, needed: int, what: str) -> None:
-    """Where CUDA is present, the machine must have a device per worker; CPU workers need none."""
+def check_device_count(accelerator: str, needed: int, what: str, have: int | None = None) -> None:
+    """Where CUDA is present (``have``: its device count), there must be a device per worker.
+
+    Without CUDA the workers run on the CPU (gloo), on logical devices.
+    """
     if accelerator != "GPU":
         return
-    import torch
+    if have is None:
+        import torch
 
-    if not torch.cuda.is_available():
-        return
-    have = torch.cuda.device_count()
+        if not torch.cuda.is_available():
+            return
+        have = torch.cuda.device_count()
     if have < needed:
         raise ConfigError(f"{what} needs {needed} CUDA devices; this machine has {have}")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import struct
 import time
@@ -77,15 +78,26 @@ class Link(Protocol):
 
 
 class UnixLink:
-    """A length-prefixed frame stream over a connected Unix socket."""
+    """A length-prefixed frame stream over a connected Unix socket.
+
+    The socket stays blocking (a send always completes, however slow the
+    reader); receives wait in ``poll`` slices so that a death reported
+    elsewhere ends the wait.
+    """
 
     def __init__(self, sock: socket.socket, max_bytes: int) -> None:
+        sock.setblocking(True)
         self.sock, self.max_bytes = sock, max_bytes
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
         self._buf = bytearray()
 
     def send(self, frame: bytes) -> None:
+        header = _HEADER.pack(len(frame))
         try:
-            self.sock.sendmsg([_HEADER.pack(len(frame)), frame])
+            sent = self.sock.sendmsg([header, frame])
+            if sent < len(header) + len(frame):  # rare: a signal cut the write short
+                self.sock.sendall((header + frame)[sent:])
         except OSError as exc:
             raise LinkClosedError(str(exc)) from None
 
@@ -115,12 +127,11 @@ class UnixLink:
             wait = POLL_SLICE_S if deadline is None else min(POLL_SLICE_S, deadline - time.monotonic())
             if wait <= 0:
                 raise TimeoutError("no reply on the worker channel in time")
-            self.sock.settimeout(wait)
-            try:
-                chunk = self.sock.recv(1 << 16)
-            except TimeoutError:
+            if not self._poll.poll(wait * 1000):
                 alive()
                 continue
+            try:
+                chunk = self.sock.recv(1 << 16)
             except OSError as exc:
                 raise LinkClosedError(str(exc)) from None
             if not chunk:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from raydp.engine.executor import WorkerContext
 from raydp.errors import DeathCause, ProtocolError, RaydpError, WorkerDeadError, WorkerError
 from raydp.workers.channel import RPC, STEP, STOP, Call, Link, LinkClosedError, call_encoder, reply_decoder
@@ -124,15 +126,19 @@ class ChannelExecutor:
     def _recv(self, tp: int, deadline: float | None) -> Any:
         try:
             frame = self.links[tp].recv(deadline, self.check_health)
-            reply = reply_decoder.decode(frame)
         except LinkClosedError as exc:
             self._lost(tp, str(exc))
         except TimeoutError:
             self._broken = f"worker tp{tp} of rank {self.dp_rank} did not answer in time"
             raise
-        except Exception as exc:  # a malformed reply: the channel cannot be trusted any more
+        except ProtocolError as exc:  # an oversized frame
+            self._broken = f"worker tp{tp} of rank {self.dp_rank}: {exc}"
+            raise
+        try:
+            reply = reply_decoder.decode(frame)
+        except msgspec.MsgspecError as exc:  # the channel cannot be trusted any more
             self._broken = f"worker tp{tp} of rank {self.dp_rank} sent a malformed reply: {exc}"
-            raise ProtocolError(self._broken) from exc
+            raise ProtocolError(self._broken) from None
         if reply.seq != self._seq:
             self._broken = f"worker tp{tp} answered call {reply.seq}, expected {self._seq}"
             raise ProtocolError(self._broken)
