@@ -46,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
     started_ray = _start_ray(args, config.dp_size)
     try:
         with launch(config, progress=not args.no_progress) as cluster:
-            print(f"launched {cluster.dp_size} ranks, capacity {cluster.capacity}")
+            print(f"launched {cluster.dp_size} ranks of {config.engine}, capacity {cluster.capacity}")
+            if config.world_size > 1:
+                print(f"each rank shards over {config.world_size} device workers")
             summary = _drive(cluster, args)
             _print_summary(cluster, summary)
     finally:

@@ -91,6 +91,17 @@ def test_demo_takes_dp_size_from_the_environment_and_a_flag_wins(two_nodes: Clus
     assert "launched 2 ranks" in launched("--dp-size", "2")
 
 
+@pytest.mark.timeout(240)
+def test_demo_with_tensor_parallel_size_2_shards_the_reference_lm_over_workers(two_nodes: Cluster) -> None:
+    proc = raydp_cli("demo", "--address", two_nodes.address, "--tensor-parallel-size", "2", "--requests", "12",
+                     "--no-progress")
+    out, err = proc.communicate(timeout=200)
+    assert proc.returncode == 0, err
+    assert "launched 2 ranks of raydp.engine.tp_lm:TPLMEngine" in out
+    assert "each rank shards over 2 device workers" in out
+    assert "total: 12 requests, 192 tokens" in out
+
+
 @pytest.mark.timeout(120)
 def test_plan_takes_dp_size_from_the_environment_and_a_flag_wins(two_nodes: Cluster) -> None:
     def planned(*flags: str) -> dict[str, object]:
