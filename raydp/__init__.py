@@ -25,6 +25,8 @@ from raydp.errors import (
     RaydpError,
     RequestError,
     StartupError,
+    WorkerDeadError,
+    WorkerError,
 )
 
 if TYPE_CHECKING:
@@ -55,6 +57,8 @@ __all__ = [
     "RaydpError",
     "RequestError",
     "StartupError",
+    "WorkerDeadError",
+    "WorkerError",
     "attach",
     "launch",
 ]
