@@ -71,12 +71,13 @@ class EngineHost:
         self._rendezvous: Rendezvous | None = None
         # A class handed over through Ray (e.g. defined in a notebook) wins over the path.
         factory = check_engine_class(engine_cls, config.engine) if engine_cls else load_engine_class(config.engine)
-        self.executor = self._start_workers(factory, device_ids, executor_factory)
-        context = EngineContext(rank, local_rank, config.dp_size, config.world_size, node_id, device_ids,
-                                self.executor)
-        if self.executor is None:  # with workers, each worker sees only its own device
-            set_device_visibility(config.accelerator, device_ids)
+        self.executor: Executor | None = None
         try:
+            self.executor = self._start_workers(factory, device_ids, executor_factory)
+            context = EngineContext(rank, local_rank, config.dp_size, config.world_size, node_id, device_ids,
+                                    self.executor)
+            if self.executor is None:  # with workers, each worker sees only its own device
+                set_device_visibility(config.accelerator, device_ids)
             self.engine = factory(context, **config.engine_kwargs)
         except BaseException:
             self._close_workers()

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from raydp.engine.core import EchoEngine, EngineContext
+from raydp.engine.echo_workers import WorkerEchoEngine
 from raydp.wire.protocol import Request
 
 
@@ -33,3 +34,9 @@ class RankEchoEngine(EchoEngine):
 
     def add_request(self, request: Request) -> None:
         super().add_request(msgspec.structs.replace(request, prompt_token_ids=[self.context.rank]))
+
+
+class MissingWorkerEngine(WorkerEchoEngine):
+    """Names a worker class that cannot be imported: startup must fail, naming it."""
+
+    worker_class = "raydp_nowhere.module:NoWorker"

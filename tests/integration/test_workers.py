@@ -12,8 +12,9 @@ import pytest
 import ray
 
 import raydp
-from raydp.errors import DeathCause, EngineDeadError, RaydpError
+from raydp.errors import DeathCause, EngineDeadError, RaydpError, StartupError
 from raydp.names import NAMESPACE
+from tests.integration.engines import MissingWorkerEngine
 from tests.integration.helpers import assert_nothing_left, socket_dirs, wait_until
 
 ECHO_WORKERS = "raydp.engine.echo_workers:WorkerEchoEngine"
@@ -110,6 +111,25 @@ def test_ray_kill_of_a_worker_is_reported_as_killed_and_a_dense_restart_brings_w
     assert_nothing_left("wrst")
 
 
+@pytest.mark.timeout(240)
+def test_a_worker_that_cannot_start_fails_launch_naming_it_and_leaves_nothing(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(StartupError) as info:
+        raydp.launch(name="wbad", dp_size=1, tensor_parallel_size=2, engine=MissingWorkerEngine, progress=False,
+                     startup_timeout_s=60)
+    assert "raydp_nowhere.module:NoWorker" in str(info.value) and "cannot import" in str(info.value)
+    assert_nothing_left("wbad")
+    assert wait_until(lambda: not _worker_actors_alive(), timeout=15), _worker_actors_alive()
+
+
+@pytest.mark.timeout(180)
+def test_mp_engine_that_rejects_its_settings_fails_launch_and_ends_its_workers() -> None:
+    with pytest.raises(StartupError, match="heads=3: must be divisible by tensor_parallel_size=2"):
+        raydp.launch(name="mpwbad", dp_size=1, tensor_parallel_size=2, backend="mp",
+                     engine="raydp.engine.tp_lm:TPLMEngine", engine_kwargs={"heads": 3, "dim": 48}, progress=False)
+    assert wait_until(lambda: not _titled("raydp::mpwbad")), _titled("raydp::mpwbad")
+    assert socket_dirs("mpwbad") == []
+
+
 def _serves(client: Any) -> bool:
     try:
         return bool(client.generate([9], max_tokens=1, rank=0, timeout=5) == [9])
@@ -178,6 +198,18 @@ def test_mp_worker_ends_gracefully_on_sigterm() -> None:
         with pytest.raises(EngineDeadError) as info:
             cluster.wait(timeout=10)
         assert "worker tp1 of rank 0" in str(info.value) and "exit code 0" in str(info.value)
+
+
+def _titled(prefix: str) -> list[int]:
+    """Live processes whose title starts with ``prefix``."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if " ".join(proc.cmdline()).startswith(prefix) and _alive(proc):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
 
 
 def _alive(proc: psutil.Process) -> bool:
