@@ -7,7 +7,8 @@ GPUs) and needs no cluster.
 
 Only the RATIOS mean anything: every system runs in the same process, on the
 same machine, minutes apart, so a shared or slow machine moves all of them
-together. Three benchmarks (sections ``round-trips``, ``lockstep``, ``http``):
+together. Four benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
+``workers``):
 
 1. request round trips (tiny prompt, ``max_tokens=1``), pipelined (a window
    of requests in flight) and sequential (one at a time: p50 latency), for
@@ -22,7 +23,12 @@ together. Three benchmarks (sections ``round-trips``, ``lockstep``, ``http``):
 3. the HTTP front-end (:mod:`bench_http`): OpenAI ``/v1/completions``
    throughput and p50/p99 latency, plain and streamed (time to first token),
    of raydp's 4 API servers against a Ray Serve HTTP deployment with the same
-   echo engine and replica count.
+   echo engine and replica count;
+4. device workers (:mod:`bench_workers`): the per-step round trip of one
+   rank's workers (broadcast a small step input, gather the driver worker's
+   output) at world sizes 1, 2 and 4, through raydp's channel
+   (``RayExecutor``), a plain Ray actor call per worker, and a Ray Compiled
+   Graph over the same actors, against a direct in-process call (the floor).
 
 It prints the environment, the exact command and markdown tables, and exits
 0 when every measurement ran (1 if one failed; the tables say which).
@@ -47,8 +53,17 @@ from bench_http import HttpResult, http_benchmark, http_failed, http_table
 from bench_http_load import HTTP_FULL, HTTP_QUICK, HttpSizes
 from bench_lockstep import StepRate, lockstep_benchmark, lockstep_table
 from bench_roundtrip import RoundTrip, round_trip_benchmark, round_trip_table
+from bench_workers import (
+    WORKERS_FULL,
+    WORKERS_QUICK,
+    StepLatency,
+    WorkerSizes,
+    workers_benchmark,
+    workers_failed,
+    workers_table,
+)
 
-SECTIONS = ("round-trips", "lockstep", "http")
+SECTIONS = ("round-trips", "lockstep", "http", "workers")
 
 
 def environment(sizes: Sizes, quick: bool) -> dict[str, Any]:
@@ -58,7 +73,10 @@ def environment(sizes: Sizes, quick: bool) -> dict[str, Any]:
 
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
             cwd=Path(__file__).resolve().parent,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
@@ -88,6 +106,7 @@ class Report:
     steps: list[StepRate] | None = None
     floor: dict[float, tuple[float, float]] | str | None = None
     http: list[HttpResult] | None = None
+    workers: list[StepLatency] | None = None
 
     def failed(self) -> bool:
         return (
@@ -95,9 +114,10 @@ class Report:
             or any(r.error for r in self.steps or [])
             or isinstance(self.floor, str)
             or (self.http is not None and http_failed(self.http))
+            or (self.workers is not None and workers_failed(self.workers))
         )
 
-    def as_json(self, env: dict[str, Any], http_sizes: HttpSizes) -> dict[str, Any]:
+    def as_json(self, env: dict[str, Any], http_sizes: HttpSizes, worker_sizes: WorkerSizes) -> dict[str, Any]:
         payload: dict[str, Any] = {"environment": env}
         if self.trips is not None:
             payload["round_trips"] = [asdict(r) for r in self.trips]
@@ -109,10 +129,12 @@ class Report:
             payload["floor"] = {"error": self.floor}
         if self.http is not None:
             payload["http"] = {"sizes": asdict(http_sizes), "results": [asdict(r) for r in self.http]}
+        if self.workers is not None:
+            payload["workers"] = {"sizes": asdict(worker_sizes), "results": [asdict(r) for r in self.workers]}
         return payload
 
 
-def run_sections(sections: list[str], sizes: Sizes, http_sizes: HttpSizes) -> Report:
+def run_sections(sections: list[str], sizes: Sizes, http_sizes: HttpSizes, worker_sizes: WorkerSizes) -> Report:
     report = Report()
     if "round-trips" in sections:
         report.trips = round_trip_benchmark(sizes)
@@ -120,10 +142,14 @@ def run_sections(sections: list[str], sizes: Sizes, http_sizes: HttpSizes) -> Re
         report.steps, report.floor = lockstep_benchmark(sizes)
     if "http" in sections:
         report.http = http_benchmark(http_sizes, log)
+    if "workers" in sections:
+        report.workers = workers_benchmark(worker_sizes)
     return report
 
 
-def print_report(env: dict[str, Any], report: Report, sizes: Sizes, http_sizes: HttpSizes) -> None:
+def print_report(
+    env: dict[str, Any], report: Report, sizes: Sizes, http_sizes: HttpSizes, worker_sizes: WorkerSizes
+) -> None:
     print()
     print("## raydp benchmark")
     print()
@@ -145,15 +171,24 @@ def print_report(env: dict[str, Any], report: Report, sizes: Sizes, http_sizes: 
     if report.http is not None:
         print()
         print("\n".join(http_table(report.http, http_sizes)))
+    if report.workers is not None:
+        print()
+        print("\n".join(workers_table(report.workers, worker_sizes)))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test in about a minute")
-    parser.add_argument("--only", action="append", choices=SECTIONS, metavar="SECTION",
-                        help=f"run only this section (repeatable): {', '.join(SECTIONS)}")
-    parser.add_argument("--skip", action="append", choices=SECTIONS, metavar="SECTION",
-                        help="leave this section out (repeatable)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        metavar="SECTION",
+        help=f"run only this section (repeatable): {', '.join(SECTIONS)}",
+    )
+    parser.add_argument(
+        "--skip", action="append", choices=SECTIONS, metavar="SECTION", help="leave this section out (repeatable)"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every number to this JSON file")
     args = parser.parse_args(argv)
     sections = [s for s in SECTIONS if s in (args.only or SECTIONS) and s not in (args.skip or [])]
@@ -161,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--only and --skip leave no section to run")
     sizes = QUICK if args.quick else FULL
     http_sizes = HTTP_QUICK if args.quick else HTTP_FULL
+    worker_sizes = WORKERS_QUICK if args.quick else WORKERS_FULL
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
     import ray
@@ -168,20 +204,21 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(sizes, args.quick)
     env["sections"] = sections
     env["http_sizes"] = asdict(http_sizes)
+    env["worker_sizes"] = asdict(worker_sizes)
     start = time.perf_counter()
     # address="local": always a fresh Ray of our own, never one found via RAY_ADDRESS
     # or /tmp/ray/ray_current_cluster (another user's cluster on this machine).
     ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        report = run_sections(sections, sizes, http_sizes)
+        report = run_sections(sections, sizes, http_sizes, worker_sizes)
     finally:
         ray.shutdown()
     env["wall_s"] = round(time.perf_counter() - start, 1)
-    print_report(env, report, sizes, http_sizes)
+    print_report(env, report, sizes, http_sizes, worker_sizes)
     print()
     print(f"(ran in {env['wall_s']} s)")
     if args.json:
-        Path(args.json).write_text(json.dumps(report.as_json(env, http_sizes), indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(report.as_json(env, http_sizes, worker_sizes), indent=2) + "\n")
     return 1 if report.failed() else 0
 
 
