@@ -9,9 +9,11 @@ Each worker holds one link to the engine core (the *driver side*):
   TCP, CURVE-secured like every other cross-node socket.
 
 Frames are length-prefixed (Unix) or single ZMQ messages, carrying msgpack
-``Call`` and ``Reply`` structs (no pickle). The channel is strictly
-request/reply per link: the driver sends one call to each link, then reads
-one reply from each, so no sequence bookkeeping is needed beyond a check.
+``Call`` and ``Reply`` structs (no pickle). A control call (``RPC``) is
+answered by every worker it went to. A step is answered by the driver worker
+(TP rank 0) only; the others write to the channel only if the step failed, so
+a step costs the driver one wake-up, not one per worker. The driver looks for
+such failure reports while it waits and before every call.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class Link(Protocol):
         """The next frame; ``alive()`` is called every poll slice and may raise to give up."""
         ...
 
+    def ready(self) -> bool:
+        """Whether :meth:`recv` would return at once."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -91,6 +97,8 @@ class UnixLink:
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
         self._buf = bytearray()
+        self._scratch = bytearray(1 << 16)
+        self._view = memoryview(self._scratch)
 
     def send(self, frame: bytes) -> None:
         header = _HEADER.pack(len(frame))
@@ -102,19 +110,33 @@ class UnixLink:
             raise LinkClosedError(str(exc)) from None
 
     def recv(self, deadline: float | None, alive: Callable[[], None]) -> bytes:
-        while True:
+        frame = self._take()
+        while frame is None:
+            n = self._read(deadline, alive)
+            if not self._buf and n >= _HEADER.size:
+                # The common case: one read holds exactly one frame; skip the buffer.
+                (size,) = _HEADER.unpack_from(self._scratch)
+                if size + _HEADER.size == n:
+                    self._check_size(size)
+                    return bytes(self._view[_HEADER.size : n])
+            self._buf += self._view[:n]
             frame = self._take()
-            if frame is not None:
-                return frame
-            self._fill(deadline, alive)
+        return frame
+
+    def ready(self) -> bool:
+        """Whether a frame (or the peer's hang-up) is waiting, without blocking."""
+        return bool(self._buf) or bool(self._poll.poll(0))
+
+    def _check_size(self, size: int) -> None:
+        if size > self.max_bytes:
+            raise ProtocolError(f"channel frame of {size} bytes exceeds max_message_bytes={self.max_bytes}")
 
     def _take(self) -> bytes | None:
         buf = self._buf
         if len(buf) < _HEADER.size:
             return None
         (size,) = _HEADER.unpack_from(buf)
-        if size > self.max_bytes:
-            raise ProtocolError(f"channel frame of {size} bytes exceeds max_message_bytes={self.max_bytes}")
+        self._check_size(size)
         end = _HEADER.size + size
         if len(buf) < end:
             return None
@@ -122,7 +144,8 @@ class UnixLink:
         del buf[:end]
         return frame
 
-    def _fill(self, deadline: float | None, alive: Callable[[], None]) -> None:
+    def _read(self, deadline: float | None, alive: Callable[[], None]) -> int:
+        """Wait (in poll slices, calling ``alive``) and read what has arrived into the scratch buffer."""
         while True:
             wait = POLL_SLICE_S if deadline is None else min(POLL_SLICE_S, deadline - time.monotonic())
             if wait <= 0:
@@ -131,13 +154,12 @@ class UnixLink:
                 alive()
                 continue
             try:
-                chunk = self.sock.recv(1 << 16)
+                n = self.sock.recv_into(self._view)
             except OSError as exc:
                 raise LinkClosedError(str(exc)) from None
-            if not chunk:
+            if not n:
                 raise LinkClosedError("the peer closed the channel")
-            self._buf += chunk
-            return
+            return n
 
     def close(self) -> None:
         self.sock.close()
@@ -158,6 +180,9 @@ class RouterLink:
     def recv(self, deadline: float | None, alive: Callable[[], None]) -> bytes:
         return self.hub.recv_from(self.identity, deadline, alive)
 
+    def ready(self) -> bool:
+        return self.hub.ready(self.identity)
+
     def close(self) -> None:
         """The hub owns the socket."""
 
@@ -168,6 +193,15 @@ class RouterHub:
     def __init__(self, sock: zmq.Socket[bytes]) -> None:
         self.sock = sock
         self._pending: dict[bytes, list[bytes]] = {}
+
+    def ready(self, identity: bytes) -> bool:
+        while self.sock.poll(0):
+            self._stash(self.sock.recv_multipart())
+        return bool(self._pending.get(identity))
+
+    def _stash(self, frames: list[bytes]) -> None:
+        if len(frames) == 2:
+            self._pending.setdefault(frames[0], []).append(frames[1])
 
     def recv_from(self, identity: bytes, deadline: float | None, alive: Callable[[], None]) -> bytes:
         while True:
@@ -180,9 +214,7 @@ class RouterHub:
             if not self.sock.poll(int(wait * 1000) + 1):
                 alive()
                 continue
-            frames = self.sock.recv_multipart()
-            if len(frames) == 2:
-                self._pending.setdefault(frames[0], []).append(frames[1])
+            self._stash(self.sock.recv_multipart())
 
 
 class DealerLink:
@@ -200,6 +232,9 @@ class DealerLink:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("no frame on the worker channel in time")
         return self.sock.recv()
+
+    def ready(self) -> bool:
+        return bool(self.sock.poll(0))
 
     def close(self) -> None:
         self.sock.close(linger=0)

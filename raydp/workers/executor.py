@@ -19,7 +19,17 @@ import msgspec
 
 from raydp.engine.executor import WorkerContext
 from raydp.errors import DeathCause, ProtocolError, RaydpError, WorkerDeadError, WorkerError
-from raydp.workers.channel import RPC, STEP, STOP, Call, Link, LinkClosedError, call_encoder, reply_decoder
+from raydp.workers.channel import (
+    POLL_SLICE_S,
+    RPC,
+    STEP,
+    STOP,
+    Call,
+    Link,
+    LinkClosedError,
+    call_encoder,
+    reply_decoder,
+)
 
 logger = logging.getLogger("raydp.executor")
 DeathHandler = Callable[[WorkerDeadError], None]
@@ -46,7 +56,8 @@ class ChannelExecutor:
     # ---- the Executor interface ------------------------------------------------------
 
     def execute_step(self, step_input: Any) -> Any:
-        return self._call(STEP, "execute_step", step_input, None, None, range(self.world_size))[0]
+        # Every worker steps; only the driver answers (the others write only to report a failure).
+        return self._call(STEP, "execute_step", step_input, None, None, range(self.world_size), range(1))[0]
 
     def collective_rpc(
         self,
@@ -58,7 +69,7 @@ class ChannelExecutor:
         driver_only: bool = False,
     ) -> list[Any]:
         targets = range(1) if driver_only else range(self.world_size)
-        return self._call(RPC, method, list(args), dict(kwargs or {}), timeout_s, targets)
+        return self._call(RPC, method, list(args), dict(kwargs or {}), timeout_s, targets, targets)
 
     def check_health(self) -> None:
         if self._dead is not None:
@@ -105,17 +116,34 @@ class ChannelExecutor:
     # ---- the channel ----------------------------------------------------------------------
 
     def _call(self, kind: int, method: str, args: Any, kwargs: Any, timeout_s: float | None,
-              targets: range) -> list[Any]:
+              targets: range, answered_by: range) -> list[Any]:
         self.check_health()
         if self._closing.is_set():
             raise RaydpError(f"the workers of rank {self.dp_rank} are closed")
+        self._check_followers()
         self._seq += 1
         frame = call_encoder.encode(Call(kind, self._seq, method, args, kwargs))
         for tp in targets:
             self._send(tp, frame)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        replies = [self._recv(tp, deadline) for tp in targets]
+        alive = self._alive_stepping if kind == STEP else self.check_health
+        replies = [self._recv(tp, deadline, alive) for tp in answered_by]
         return self._results(method, replies)
+
+    def _alive_stepping(self) -> None:
+        """While the driver worker is slow to answer, a follower may be reporting why (e.g. it raised)."""
+        self.check_health()
+        self._check_followers()
+
+    def _check_followers(self) -> None:
+        """Raise the failure a follower (TP rank > 0) reported on a step; they write for nothing else."""
+        for tp in range(1, len(self.links)):
+            if self.links[tp].ready():
+                reply = self._recv(tp, time.monotonic() + POLL_SLICE_S * 20, self.check_health, expect_seq=False)
+                ctx = self.contexts[tp]
+                why = str(reply.value) if not reply.ok else "an unexpected reply to a step"
+                self._broken = f"worker tp{tp} of rank {self.dp_rank} failed a step"
+                raise WorkerError(ctx.dp_rank, tp, ctx.node_id, "execute_step", why)
 
     def _send(self, tp: int, frame: bytes) -> None:
         try:
@@ -123,9 +151,9 @@ class ChannelExecutor:
         except LinkClosedError as exc:
             self._lost(tp, str(exc))
 
-    def _recv(self, tp: int, deadline: float | None) -> Any:
+    def _recv(self, tp: int, deadline: float | None, alive: Callable[[], None], expect_seq: bool = True) -> Any:
         try:
-            frame = self.links[tp].recv(deadline, self.check_health)
+            frame = self.links[tp].recv(deadline, alive)
         except LinkClosedError as exc:
             self._lost(tp, str(exc))
         except TimeoutError:
@@ -139,7 +167,7 @@ class ChannelExecutor:
         except msgspec.MsgspecError as exc:  # the channel cannot be trusted any more
             self._broken = f"worker tp{tp} of rank {self.dp_rank} sent a malformed reply: {exc}"
             raise ProtocolError(self._broken) from None
-        if reply.seq != self._seq:
+        if expect_seq and reply.seq != self._seq:
             self._broken = f"worker tp{tp} answered call {reply.seq}, expected {self._seq}"
             raise ProtocolError(self._broken)
         return reply

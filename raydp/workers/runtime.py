@@ -71,16 +71,18 @@ class WorkerRuntime:
                 call = call_decoder.decode(frame)
                 if call.kind == STOP:
                     return
-                link.send(self._answer(call))
+                reply = self._answer(call)
+                if reply is not None:
+                    link.send(reply)
         finally:
             link.close()
 
-    def _answer(self, call: Call) -> bytes:
+    def _answer(self, call: Call) -> bytes | None:
         try:
             if call.kind == STEP:
                 value = self.worker.execute_step(call.args)
-                # Only the driver's output is used: the others just acknowledge.
-                return call_encoder.encode(Reply(call.seq, True, value if self.context.tp_rank == 0 else None))
+                # Only the driver's output is used: the others stay silent unless they fail.
+                return call_encoder.encode(Reply(call.seq, True, value)) if self.context.tp_rank == 0 else None
             if call.kind == RPC:
                 return call_encoder.encode(Reply(call.seq, True, self.call(call.method, call.args, call.kwargs)))
             return call_encoder.encode(Reply(call.seq, False, f"unknown call kind {call.kind}"))

@@ -16,7 +16,6 @@ from raydp.errors import ConfigError, DeathCause, ProtocolError, WorkerDeadError
 from raydp.local.executor import check_device_count
 from raydp.wire.transport import IpcDir, SocketOptions
 from raydp.workers.channel import (
-    RPC,
     STEP,
     STOP,
     ChannelServer,
@@ -31,14 +30,16 @@ from raydp.workers.channel import (
 from raydp.workers.executor import ChannelExecutor
 
 pytestmark = pytest.mark.timeout(30)
-Behaviour = Callable[[int, Any], Any]  # (tp_rank, call) -> reply bytes, or None to hang up
+Behaviour = Callable[[int, Any], Any]  # (tp_rank, call) -> reply bytes, SILENT, or None to hang up
+SILENT = b""  # a follower's answer to a step that went well: nothing
 
 
 def _echo(tp: int, call: Any) -> bytes:
-    if call.method == "boom":
+    if call.method == "boom" or call.args == "boom":
         return call_encoder.encode(Reply(call.seq, False, "Traceback (most recent call last):\nValueError: boom"))
-    value = call.args if call.kind == STEP else [tp, call.method, call.args, call.kwargs]
-    return call_encoder.encode(Reply(call.seq, True, value if call.kind == RPC or tp == 0 else None))
+    if call.kind == STEP:
+        return call_encoder.encode(Reply(call.seq, True, call.args)) if tp == 0 else SILENT
+    return call_encoder.encode(Reply(call.seq, True, [tp, call.method, call.args, call.kwargs]))
 
 
 def _serve(link: Link, tp: int, behave: Behaviour, seen: list[Any]) -> None:
@@ -51,7 +52,8 @@ def _serve(link: Link, tp: int, behave: Behaviour, seen: list[Any]) -> None:
             reply = behave(tp, call)
             if reply is None:
                 return
-            link.send(reply)
+            if reply != SILENT:
+                link.send(reply)
     except (LinkClosedError, TimeoutError):
         pass
     finally:
@@ -111,14 +113,16 @@ def test_a_worker_that_hangs_up_is_dead_and_the_rank_is_told_once(ipc_dir: IpcDi
         return None if tp == 1 and call.kind == STEP else _echo(tp, call)
 
     f = _Fixture(ipc_dir, 2, hang_up_on_step)
+    assert f.executor.execute_step(1) == 1, "the driver answered; the follower's hang-up shows on the next call"
+    assert wait_for(f.executor.links[1].ready)
     started = time.monotonic()
     with pytest.raises(WorkerDeadError) as info:
-        f.executor.execute_step(1)
+        f.executor.execute_step(2)
     assert time.monotonic() - started < 1.0
     assert (info.value.dp_rank, info.value.tp_rank, info.value.cause) == (3, 1, DeathCause.PROCESS_DIED)
     assert [d.tp_rank for d in f.deaths] == [1]
     with pytest.raises(WorkerDeadError):
-        f.executor.execute_step(2)
+        f.executor.execute_step(3)
     with pytest.raises(WorkerDeadError):
         f.executor.check_health()
     assert len(f.deaths) == 1
@@ -142,16 +146,61 @@ def test_a_death_reported_by_the_backend_unblocks_a_waiting_step_within_a_poll_s
     f.executor.close()
 
 
-def test_a_malformed_or_late_reply_breaks_the_channel_for_good(ipc_dir: IpcDir) -> None:
+@pytest.mark.parametrize("liar", [0, 1])
+def test_a_malformed_reply_breaks_the_channel_for_good(ipc_dir: IpcDir, liar: int) -> None:
     def garbage(tp: int, call: Any) -> bytes:
-        return b"\xc1not msgpack" if tp == 1 else _echo(tp, call)
+        return b"\xc1not msgpack" if tp == liar else _echo(tp, call)
 
     f = _Fixture(ipc_dir, 2, garbage)
-    with pytest.raises(ProtocolError, match="malformed reply"):
+    with pytest.raises(ProtocolError, match=f"worker tp{liar} of rank 3 sent a malformed reply"):
         f.executor.execute_step(1)
+        assert wait_for(f.executor.links[1].ready)
+        f.executor.execute_step(2)  # a follower's garbage shows on the next call
     with pytest.raises(ProtocolError):
+        f.executor.execute_step(3)
+    f.executor.close()
+
+
+def test_a_follower_that_raises_in_a_step_is_reported_with_its_traceback(ipc_dir: IpcDir) -> None:
+    def follower_fails(tp: int, call: Any) -> bytes:
+        if tp == 1 and call.kind == STEP:
+            return call_encoder.encode(Reply(call.seq, False, "Traceback (most recent call last):\nKeyError: 7"))
+        return _echo(tp, call)
+
+    f = _Fixture(ipc_dir, 2, follower_fails)
+    f.executor.execute_step(1)
+    assert wait_for(f.executor.links[1].ready)
+    with pytest.raises(WorkerError, match="worker tp1 of rank 3 on node node-a raised in execute_step: KeyError: 7"):
         f.executor.execute_step(2)
     f.executor.close()
+
+
+def test_a_followers_failure_ends_a_wait_on_a_driver_that_cannot_answer(ipc_dir: IpcDir) -> None:
+    release = threading.Event()
+
+    def stuck_driver(tp: int, call: Any) -> bytes:
+        if call.kind == STEP and tp == 0:
+            release.wait(10)  # as a driver waits in a collective its failed peer never joins
+        if call.kind == STEP and tp == 1:
+            return call_encoder.encode(Reply(call.seq, False, "Traceback (most recent call last):\nOSError: x"))
+        return _echo(tp, call)
+
+    f = _Fixture(ipc_dir, 2, stuck_driver)
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match="worker tp1 of rank 3"):
+        f.executor.execute_step(1)
+    assert time.monotonic() - started < 0.5
+    release.set()
+    f.executor.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def test_a_call_past_its_timeout_raises_and_the_channel_is_not_reused(ipc_dir: IpcDir) -> None:
