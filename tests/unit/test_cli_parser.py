@@ -56,7 +56,6 @@ def test_an_unset_flag_leaves_the_field_to_the_environment(command: str) -> None
 
 def test_precedence_is_flag_then_environment_then_preset_then_field_default() -> None:
     from raydp.cli import demo
-    from raydp.cli.options import add_config_flags, config_from_args
     from raydp.cli.options import config_from_args
 
     def cfg(*flags: str, env: dict[str, str] | None = None) -> object:
@@ -91,7 +90,6 @@ def test_aliases_and_repeated_flags_reach_the_config() -> None:
 
 def test_a_bad_environment_value_names_the_field() -> None:
     from raydp.cli import demo
-    from raydp.cli.options import add_config_flags, config_from_args
     from raydp.cli.options import config_from_args
     from raydp.errors import ConfigError
 
