@@ -24,7 +24,8 @@ class CoordinatorActor:
     * ``endpoints()`` -> the publish, collect and broadcast socket addresses;
     * ``run()`` serves until ``shutdown()``;
     * ``wait_for_engines(n, timeout_s)`` -> True once ``n`` engines subscribed;
-    * ``set_cluster(endpoints, info)`` / ``cluster()`` -> the cluster's endpoints, for ``raydp.attach``;
+    * ``set_cluster(endpoints, info, launch)`` / ``cluster()`` -> the cluster's endpoints, for
+      ``raydp.attach``; ``launch()`` -> its config and engine class, for ``raydp scale``;
     * ``add_api_servers(record)`` / ``info()`` -> devices per rank and API servers, for ``raydp status``;
     * ``state()`` -> wave, running flag, counts, dead ranks, dropped/broadcast counters;
     * ``shutdown()`` broadcasts Shutdown to engines and closes every socket.
@@ -60,6 +61,7 @@ class CoordinatorActor:
         )
         self._cluster: ClusterEndpoints | None = None
         self._info: dict[str, Any] = {}
+        self._launch: dict[str, Any] = {}
         self._api_servers: list[dict[str, Any]] = []
         self._metrics_stop = threading.Event()
         export_periodically(self._loop.describe, CoordinatorMetrics(cluster_name), self._metrics_stop)
@@ -73,13 +75,21 @@ class CoordinatorActor:
     def wait_for_engines(self, engine_count: int, timeout_s: float) -> bool:
         return self._loop.wait_for_engines(engine_count, timeout_s)
 
-    def set_cluster(self, endpoints: ClusterEndpoints, info: dict[str, Any] | None = None) -> None:
+    def set_cluster(
+        self, endpoints: ClusterEndpoints, info: dict[str, Any] | None = None, launch: dict[str, Any] | None = None
+    ) -> None:
         self._cluster = endpoints
         if info is not None:
             self._info = dict(info)
+        if launch is not None:
+            self._launch = dict(launch)
 
     def cluster(self) -> ClusterEndpoints | None:
         return self._cluster
+
+    def launch(self) -> dict[str, Any]:
+        """How the cluster was launched (config, engine class), for a process that scales it later."""
+        return dict(self._launch)
 
     def add_api_servers(self, record: dict[str, Any]) -> None:
         self._api_servers.append(dict(record))

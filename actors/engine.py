@@ -24,7 +24,9 @@ class EngineCoreActor:
     * construction builds the user's engine core; its exception, with the
       traceback, becomes the actor's death cause, which ``launch()`` shows;
     * ``wait_for_init()`` -> ``{rank, node_id, pid}`` once constructed;
-    * ``dp_master()`` -> ``"ip:port"`` for the gloo rendezvous (asked of rank 0);
+    * ``dp_master(dp_size=None)`` -> ``"ip:port"`` for the gloo rendezvous (asked of rank 0;
+      with ``dp_size``, a new one for the DP group a scale change forms);
+    * ``counters()`` -> requests ``added``, ``finished`` and ``aborted`` (a scale-down drains on them);
     * ``run(handshake_addresses)``: the handshake, then the
       engine loop until Shutdown;
     * ``shutdown()`` wakes and stops the loop from another thread; never blocks.
@@ -65,8 +67,11 @@ class EngineCoreActor:
     def wait_for_init(self) -> dict[str, Any]:
         return {"rank": self.host.rank, "node_id": self.host.node_id, "pid": os.getpid()}
 
-    def dp_master(self) -> str:
-        return self.host.dp_master()
+    def dp_master(self, dp_size: int | None = None) -> str:
+        return self.host.dp_master(dp_size)
+
+    def counters(self) -> dict[str, int]:
+        return self.host.counters()
 
     def run(self, handshake_addresses: list[str]) -> None:
         # Ray titles the process after each call it runs; run() is the long one.

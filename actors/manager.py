@@ -35,11 +35,13 @@ from raydp.actors.owned import Owned
 from raydp.actors.slots import RankSlot, place_ranks, probe_devices
 from raydp.actors.terminate import kill_and_wait
 from raydp.actors.watch import check_started, watch_run_refs
-from raydp.backend import APIServerGroup, DeathListener, DeathReports, RestartListener
+from raydp.backend import APIServerGroup, DeathListener, DeathReports, RestartListener, ScaleListener
 from raydp.config import RaydpConfig
 from raydp.coordinator.client import CoordinatorClient
 from raydp.errors import (
+    ClusterClosedError,
     ComponentDeadError,
+    ConfigError,
     CoordinatorDeadError,
     DeathCause,
     EngineDeadError,
@@ -64,6 +66,10 @@ class _Startup:
     run_refs: dict[Any, int] = field(default_factory=dict)
     devices: list[tuple[str, ...]] = field(default_factory=list)
     dp_master: str = ""
+    dp_size: int = 0  # what a rank's INIT says: the size now (a scale change moves it)
+    wave: int = 0  # the wave a rank joining a running lockstep cluster starts in
+    run_ref_of: dict[int, Any] = field(default_factory=dict)  # the live run() ref of each rank
+    capacity: dict[int, int] = field(default_factory=dict)
 
 
 class ActorManager:
@@ -85,7 +91,10 @@ class ActorManager:
         self._restarts_left: dict[int, int] = {}
         self._startup = _Startup()
         self._watch_queue: queue.SimpleQueue[tuple[Any, int]] = queue.SimpleQueue()
+        self._retired_refs: set[Any] = set()  # run refs of ranks a scale-down removes: not deaths
         self._report_lock = threading.RLock()
+        self._scale_lock = threading.Lock()
+        self._scale_listeners: list[ScaleListener] = []
         self.ipc_prefix = ipc_prefix(config.name)
         # Made per launch and handed out only through Ray (actor arguments, endpoints).
         self._curve = CurveKeys.generate() if config.uses_curve else None
@@ -134,12 +143,34 @@ class ActorManager:
         """Called with the new endpoint once a dead rank has been restarted and rejoined."""
         self._reports.on_restart(listener)
 
+    def on_scale(self, listener: ScaleListener) -> None:
+        """Called with ``(endpoints, size, drain_timeout_s)`` at each step of a scale change."""
+        self._scale_listeners.append(listener)
+
+    @property
+    def dp_size(self) -> int:
+        return len(self.slots)
+
+    def scale(self, dp_size: int, drain_timeout_s: float) -> ClusterEndpoints:
+        """Grow or shrink to ``dp_size`` ranks (see :mod:`raydp.actors.scaling`); one change at a time."""
+        from raydp.actors.scaling import Scaler
+
+        if not self._scale_lock.acquire(blocking=False):
+            raise ConfigError(f"dp_size={dp_size}: another scale of cluster {self.config.name!r} is running")
+        try:
+            if self._owned.stop.is_set() or self.endpoints is None:
+                raise ClusterClosedError(f"cluster {self.config.name!r} is closed")
+            return Scaler(self).scale(dp_size, drain_timeout_s)
+        finally:
+            self._scale_lock.release()
+
     def start(self) -> ClusterEndpoints:
         """Create everything and wait for it; on any failure release it all and raise."""
         try:
             self.slots = place_ranks(self.config, self._user_groups, self.driver_node_id, self._owned)
             self._owned.nodes.update(s.node_id for s in self.slots)
             startup = self._startup
+            startup.dp_size = self.config.dp_size
             startup.devices = probe_devices(self.config, self.slots)
             self._start_coordinator(startup)
             ranks = [s.rank for s in self.slots]
@@ -147,7 +178,7 @@ class ActorManager:
             startup.dp_master = self._dp_master(startup)
             result, refs = self._handshake(startup, ranks, startup.run_refs, self._progress)
             startup.run_refs.update(refs)
-            self._wait_coordinator(startup.run_refs)
+            self._wait_coordinator(startup.run_refs, self.config.dp_size)
         except RaydpError:
             self.close()
             raise
@@ -158,7 +189,9 @@ class ActorManager:
             self.close()
             raise
         self.endpoints = self._cluster_endpoints(startup, result)
-        self._owned.coordinator.set_cluster.remote(self.endpoints, self._status_info(startup))
+        self._owned.coordinator.set_cluster.remote(
+            self.endpoints, self._status_info(startup), {"config": self.config, "engine_cls": self._engine_cls}
+        )
         self._reports.coordinator = CoordinatorClient(
             self.endpoints.coordinator, self.driver_node_id, self._sock_opts
         )
@@ -170,6 +203,21 @@ class ActorManager:
     def close(self) -> None:
         """Stop watching, shut the actors down, remove created groups. Idempotent."""
         self._owned.release()
+
+    def leave(self) -> None:
+        """Drop this process's own sockets and leave the (detached) cluster running (see ``adopt``)."""
+        owned = self._owned
+        with owned.lock:
+            if owned.released:
+                return
+            owned.released = True
+        owned.stop.set()
+        for close in owned.closers:
+            close()
+        if owned.ctx is not None:
+            owned.ctx.destroy(linger=0)
+        if owned.ipc_dir is not None:
+            owned.ipc_dir.remove()
 
     # ---- actors ---------------------------------------------------------------------
 
@@ -245,6 +293,8 @@ class ActorManager:
             refs[ref] = rank
             owned.run_refs.append(ref)
         watched.update(refs)
+        for ref, rank in refs.items():
+            startup.run_ref_of[rank] = ref
         try:
             result = server.run(
                 {r: self.slots[r].node_id == self.driver_node_id for r in ranks},
@@ -256,6 +306,7 @@ class ActorManager:
             )
         finally:
             server.close()
+        startup.capacity.update({rank: ready.capacity for rank, ready in result.ready.items()})
         return result, refs
 
     def _dp_master(self, startup: _Startup) -> str:
@@ -279,7 +330,7 @@ class ActorManager:
         same = self.slots[rank].node_id == coord.node_id
         return Init(
             EngineAddresses(pick_address(coord.collect, same_node=same), pick_address(coord.broadcast, same_node=same)),
-            parallel_config(cfg, dp_master),
+            parallel_config(cfg, dp_master, startup.dp_size, startup.wave),
         )
 
     def _check_live(self, watched: dict[Any, int]) -> None:
@@ -288,10 +339,10 @@ class ActorManager:
             raise StartupError(f"cluster {self.config.name!r} is closing")
         check_started(watched)
 
-    def _wait_coordinator(self, watched: dict[Any, int]) -> None:
-        """Block until every engine has subscribed to the coordinator's broadcast."""
+    def _wait_coordinator(self, watched: dict[Any, int], dp_size: int) -> None:
+        """Block until ``dp_size`` engines have subscribed to the coordinator's broadcast."""
         coordinator = self._owned.coordinator
-        ref = coordinator.wait_for_engines.remote(self.config.dp_size, self.config.handshake_timeout_s)
+        ref = coordinator.wait_for_engines.remote(dp_size, self.config.handshake_timeout_s)
         while not ray.wait([ref], timeout=0.05)[0]:
             self._check_live(watched)
         if not ray.get(ref):
@@ -331,7 +382,7 @@ class ActorManager:
 
         thread = threading.Thread(
             target=watch_run_refs,
-            args=(refs, self._owned.stop, report_if_alive, self._watch_queue),
+            args=(refs, self._owned.stop, report_if_alive, self._watch_queue, self._retired_refs),
             name="raydp-watcher",
             daemon=True,
         )
@@ -365,7 +416,7 @@ class ActorManager:
 
     def _may_restart(self, rank: int, cause: DeathCause) -> bool:
         """Dense ranks restart in their group while the policy allows; lockstep gangs do not."""
-        if rank < 0 or self.config.lockstep or self._owned.stop.is_set():
+        if rank < 0 or rank >= len(self.slots) or self.config.lockstep or self._owned.stop.is_set():
             return False
         if cause is DeathCause.NODE_DIED or self._restarts_left.get(rank, 0) <= 0:
             return False  # a dead node took the rank's placement group with it
@@ -382,7 +433,7 @@ class ActorManager:
                     return
                 self._start_engines(self._startup, [rank])
             result, refs = self._handshake(self._startup, [rank], {})
-            self._wait_coordinator(refs)
+            self._wait_coordinator(refs, len(self.slots))
         except Exception as exc:
             kill_and_wait(self._owned.engines[rank])  # never leave a half-started successor
             if not self._owned.stop.is_set():

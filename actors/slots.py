@@ -6,6 +6,7 @@ is; everything here runs once per launch, before any actor exists.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,9 +18,18 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from raydp.actors.engine import probe_device_ids
 from raydp.actors.owned import Owned
 from raydp.config import RaydpConfig
-from raydp.placement.groups import create_groups, validate_user_groups, wait_ready
+from raydp.errors import PlacementError
+from raydp.placement.groups import (
+    create_groups,
+    create_unpinned_groups,
+    remove_groups,
+    validate_user_groups,
+    wait_ready,
+)
 from raydp.placement.live import read_inventory
 from raydp.placement.planner import plan_placement
+
+logger = logging.getLogger("raydp.manager")
 
 
 @dataclass(frozen=True)
@@ -40,7 +50,7 @@ def place_ranks(
     if user_groups is not None:
         validate_user_groups(user_groups, dp_size=cfg.dp_size, world_size=cfg.world_size, accelerator=cfg.accelerator)
         wait_ready(user_groups, cfg.placement_timeout_s)
-        return _slots_from_groups(user_groups)
+        return slots_from_groups(user_groups)
     plan = plan_placement(
         read_inventory(cfg.accelerator),
         dp_size=cfg.dp_size,
@@ -54,6 +64,48 @@ def place_ranks(
     owned.groups.extend(groups)
     wait_ready(groups, cfg.placement_timeout_s)
     return tuple(RankSlot(r.rank, r.local_rank, r.node_id, g) for r, g in zip(plan.ranks, groups, strict=True))
+
+
+def place_more(
+    config: RaydpConfig, slots: Sequence[RankSlot], dp_size: int, driver_node_id: str, owned: Owned
+) -> tuple[RankSlot, ...]:
+    """Groups for ranks ``len(slots)..dp_size-1`` (a scale-up), planned on what is free now.
+
+    If they do not fit and no allowlist pins the cluster to known nodes, the
+    groups are made unpinned and left pending for up to ``placement_timeout_s``
+    (an autoscaler sees Ray's pending demand and may add nodes); on timeout they
+    are removed and :class:`~raydp.errors.PlacementTimeoutError` says why.
+    """
+    cfg, first = config, len(slots)
+    lifetime = "detached" if cfg.detached else None
+    try:
+        plan = plan_placement(
+            read_inventory(cfg.accelerator), dp_size=dp_size - first, world_size=cfg.world_size,
+            strategy=cfg.placement_strategy, master_node_id=cfg.master_node_id or driver_node_id,
+            node_allowlist=cfg.node_allowlist,
+        )
+    except PlacementError as exc:
+        if cfg.node_allowlist:
+            raise PlacementError(f"dp_size={dp_size}: the allowlisted nodes cannot hold "
+                                 f"{dp_size - first} more ranks:\n{exc}") from None
+        plan = None
+    if plan is not None:
+        groups = create_groups(plan, cfg.name, lifetime=lifetime, first_rank=first)
+    else:
+        logger.warning(
+            "scale to dp_size=%d: %d more ranks do not fit the free capacity now; waiting up to %gs for "
+            "nodes to join (an autoscaler sees the pending placement groups)",
+            dp_size, dp_size - first, cfg.placement_timeout_s,
+        )
+        groups = create_unpinned_groups(cfg.name, range(first, dp_size), cfg.world_size, cfg.accelerator,
+                                        span=cfg.placement_strategy == "span", lifetime=lifetime)
+    try:
+        wait_ready(groups, cfg.placement_timeout_s)
+    except BaseException:
+        remove_groups(groups)
+        raise
+    owned.groups.extend(groups)
+    return slots_from_groups(groups, first, slots)
 
 
 def probe_devices(config: RaydpConfig, slots: Sequence[RankSlot]) -> list[tuple[str, ...]]:
@@ -81,12 +133,17 @@ def _device_request(accelerator: str) -> dict[str, Any]:
     return {"resources": {accelerator: 1}}
 
 
-def _slots_from_groups(groups: Sequence[PlacementGroup]) -> tuple[RankSlot, ...]:
+def slots_from_groups(
+    groups: Sequence[PlacementGroup], first_rank: int = 0, existing: Sequence[RankSlot] = ()
+) -> tuple[RankSlot, ...]:
     from ray.util.placement_group import placement_group_table
 
     nodes = [placement_group_table(g)["bundles_to_node_id"] for g in groups]
-    slots, per_node = [], dict[str, int]()
-    for rank, (group, bundle_nodes) in enumerate(zip(groups, nodes, strict=True)):
+    per_node: dict[str, int] = {}
+    for slot in existing:
+        per_node[slot.node_id] = per_node.get(slot.node_id, 0) + 1
+    slots = []
+    for rank, (group, bundle_nodes) in enumerate(zip(groups, nodes, strict=True), start=first_rank):
         node = bundle_nodes[max(bundle_nodes)]  # the engine core's CPU bundle comes last
         local = per_node.get(node, 0)
         per_node[node] = local + 1

@@ -34,7 +34,10 @@ def watch_run_refs(
     stop: threading.Event,
     report: Callable[[int, DeathCause, str], None],
     incoming: queue.SimpleQueue[tuple[Any, int]],
+    retired: set[Any] | None = None,
 ) -> None:
+    """Report each ref that finishes, except ``retired`` ones (ranks a scale-down is removing)."""
+    retired = retired if retired is not None else set()
     while not stop.is_set():
         while not incoming.empty():
             ref, rank = incoming.get()
@@ -47,6 +50,9 @@ def watch_run_refs(
             rank = refs.pop(ref)
             if stop.is_set():
                 return
+            if ref in retired:
+                retired.discard(ref)
+                continue
             found = death_of(ref)
             cause, detail = found if found is not None else (DeathCause.EXITED, "run() returned")
             report(rank, cause, detail)

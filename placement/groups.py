@@ -39,18 +39,21 @@ def group_name(name: str, rank: int) -> str:
     return rank_name(name, rank)
 
 
-def create_groups(plan: PlacementPlan, name: str, *, lifetime: str | None = None) -> list[PlacementGroup]:
+def create_groups(
+    plan: PlacementPlan, name: str, *, lifetime: str | None = None, first_rank: int = 0
+) -> list[PlacementGroup]:
     """Create (asynchronously) one placement group per rank of ``plan``.
 
     ``lifetime`` is passed to Ray: ``None`` (groups die with this driver) or
-    ``"detached"``. If creating any group fails, the ones already created are
-    removed.
+    ``"detached"``. The plan's rank ``r`` is the cluster's rank ``first_rank + r``
+    (ranks added by a scale-up). If creating any group fails, the ones already
+    created are removed.
     """
     from ray.util.placement_group import placement_group
 
     if lifetime not in LIFETIMES:
         raise ConfigError(f"lifetime={lifetime!r}: expected None or 'detached'")
-    _check_names_free(name, plan.dp_size)
+    _check_names_free(name, range(first_rank, first_rank + plan.dp_size))
     groups: list[PlacementGroup] = []
     try:
         for r in plan.ranks:
@@ -58,7 +61,7 @@ def create_groups(plan: PlacementPlan, name: str, *, lifetime: str | None = None
             group = placement_group(
                 bundles=plan.bundles(),
                 strategy=plan.bundle_strategy,
-                name=group_name(name, r.rank),
+                name=group_name(name, first_rank + r.rank),
                 lifetime=lifetime,
                 bundle_label_selector=selector,
             )
@@ -70,10 +73,31 @@ def create_groups(plan: PlacementPlan, name: str, *, lifetime: str | None = None
     return groups
 
 
-def _check_names_free(name: str, dp_size: int) -> None:
+def create_unpinned_groups(
+    name: str, ranks: range, world_size: int, accelerator: str, *, span: bool, lifetime: str | None = None
+) -> list[PlacementGroup]:
+    """Groups for ``ranks`` that no node can hold yet: Ray keeps them pending (an autoscaler sees
+    the demand and may add nodes) and places them wherever they fit first."""
+    from ray.util.placement_group import placement_group
+
+    _check_names_free(name, ranks)
+    groups: list[PlacementGroup] = []
+    try:
+        for rank in ranks:
+            groups.append(placement_group(
+                bundles=rank_bundles(world_size, accelerator), strategy="PACK" if span else "STRICT_PACK",
+                name=group_name(name, rank), lifetime=lifetime,
+            ))
+    except BaseException:
+        remove_groups(groups)
+        raise
+    return groups
+
+
+def _check_names_free(name: str, ranks: range) -> None:
     from ray.util.placement_group import get_placement_group
 
-    for rank in range(dp_size):
+    for rank in ranks:
         try:
             get_placement_group(group_name(name, rank))
         except ValueError:

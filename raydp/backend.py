@@ -49,6 +49,9 @@ class APIServerGroup(Protocol):
     def close(self) -> None: ...
 
 
+ScaleListener = Callable[[ClusterEndpoints, int, "float | None"], None]
+
+
 class Backend(Protocol):
     """What :class:`~raydp.cluster.Cluster` needs from whatever runs the engines."""
 
@@ -72,6 +75,14 @@ class Backend(Protocol):
 
     def coordinator_state(self) -> dict[str, Any]:
         """The coordinator's wave, running flag, counts and counters."""
+        ...
+
+    def scale(self, dp_size: int, drain_timeout_s: float) -> ClusterEndpoints:
+        """Grow or shrink to ``dp_size`` ranks; returns the endpoints after the change."""
+        ...
+
+    def on_scale(self, listener: ScaleListener) -> None:
+        """Call ``listener(endpoints, size, drain_timeout_s)`` at each step of a scale change."""
         ...
 
     def register_api_servers(self, record: dict[str, Any]) -> None:

@@ -57,6 +57,7 @@ class Cluster:
         if manager is not None:
             manager.on_death(self._on_death)
             manager.on_restart(self._on_restart)
+            manager.on_scale(self._on_scale)
 
     @property
     def name(self) -> str:
@@ -192,6 +193,43 @@ class Cluster:
         for client in clients:
             _tell(client.revive, endpoint)
 
+    def scale(self, dp_size: int, *, drain_timeout_s: float = 30.0) -> None:
+        """Grow or shrink the running cluster to ``dp_size`` ranks; returns once the change is done.
+
+        Growing plans the new ranks on the nodes' free capacity now (or waits up
+        to ``placement_timeout_s`` for nodes to join, where no allowlist pins
+        the cluster), and clients route to them once they have joined.
+        Shrinking removes the highest ranks: clients stop sending them new
+        requests, what they hold drains for up to ``drain_timeout_s``, and
+        requests still on them after that fail with
+        :class:`~raydp.errors.ScaleDownError`. In lockstep mode the DP group
+        is re-formed at a wave boundary; requests arriving meanwhile wait.
+        Raises :class:`~raydp.errors.PlacementError` if the new ranks cannot
+        be placed; on any failure the cluster serves on at its old size.
+        """
+        check_scale_args(dp_size, drain_timeout_s)
+        self._check_open()
+        if self._manager is not None:
+            self._manager.scale(dp_size, float(drain_timeout_s))
+            return
+        from raydp.actors.adopt import adopt
+
+        manager = adopt(self.name)  # a detached cluster, launched by another process
+        try:
+            manager.on_scale(self._on_scale)
+            manager.scale(dp_size, float(drain_timeout_s))
+        finally:
+            manager.leave()
+
+    def _on_scale(self, endpoints: ClusterEndpoints, size: int, drain_timeout_s: float | None) -> None:
+        with self._lock:
+            self.endpoints = endpoints
+            for rank in [r for r in self._dead_ranks if r >= len(endpoints.engines)]:
+                del self._dead_ranks[rank]
+            clients = self._live_clients()
+        for client in clients:
+            _tell(lambda c: c.rescale(endpoints, size, drain_timeout_s), client)
+
     def _live_clients(self) -> list[Client]:
         """Clients still open (callers hold the lock); closed ones are forgotten here."""
         self._clients[:] = [c for c in self._clients if not c.closed]
@@ -260,6 +298,14 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_scale_args(dp_size: object, drain_timeout_s: object) -> None:
+    """Validation shared by :meth:`Cluster.scale` and ``raydp scale``."""
+    if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
+        raise ConfigError(f"dp_size={dp_size!r}: must be an int >= 1")
+    if isinstance(drain_timeout_s, bool) or not isinstance(drain_timeout_s, int | float) or drain_timeout_s < 0:
+        raise ConfigError(f"drain_timeout_s={drain_timeout_s!r}: must be a number >= 0")
 
 
 def _tell(notify: Any, arg: Any) -> None:

@@ -17,6 +17,7 @@ Every error raydp raises on purpose derives from :class:`RaydpError`, so
     │   └── ProcessDeadError   ... a local process (mp backend, API server)
     ├── WorkerError            a device worker raised (names it, carries its traceback)
     ├── RequestError           one request failed on its engine
+    ├── ScaleDownError         a request outlived the drain of a rank that a scale-down removed
     └── ClusterClosedError     the cluster handle was used after ``close()``
 
 Errors that describe a component death carry structured fields (``rank``,
@@ -188,6 +189,23 @@ class RequestError(RaydpError):
         super().__init__(f"request {request_id!r} failed: {reason}")
         self.request_id = request_id
         self.reason = reason
+
+
+class ScaleDownError(RaydpError):
+    """A request was still on a rank when ``cluster.scale`` removed it (the drain timed out).
+
+    ``rank`` is the removed rank and ``dp_size`` the size the cluster shrank to.
+    """
+
+    def __init__(self, rank: int, dp_size: int, drain_timeout_s: float | None = None) -> None:
+        drain = f" within the drain timeout of {drain_timeout_s:g}s" if drain_timeout_s is not None else ""
+        super().__init__(
+            f"engine rank {rank} was removed by a scale-down to dp_size={dp_size} before the request finished{drain}"
+        )
+        self.rank, self.dp_size, self.drain_timeout_s = rank, dp_size, drain_timeout_s
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.rank, self.dp_size, self.drain_timeout_s))
 
 
 class ClusterClosedError(RaydpError):

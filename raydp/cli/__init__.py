@@ -1,4 +1,4 @@
-"""The ``raydp`` command line: ``raydp demo``, ``serve``, ``plan`` and ``status``."""
+"""The ``raydp`` command line: ``raydp demo``, ``serve``, ``plan``, ``status`` and ``scale``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from raydp.cli import demo, plan, serve, status
+from raydp.cli import demo, plan, scale, serve, status
 from raydp.errors import RaydpError
 
 
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(sub)
     plan.add_parser(sub)
     status.add_parser(sub)
+    scale.add_parser(sub)
     return parser
 
 

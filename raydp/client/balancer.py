@@ -22,6 +22,8 @@ class LoadBalancer:
 
     ``eligible`` restricts the choice to some ranks (an API server in hybrid
     mode routes only to its own node's ranks); a pinned rank may still be any.
+    :meth:`resize` follows a scale change: new requests go only to the first
+    ``size`` ranks, while the rest (draining) keep their in-flight counts.
     """
 
     def __init__(self, engine_count: int, client_count: int = 1, eligible: Collection[int] | None = None) -> None:
@@ -32,14 +34,33 @@ class LoadBalancer:
         ranks = sorted(set(range(engine_count) if eligible is None else eligible))
         if not ranks or not all(isinstance(r, int) and 0 <= r < engine_count for r in ranks):
             raise ConfigError(f"ranks={eligible!r}: must be a non-empty set of ranks in [0, {engine_count})")
+        self._chosen = None if eligible is None else frozenset(ranks)  # None: every rank, as the cluster grows
         self.eligible: tuple[int, ...] = tuple(ranks)
-        self.engine_count = engine_count
+        self.engine_count = self.size = engine_count
         self.client_count = client_count
         self._snapshot_scores = [0] * engine_count
         self._since_snapshot = [0] * engine_count
         self._in_flight = [0] * engine_count
         self.wave = 0
         self.running = False
+
+    def resize(self, engine_count: int, size: int) -> None:
+        """``engine_count`` ranks exist; route to the first ``size`` (the others drain, then go)."""
+        if not 1 <= size <= engine_count:
+            raise ConfigError(f"size={size}: must be in [1, engine_count={engine_count}]")
+
+        def fit(values: list[int]) -> list[int]:
+            return (values + [0] * engine_count)[:engine_count]
+
+        self._snapshot_scores = fit(self._snapshot_scores)
+        self._since_snapshot = fit(self._since_snapshot)
+        self._in_flight = fit(self._in_flight)
+        self.engine_count, self.size = engine_count, size
+        self.eligible = tuple(r for r in range(size) if self._chosen is None or r in self._chosen)
+
+    def in_flight(self, rank: int) -> int:
+        """This client's requests on ``rank`` that have not finished."""
+        return self._in_flight[rank] if rank < self.engine_count else 0
 
     def choose(self, dead: Collection[int] = ()) -> int:
         """The least-loaded live rank (ties: fewest of ours in flight, then lowest rank)."""
@@ -51,7 +72,7 @@ class LoadBalancer:
             if best is None or key < best:
                 best = key
         if best is None:
-            raise ConfigError("no live engine to send to: every rank is dead")
+            raise ConfigError("no live engine to send to: every rank this client may use is dead or removed")
         return best[2]
 
     def score(self, rank: int) -> int:

@@ -25,10 +25,12 @@ from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import msgspec
 import zmq
 
 from raydp.client.balancer import LoadBalancer
 from raydp.client.calls import PendingCalls
+from raydp.client.membership import membership
 from raydp.client.requests import Listener, RequestHandle, RequestState
 from raydp.client.sockets import ClientSockets
 from raydp.errors import (
@@ -39,6 +41,7 @@ from raydp.errors import (
     EngineDeadError,
     ProtocolError,
     RaydpError,
+    ScaleDownError,
 )
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.wire.protocol import (
@@ -132,7 +135,7 @@ class Client:
 
     def call_utility(self, rank: int, method: str, *args: Any, timeout: float = 30.0) -> Any:
         """Call ``method(*args)`` on rank ``rank``'s engine core; msgpack-native args only."""
-        self._check_rank(rank)
+        self._check_rank(rank, draining_ok=True)
         future: Future[Any] = Future()
         call_id = next(self._call_ids)
         try:  # encode here, so unencodable arguments fail in the caller
@@ -160,6 +163,22 @@ class Client:
     def revive(self, endpoint: EngineEndpoint) -> None:
         """A restarted rank is back at ``endpoint``: reconnect and route to it again."""
         self._enqueue(lambda: self._do_revive(endpoint), allow_closed=True)
+
+    def rescale(self, endpoints: ClusterEndpoints, size: int, drain_timeout_s: float | None = None) -> None:
+        """Follow a scale change: hold ``endpoints.engines``, send new requests to the first ``size``.
+
+        Ranks at or above ``size`` drain: their requests go on, except retryable
+        ones with no output yet, which move to a remaining rank. A rank no
+        longer in ``endpoints`` is gone: what is still on it fails with
+        :class:`~raydp.errors.ScaleDownError`. Clients in other processes do
+        this on their own, from the coordinator's snapshots.
+        """
+        self._enqueue(lambda: self._do_rescale(list(endpoints.engines), size, drain_timeout_s), allow_closed=True)
+
+    @property
+    def dp_size(self) -> int:
+        """How many ranks this client sends new requests to."""
+        return self._balancer.size
 
     def close(self) -> None:
         """Fail what is in flight with ClusterClosedError, stop the IO thread, close sockets."""
@@ -200,8 +219,8 @@ class Client:
         rid = request_id or f"{self._id_prefix}-{next(self._ids)}"
         return Request(rid, tokens, max_tokens, arrival_time=time.time())
 
-    def _check_rank(self, rank: int) -> None:
-        n = len(self.endpoints.engines)
+    def _check_rank(self, rank: int, draining_ok: bool = False) -> None:
+        n = len(self.endpoints.engines) if draining_ok else self._balancer.size
         if not isinstance(rank, int) or not 0 <= rank < n:
             raise ConfigError(f"rank={rank!r}: must be an int in [0, {n})")
 
@@ -298,9 +317,16 @@ class Client:
         except ProtocolError as exc:
             logger.warning("client: dropped malformed stats message: %s", exc)
             return
-        self._balancer.on_snapshot(snap)
         self._last_snapshot = snap
         self._last_heard = time.monotonic()
+        if self._follow_liveness:
+            try:
+                engines, size = membership(self.endpoints.engines, snap)
+                if len(engines) != len(self.endpoints.engines) or size != self._balancer.size:
+                    self._do_rescale(engines, size, None)
+            except Exception:  # a bad notice must not take the IO thread down
+                logger.exception("client: could not follow the coordinator's scale notice")
+        self._balancer.on_snapshot(snap)
         if self._follow_liveness:
             try:
                 self._apply_liveness(snap)
@@ -347,6 +373,9 @@ class Client:
             return
         if pinned is not None and pinned in self._dead:
             listener(self._dead[pinned])
+            return
+        if pinned is not None and pinned >= self._balancer.size:
+            listener(ConfigError(f"rank={pinned}: the cluster was scaled to {self._balancer.size} ranks"))
             return
         try:
             rank = pinned if pinned is not None else self._balancer.choose(self._dead)
@@ -422,6 +451,41 @@ class Client:
         # retryable request may go to the new one, over the new socket.
         gone = EngineDeadError(endpoint.rank, endpoint.node_id, DeathCause.UNKNOWN, "the rank was restarted")
         self._fail_rank(endpoint.rank, gone)
+
+    def _do_rescale(self, engines: list[EngineEndpoint], size: int, drain_timeout_s: float | None) -> None:
+        old = len(self.endpoints.engines)
+        for ep in engines[old:]:
+            self._io.add_engine(ep)
+        for rank in range(old - 1, len(engines) - 1, -1):
+            self._remove_rank(rank, ScaleDownError(rank, len(engines), drain_timeout_s))
+        self.endpoints = msgspec.structs.replace(self.endpoints, engines=engines)
+        self._balancer.resize(len(engines), size)
+        logger.info("client: %d ranks, routing to %d (was %d)", len(engines), size, old)
+        self._move_off_draining(size)
+
+    def _remove_rank(self, rank: int, error: ScaleDownError) -> None:
+        self._calls.fail(error, rank)
+        for rid, state in list(self._requests.items()):
+            if state.rank == rank:
+                del self._requests[rid]
+                state.deliver(error)
+        self._dead.pop(rank, None)
+        self._io.remove_last_engine()
+
+    def _move_off_draining(self, size: int) -> None:
+        """Retryable requests with no output yet need not wait for a draining rank: move them."""
+        for rid, state in list(self._requests.items()):
+            if state.rank < size or not state.retryable or state.got_output:
+                continue
+            self._io.send_input(state.rank, RequestType.ABORT, encode(Abort([rid])))
+            del self._requests[rid]
+            self._balancer.on_finished(state.rank)
+            try:
+                state.rank = self._balancer.choose(self._dead)
+            except ConfigError as exc:
+                state.deliver(exc)
+                continue
+            self._send_request(state)
 
     def _fail_everything(self, error: RaydpError) -> None:
         for state in self._requests.values():

@@ -67,6 +67,19 @@ class ClientSockets:
         self.engines[ep.rank] = new
         self.poller.register(new, zmq.POLLIN)
 
+    def add_engine(self, ep: EngineEndpoint) -> None:
+        """A rank added by a scale-up (ranks are dense: it is the next one)."""
+        assert ep.rank == len(self.engines), f"rank {ep.rank} added after {len(self.engines)} ranks"
+        sock = self._engine_socket(ep)
+        self.engines.append(sock)
+        self.poller.register(sock, zmq.POLLIN)
+
+    def remove_last_engine(self) -> None:
+        """The highest rank went away in a scale-down."""
+        sock = self.engines.pop()
+        self.poller.unregister(sock)
+        sock.close(linger=0)
+
     def poll(self, timeout_ms: int) -> list[zmq.Socket[bytes]]:
         return [sock for sock, _ in self.poller.poll(timeout_ms)]
 

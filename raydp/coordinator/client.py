@@ -13,7 +13,16 @@ import threading
 import zmq
 
 from raydp.wire.endpoints import CoordinatorEndpoints
-from raydp.wire.protocol import EngineDead, EngineRevived, encode
+from raydp.wire.protocol import (
+    EngineDead,
+    EngineRevived,
+    HoldCluster,
+    RegroupCluster,
+    ReleaseCluster,
+    ScaleEngines,
+    ToCoordinator,
+    encode,
+)
 from raydp.wire.transport import SocketOptions, make_socket, pick_address
 
 logger = logging.getLogger("raydp.coordinator")
@@ -31,10 +40,22 @@ class CoordinatorClient:
     def engine_dead(self, rank: int, cause: str) -> None:
         self._send(EngineDead(rank, cause))
 
-    def engine_revived(self, rank: int, input_addresses: list[str]) -> None:
-        self._send(EngineRevived(rank, input_addresses))
+    def engine_revived(self, rank: int, input_addresses: list[str], node_id: str = "") -> None:
+        self._send(EngineRevived(rank, input_addresses, node_id))
 
-    def _send(self, msg: EngineDead | EngineRevived) -> None:
+    def scale(self, engine_count: int, size: int) -> None:
+        self._send(ScaleEngines(engine_count, size))
+
+    def hold(self, epoch: int, gang: int) -> None:
+        self._send(HoldCluster(epoch, gang))
+
+    def regroup(self, epoch: int, dp_size: int, dp_master: str) -> None:
+        self._send(RegroupCluster(epoch, dp_size, dp_master))
+
+    def release(self, epoch: int) -> None:
+        self._send(ReleaseCluster(epoch))
+
+    def _send(self, msg: ToCoordinator) -> None:
         """Send without blocking; never raises. A notice that cannot go is logged and dropped.
 
         It fails when the coordinator is gone (its own death is being reported
@@ -46,10 +67,7 @@ class CoordinatorClient:
                 self._sock.send(body, flags=zmq.NOBLOCK)
             except zmq.ZMQError as exc:
                 logger.warning(
-                    "could not tell the coordinator %s(rank=%d): %s; other processes' clients will not see it",
-                    type(msg).__name__,
-                    msg.rank,
-                    exc,
+                    "could not tell the coordinator %r: %s; other processes' clients will not see it", msg, exc
                 )
 
     def close(self) -> None:

@@ -5,8 +5,10 @@ Sockets (all bound by the coordinator):
 * ``publish`` PUB -> clients' SUB: a :class:`~raydp.wire.protocol.StatsSnapshot`
   at most every stats interval when something changed, a heartbeat otherwise;
 * ``collect`` PULL <- engines' and clients' PUSH: ``EngineStats``,
-  ``WaveComplete``, ``StartWave``, ``FirstRequest``, ``ScaleEngines``;
-* ``broadcast`` XPUB -> engines' SUB: ``[topic, StartDPWave | Shutdown]``.
+  ``WaveComplete``, ``StartWave``, ``FirstRequest``, ``HoldAck``,
+  ``Regrouped``; and from the launcher ``EngineDead``, ``EngineRevived``,
+  ``ScaleEngines``, ``HoldCluster``, ``RegroupCluster``, ``ReleaseCluster``;
+* ``broadcast`` XPUB -> engines' SUB: ``[topic, StartDPWave | Hold | Regroup | Release | Shutdown]``.
   Verbose, so every engine's subscription to its presence topic is seen and
   :meth:`CoordinatorLoop.wait_for_engines` knows who is listening.
 
@@ -27,7 +29,16 @@ from raydp.config import TransportKind
 from raydp.coordinator.state import CoordinatorState
 from raydp.errors import ProtocolError
 from raydp.wire.endpoints import CoordinatorEndpoints
-from raydp.wire.protocol import BROADCAST_TOPIC, Shutdown, StartDPWave, coordinator_decoder, encode, presence_topic
+from raydp.wire.protocol import (
+    BROADCAST_TOPIC,
+    Release,
+    Shutdown,
+    StartDPWave,
+    ToEngines,
+    coordinator_decoder,
+    encode,
+    presence_topic,
+)
 from raydp.wire.security import guard
 from raydp.wire.transport import IpcDir, SocketOptions, bind_endpoints, make_socket
 
@@ -122,11 +133,11 @@ class CoordinatorLoop:
             now = time.monotonic()
             with self._state_lock:
                 snap = self.state.due_snapshot(now)
-                wave = self.state.due_rebroadcast(now)
+                repeats = self.state.due_broadcasts(now)
             if snap is not None:
                 self.publish.send(encode(snap))
-            if wave is not None:
-                self._broadcast(wave)
+            for msg in repeats:
+                self._broadcast(msg)
 
     def _drain_collect(self) -> None:
         while True:
@@ -140,9 +151,13 @@ class CoordinatorLoop:
                 self._drop(str(exc))
                 continue
             with self._state_lock:
-                wave = self.state.handle(msg)
-            if wave is not None:
-                self._broadcast(wave)
+                out = self.state.handle(msg)
+                # A release may start the next wave, which must go right behind it.
+                repeats = self.state.due_broadcasts(time.monotonic()) if isinstance(out, Release) else []
+            if out is not None:
+                self._broadcast(out)
+            for extra in repeats:  # e.g. the wave a release starts, right behind the Release
+                self._broadcast(extra)
 
     def _drain_subscriptions(self) -> None:
         while True:
@@ -160,10 +175,11 @@ class CoordinatorLoop:
                 (self.subscribed.add if frame[0] == 1 else self.subscribed.discard)(rank)
                 self._subscribed_changed.notify_all()
 
-    def _broadcast(self, msg: StartDPWave | Shutdown) -> None:
+    def _broadcast(self, msg: ToEngines) -> None:
         self.broadcasts += 1
-        with self._state_lock:
-            self.state.note_broadcast(time.monotonic())
+        if isinstance(msg, StartDPWave):
+            with self._state_lock:
+                self.state.note_broadcast(time.monotonic())
         self.broadcast.send_multipart([BROADCAST_TOPIC, encode(msg)])
 
     def _drop(self, why: str) -> None:
@@ -177,6 +193,9 @@ class CoordinatorLoop:
             return {
                 "wave": s.wave,
                 "running": s.running,
+                "dp_size": s.engine_count,
+                "routable": s.size,
+                "hold": s.hold_phase(),
                 "counts": [list(c) for c in s.counts],
                 "dead": dict(s.dead),
                 "deaths": list(s.deaths),

@@ -1,10 +1,15 @@
-"""The coordinator's state machine: per-rank load, the wave, the running flag.
+"""The coordinator's state machine: per-rank load, the wave, the running flag, the size.
 
 Pure logic, no Ray and no sockets. :class:`CoordinatorState` takes the messages
 of :mod:`raydp.wire.protocol` addressed to the coordinator and returns the
-``StartDPWave`` broadcast to send, if any; :meth:`CoordinatorState.due_snapshot`
+broadcast to send to engines, if any; :meth:`CoordinatorState.due_snapshot`
 decides when to publish to clients (at most once per stats interval when
-something changed, a heartbeat otherwise).
+something changed, a heartbeat otherwise), :meth:`CoordinatorState.due_broadcasts`
+what to repeat to engines (PUB/SUB may drop a message).
+
+Scaling (``ScaleEngines``) changes how many ranks it tracks and how many
+clients route to; a lockstep change also holds the gang
+(:mod:`raydp.coordinator.hold`) while its DP group is re-formed.
 """
 
 from __future__ import annotations
@@ -12,16 +17,23 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from raydp.coordinator.hold import GangHold
 from raydp.wire.protocol import (
     EngineDead,
     EngineRevived,
     EngineStats,
     FirstRequest,
+    HoldAck,
+    HoldCluster,
+    RegroupCluster,
+    Regrouped,
+    ReleaseCluster,
     ScaleEngines,
     StartDPWave,
     StartWave,
     StatsSnapshot,
     ToCoordinator,
+    ToEngines,
     WaveComplete,
 )
 
@@ -43,26 +55,41 @@ class CoordinatorState:
     deaths: list[int] = field(default_factory=list)  # per rank, for operators (raydp status, metrics)
     restarts: list[int] = field(default_factory=list)
     rejected: int = 0
+    size: int = -1  # ranks clients route new requests to; the rest drain (-1: all)
+    nodes: dict[int, str] = field(default_factory=dict)  # node of each rank in ``moved``
+    hold: GangHold | None = None
     _last_publish: float = float("-inf")
     _last_wave_broadcast: float = float("-inf")
+    _last_hold_broadcast: float = float("-inf")
     _seq: int = 0
 
     def __post_init__(self) -> None:
         self._resize(self.engine_count)
+        if self.size < 0:
+            self.size = self.engine_count
 
     def _resize(self, n: int) -> None:
         """Per-rank lists for ``n`` ranks: existing ranks keep theirs, new ones start at zero."""
         self.counts = (self.counts + [[0, 0] for _ in range(n)])[:n]
         self.deaths = (self.deaths + [0] * n)[:n]
         self.restarts = (self.restarts + [0] * n)[:n]
+        for table in (self.dead, self.moved, self.nodes):
+            for rank in [r for r in table if r >= n]:  # a removed rank's notices go with it
+                del table[rank]
         self.engine_count = n
 
-    def handle(self, msg: ToCoordinator) -> StartDPWave | None:
+    def handle(self, msg: ToCoordinator) -> ToEngines | None:
         """Apply one message; return the broadcast it calls for, if any."""
+        if isinstance(msg, FirstRequest | StartWave) and self.hold is not None:
+            if not self._bad_rank(msg.rank, msg):
+                self.hold.deferred_start = True  # the gang is being held: start it on release
+            return None
         if isinstance(msg, FirstRequest):
             return self._on_first_request(msg)
         if isinstance(msg, StartWave):
             return self._on_start_wave(msg)
+        if isinstance(msg, HoldCluster | HoldAck | RegroupCluster | Regrouped | ReleaseCluster):
+            return self._on_hold(msg)
         if isinstance(msg, EngineStats):
             self._on_stats(msg)
         elif isinstance(msg, WaveComplete):
@@ -72,6 +99,71 @@ class CoordinatorState:
         else:
             self._on_liveness(msg)
         return None
+
+    # ---- holding a lockstep gang (scale changes) -----------------------------------
+
+    def _on_hold(self, msg: HoldCluster | HoldAck | RegroupCluster | Regrouped | ReleaseCluster) -> ToEngines | None:
+        if isinstance(msg, HoldCluster):
+            if not 1 <= msg.gang <= self.engine_count:
+                self.rejected += 1
+                logger.warning("coordinator: dropped %r: gang must be in [1, %d]", msg, self.engine_count)
+                return None
+            self.hold = GangHold(msg.epoch, msg.gang, woke_wave=self.wave if self.running else -1)
+            self.changed = True
+            return self.hold.hold_message()
+        hold = self.hold
+        if hold is None or msg.epoch != hold.epoch:
+            self.rejected += 1
+            logger.warning("coordinator: dropped %r: no hold of that epoch is in progress", msg)
+            return None
+        if isinstance(msg, HoldAck):
+            return self._on_hold_ack(hold, msg)
+        if isinstance(msg, Regrouped):
+            hold.on_regrouped(msg.rank, msg.epoch)
+            return None
+        if isinstance(msg, RegroupCluster):
+            regroup = hold.start_regroup(msg.dp_size, msg.dp_master)
+            if regroup is None:
+                self.rejected += 1
+                logger.warning("coordinator: dropped %r: the gang is not frozen yet", msg)
+            return regroup
+        return self._release(hold)
+
+    def _on_hold_ack(self, hold: GangHold, msg: HoldAck) -> StartDPWave | None:
+        wake = hold.on_ack(msg)
+        if wake is None or wake < self.wave:
+            return None  # a rank of a wave that already completed: it is pausing
+        self.wave, self.running, self.changed = wake, True, True
+        return StartDPWave(wave=wake, exclude=-1)
+
+    def _release(self, hold: GangHold) -> ToEngines:
+        self.hold = None
+        self.changed = True
+        if hold.deferred_start or any(w or r for w, r in self.counts):
+            self.running = True
+            self._last_wave_broadcast = float("-inf")  # due_broadcasts starts the wave right away
+        return hold.release()
+
+    def hold_phase(self) -> str | None:
+        return self.hold.phase() if self.hold is not None else None
+
+    def due_broadcasts(self, now: float) -> list[ToEngines]:
+        """What to (re)send to engines at ``now``: the running wave, an unanswered Hold or Regroup."""
+        out: list[ToEngines] = []
+        wave = self.due_rebroadcast(now)
+        if wave is not None:
+            out.append(wave)
+        hold = self.hold
+        if hold is None or now - self._last_hold_broadcast < self.heartbeat_interval_s:
+            return out
+        if hold.regroup is None and hold.unacked():
+            out.append(hold.hold_message())
+        elif hold.regroup is not None and hold.phase() == "regrouping":
+            out.append(hold.regroup)
+        else:
+            return out
+        self._last_hold_broadcast = now
+        return out
 
     def _on_liveness(self, msg: EngineDead | EngineRevived) -> None:
         if self._bad_rank(msg.rank, msg):
@@ -88,7 +180,10 @@ class CoordinatorState:
         else:
             self.dead.pop(msg.rank, None)
             self.moved[msg.rank] = list(msg.input_addresses)
-            self.restarts[msg.rank] += 1
+            if msg.node_id:
+                self.nodes[msg.rank] = msg.node_id
+            if msg.rank < self.size:  # a rank joining in a scale-up is not a restart
+                self.restarts[msg.rank] += 1
         self.changed = True
 
     def due_rebroadcast(self, now: float) -> StartDPWave | None:
@@ -138,12 +233,19 @@ class CoordinatorState:
         return None
 
     def _on_scale(self, msg: ScaleEngines) -> None:
-        if msg.engine_count < 1:
-            self.rejected += 1
-            logger.warning("coordinator: dropped ScaleEngines(engine_count=%d): must be >= 1", msg.engine_count)
-            return
         n = msg.engine_count
+        size = n if msg.size == -1 else msg.size
+        if n < 1 or not 1 <= size <= n:
+            self.rejected += 1
+            logger.warning(
+                "coordinator: dropped ScaleEngines(engine_count=%d, size=%d): need engine_count >= 1 and "
+                "1 <= size <= engine_count", n, msg.size,
+            )
+            return
+        if n != self.engine_count or size != self.size:
+            logger.info("coordinator: %d ranks, routing to %d (was %d, %d)", n, size, self.engine_count, self.size)
         self._resize(n)
+        self.size = size
         self.changed = True
 
     def _bad_rank(self, rank: int, msg: ToCoordinator) -> bool:
@@ -168,6 +270,8 @@ class CoordinatorState:
             seq=self._seq,
             dead=dict(self.dead),
             moved={r: list(a) for r, a in self.moved.items()},
+            size=self.size,
+            nodes=dict(self.nodes),
         )
 
     def next_deadline(self, now: float) -> float:

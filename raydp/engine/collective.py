@@ -1,7 +1,7 @@
 """The DP process group lockstep ranks all-reduce over (torch.distributed, gloo).
 
 Kept apart from the engine loop so that the loop's logic can run with any
-object offering ``any_unfinished`` (the unit tests use an in-process one).
+object offering ``sync`` (the unit tests use an in-process one).
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ from typing import Any, Protocol
 
 class DPCollective(Protocol):
     group: Any
+    master: str
 
-    def any_unfinished(self, local: bool) -> bool: ...
+    def sync(self, unfinished: bool, hold: bool) -> tuple[bool, bool]:
+        """All-reduce (MAX) this rank's two flags: does anyone have unfinished work, is anyone held."""
+        ...
 
     def close(self) -> None: ...
 
@@ -69,14 +72,15 @@ class GlooDPGroup:
             store = dist.TCPStore(host, int(port), dp_size, is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=dp_size, timeout=timeout)
         self.group = dist.group.WORLD
+        self.master, self.dp_size = master, dp_size
         import torch
 
-        self._flag = torch.zeros(1, dtype=torch.int32)  # reused by every all-reduce
+        self._flags = torch.zeros(2, dtype=torch.int32)  # reused by every all-reduce
 
-    def any_unfinished(self, local: bool) -> bool:
-        self._flag.fill_(int(local))
-        self._dist.all_reduce(self._flag, op=self._dist.ReduceOp.MAX, group=self.group)
-        return bool(self._flag.item())
+    def sync(self, unfinished: bool, hold: bool) -> tuple[bool, bool]:
+        self._flags[0], self._flags[1] = int(unfinished), int(hold)
+        self._dist.all_reduce(self._flags, op=self._dist.ReduceOp.MAX, group=self.group)
+        return bool(self._flags[0]), bool(self._flags[1])
 
     def close(self) -> None:
         if self._dist.is_initialized():

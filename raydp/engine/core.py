@@ -204,5 +204,14 @@ class EchoEngine:
             "dummy_steps": self.dummy_steps,
             "collectives": self.collectives,
             "last_work_step": self.last_work_step,
+            "dp_group_size": self._group_size(),
         }
+
+    def _group_size(self) -> int:
+        """How many ranks the collective runs over (0 without a DP group)."""
+        if self._dp_group is None:
+            return 0
+        import torch.distributed as dist
+
+        return int(dist.get_world_size(self._dp_group)) if dist.is_initialized() else 0
 

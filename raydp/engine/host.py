@@ -17,15 +17,16 @@ from contextlib import ExitStack
 import zmq
 
 from raydp.config import RaydpConfig
-from raydp.engine.collective import GlooDPGroup, Rendezvous
+from raydp.engine.collective import DPCollective, GlooDPGroup, Rendezvous
 from raydp.engine.core import EngineContext, check_engine_class, load_engine_class
 from raydp.engine.executor import WORKER_CLASS_ATTR, Executor, ExecutorFactory, WorkerGroupSpec
+from raydp.engine.lockstep import LockstepRank
 from raydp.engine.loop import COUNTERS, EngineLoop, EngineSockets
 from raydp.engine.waves import EngineWaves
 from raydp.errors import ConfigError
 from raydp.logs import configure_component_logging
 from raydp.wire.handshake import engine_handshake
-from raydp.wire.protocol import Init, Ready
+from raydp.wire.protocol import Init, Ready, Regroup
 from raydp.wire.security import CurveKeys, guard
 from raydp.wire.transport import IpcDir, SocketOptions, bind_inputs, make_socket, node_ip, pick_address, socket_options
 
@@ -68,7 +69,8 @@ class EngineHost:
         self._stopping = threading.Event()
         self._lock = threading.RLock()  # re-entered by a signal handler on the same thread
         self._collective: GlooDPGroup | None = None
-        self._rendezvous: Rendezvous | None = None
+        self._lockstep: LockstepRank | None = None
+        self._rendezvous: dict[str, Rendezvous] = {}  # by address: one per DP group this rank hosted
         # A class handed over through Ray (e.g. defined in a notebook) wins over the path.
         factory = check_engine_class(engine_cls, config.engine) if engine_cls else load_engine_class(config.engine)
         self.executor: Executor | None = None
@@ -114,12 +116,29 @@ class EngineHost:
                 self._loop.fail(exc)
         self._ring()
 
-    def dp_master(self) -> str:
-        """``ip:port`` of the gloo rendezvous this rank hosts (asked of rank 0), listening already."""
+    def dp_master(self, dp_size: int | None = None) -> str:
+        """``ip:port`` of the gloo rendezvous this rank hosts (asked of rank 0), listening already.
+
+        With ``dp_size`` (a scale change) it is a new rendezvous, for the new DP group.
+        """
         with self._lock:
-            if self._rendezvous is None:
-                self._rendezvous = Rendezvous(node_ip(), self.config.dp_size)
-            return self._rendezvous.address
+            if dp_size is None and self._rendezvous:
+                return next(iter(self._rendezvous))
+            rendezvous = Rendezvous(node_ip(), dp_size or self.config.dp_size)
+            self._rendezvous[rendezvous.address] = rendezvous
+            return rendezvous.address
+
+    def _hosted_store(self, address: str) -> object | None:
+        with self._lock:
+            found = self._rendezvous.get(address)
+            return found.store if found is not None else None
+
+    def _join_group(self, regroup: Regroup) -> DPCollective:
+        """Join a new DP group after a scale change (the loop left the old one already)."""
+        return GlooDPGroup(
+            regroup.dp_master, self.rank, regroup.dp_size, timeout_s=self.config.handshake_timeout_s,
+            store=self._hosted_store(regroup.dp_master),
+        )
 
     def run(self, handshake_addresses: list[str]) -> None:
         """Handshake, then serve until Shutdown; raises what the engine raised."""
@@ -130,9 +149,9 @@ class EngineHost:
             def make_ready(init: Init) -> Ready:
                 # Join the DP group before READY, so launch() returns with it formed.
                 if init.parallel.lockstep:
-                    store = self._rendezvous.store if self._rendezvous is not None else None
                     self._collective = GlooDPGroup(
-                        init.parallel.dp_master, self.rank, init.parallel.dp_size, store=store
+                        init.parallel.dp_master, self.rank, init.parallel.dp_size,
+                        store=self._hosted_store(init.parallel.dp_master),
                     )
                 capacity = int(getattr(self.engine, "capacity", lambda: 0)())
                 return Ready(capacity, self.config.config_hash(), addresses)
@@ -161,10 +180,10 @@ class EngineHost:
         steps: list[Callable[[], object]] = [self.engine.shutdown]
         if self.executor is not None:
             steps.append(self.executor.close)
-        if self._collective is not None:
-            steps.append(self._collective.close)
-        if self._rendezvous is not None:
-            steps.append(self._rendezvous.close)
+        collective = self._lockstep.collective if self._lockstep is not None else self._collective
+        if collective is not None:
+            steps.append(collective.close)
+        steps += [rendezvous.close for rendezvous in self._rendezvous.values()]
         if self._gate is not None:
             steps.append(self._gate.stop)
         steps += [lambda: self.ctx.destroy(linger=0), self.ipc_dir.remove]
@@ -195,16 +214,15 @@ class EngineHost:
 
     def _make_loop(self, init: Init, sockets: EngineSockets) -> EngineLoop:
         parallel = init.parallel
-        waves = collective = None
         if parallel.lockstep:
-            collective = self._collective
-            assert collective is not None, "the DP group is formed before READY"
-            waves = EngineWaves(self.rank, parallel.allreduce_interval)
-            attach = getattr(self.engine, "attach_dp_group", None)
-            if attach is not None:
-                attach(collective.group)
+            assert self._collective is not None, "the DP group is formed before READY"
+            self._lockstep = LockstepRank(
+                self.rank, EngineWaves(self.rank, parallel.allreduce_interval, wave=parallel.wave),
+                self._collective, sockets.to_coordinator, join=self._join_group,
+                attach=getattr(self.engine, "attach_dp_group", None),
+            )
         return EngineLoop(
-            self.engine, self.rank, sockets, waves=waves, collective=collective,
+            self.engine, self.rank, sockets, lockstep=self._lockstep,
             stats_interval_s=parallel.stats_interval_s, workers=self.executor,
         )
 

@@ -8,7 +8,8 @@
   and a CURVE one for TCP clients, so local traffic skips the encryption that
   only the network needs;
 * ``collect`` PUSH to the coordinator: load, ``WaveComplete``, ``StartWave``;
-* ``broadcast`` SUB from the coordinator: ``StartDPWave`` and ``Shutdown``;
+* ``broadcast`` SUB from the coordinator: ``Shutdown``, and for lockstep ranks
+  ``StartDPWave``, ``Hold``, ``Regroup``, ``Release`` (:mod:`raydp.engine.lockstep`);
 * ``wake`` PAIR (inproc): another thread of the process asks it to stop.
 
 The loop answers two utilities itself, before the user's engine sees them:
@@ -35,10 +36,9 @@ from typing import Any
 
 import zmq
 
-from raydp.engine.collective import DPCollective
 from raydp.engine.core import EngineCore
 from raydp.engine.executor import WORKER_DESCRIBE, Executor
-from raydp.engine.waves import EngineWaves
+from raydp.engine.lockstep import LockstepRank
 from raydp.errors import ProtocolError
 from raydp.wire.protocol import (
     BROADCAST_TOPIC,
@@ -48,11 +48,8 @@ from raydp.wire.protocol import (
     OutputBatch,
     Request,
     Shutdown,
-    StartDPWave,
-    StartWave,
     UtilityCall,
     UtilityResult,
-    WaveComplete,
     decode_input,
     encode,
     engine_broadcast_decoder,
@@ -111,6 +108,13 @@ class EngineSockets:
                     raise
         self.inputs[-1].send_multipart([client, body], flags=zmq.NOBLOCK, copy=False)
 
+    def to_coordinator(self, msg: Any) -> None:
+        """Send without blocking: a wedged or dead coordinator is reported elsewhere."""
+        try:
+            self.collect.send(encode(msg), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            logger.warning("coordinator queue full, dropped %s", type(msg).__name__)
+
     def close(self) -> None:
         for sock in (*self.inputs, self.collect, self.broadcast, self.wake):
             sock.close(linger=0)
@@ -125,14 +129,13 @@ class EngineLoop:
         rank: int,
         sockets: EngineSockets,
         *,
-        waves: EngineWaves | None = None,
-        collective: DPCollective | None = None,
+        lockstep: LockstepRank | None = None,
         stats_interval_s: float = 0.1,
         workers: Executor | None = None,
     ) -> None:
         self.engine, self.rank, self.sockets = engine, rank, sockets
         self.workers = workers
-        self.waves, self.collective = waves, collective
+        self.lockstep = lockstep
         self._stats_gap = stats_interval_s / 4
         self._owners: dict[str, bytes] = {}
         self._last_load: tuple[int, int] = (-1, -1)
@@ -157,6 +160,8 @@ class EngineLoop:
                     raise self._failure
                 if self._stopping:
                     break
+                if self.lockstep is not None:
+                    self.lockstep.tick()
                 has_work = self.engine.has_unfinished()
                 busy = self._should_step(has_work)
                 if busy:
@@ -177,7 +182,7 @@ class EngineLoop:
     def _should_step(self, has_work: bool | None = None) -> bool:
         if has_work is None:
             has_work = self.engine.has_unfinished()
-        return self.waves.should_step(has_work) if self.waves else has_work
+        return self.lockstep.should_step(has_work) if self.lockstep else has_work
 
     def _poll_inputs(self, block: bool) -> None:
         """Take what has arrived, at most a budget per socket, so steps are never starved."""
@@ -198,12 +203,8 @@ class EngineLoop:
             self._send_outputs(self.engine.step())
         else:
             self.engine.execute_dummy_batch()
-        if self.waves is not None and self.waves.after_step():
-            assert self.collective is not None, "lockstep needs a DP collective"
-            everyone = self.collective.any_unfinished(self.engine.has_unfinished())
-            completed = self.waves.on_allreduce(everyone)
-            if completed is not None and self.rank == 0:
-                self._to_coordinator(WaveComplete(rank=0, wave=completed))
+        if self.lockstep is not None:
+            self.lockstep.after_step(self.engine.has_unfinished())
 
     # ---- inputs ----------------------------------------------------------------
 
@@ -228,10 +229,8 @@ class EngineLoop:
         if rid in self._owners:
             self._send(client, [Output(rid, [], True, "error", f"duplicate request id {rid!r}")])
             return
-        if self.waves is not None:
-            start = self.waves.on_request(request.wave)
-            if start is not None:
-                self._to_coordinator(StartWave(rank=self.rank, wave=start))
+        if self.lockstep is not None:
+            self.lockstep.on_request(request.wave)
         try:
             self.engine.add_request(request)
         except Exception as exc:  # the user's engine refused this one request
@@ -279,8 +278,8 @@ class EngineLoop:
             return self._drop(str(exc))
         if isinstance(msg, Shutdown):
             self._stopping = True
-        elif isinstance(msg, StartDPWave) and self.waves is not None:
-            self.waves.on_start_wave(msg.wave)
+        elif self.lockstep is not None:
+            self.lockstep.on_broadcast(msg)
         return None
 
     # ---- outputs ---------------------------------------------------------------
@@ -362,10 +361,7 @@ class EngineLoop:
         self._to_coordinator(EngineStats(rank=self.rank, waiting=load[0], running=load[1]))
 
     def _to_coordinator(self, msg: Any) -> None:
-        try:
-            self.sockets.collect.send(encode(msg), flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:  # the coordinator is gone or wedged; its death is reported elsewhere
-            logger.warning("rank %d: coordinator queue full, dropped %s", self.rank, type(msg).__name__)
+        self.sockets.to_coordinator(msg)
 
     def _drop(self, why: str) -> None:
         logger.warning("rank %d: dropped malformed message: %s", self.rank, why)

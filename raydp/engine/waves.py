@@ -10,7 +10,10 @@ acts on what it returns. The rules (``docs/architecture.md``, "Request waves"):
 * every ``interval`` steps of a wave the ranks all-reduce "has unfinished
   work"; when nobody has any, every rank pauses and moves to ``wave + 1``;
 * a request stamped with an older wave reaching a paused rank restarts the
-  cluster: the rank reports ``StartWave`` so the coordinator wakes the others.
+  cluster: the rank reports ``StartWave`` so the coordinator wakes the others;
+* a *held* rank (a scale change is re-forming the DP group) starts no wave
+  on its own, and the all-reduce of a wave during which anyone was held
+  pauses every rank, unfinished work or not (:mod:`raydp.coordinator.hold`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ class EngineWaves:
     wave: int = 0
     running: bool = False
     steps: int = 0
+    held: bool = False
+
+    def position(self) -> tuple[int, bool]:
+        """What a held rank reports (``HoldAck``): its wave and whether it steps in it."""
+        return self.wave, self.running
 
     def on_request(self, request_wave: int) -> int | None:
         """Note a request's wave; return a wave to report as ``StartWave``, else None."""
@@ -49,8 +57,12 @@ class EngineWaves:
             self.running = True
 
     def should_step(self, has_local_work: bool) -> bool:
-        """Whether the loop should step now (else it waits for input)."""
-        return has_local_work or self.running
+        """Whether the loop should step now (else it waits for input).
+
+        A held rank steps only in a wave the coordinator started: on its own
+        it could enter an all-reduce that its regrouping peers never join.
+        """
+        return self.running or (has_local_work and not self.held)
 
     def after_step(self) -> bool:
         """Count one step of this wave; True when this step ends with an all-reduce."""
@@ -58,9 +70,9 @@ class EngineWaves:
         self.steps += 1
         return self.steps % self.interval == 0
 
-    def on_allreduce(self, global_unfinished: bool) -> int | None:
+    def on_allreduce(self, global_unfinished: bool, global_hold: bool = False) -> int | None:
         """Apply the all-reduce result; return the completed wave if all ranks pause."""
-        if global_unfinished:
+        if global_unfinished and not global_hold:
             return None
         completed = self.wave
         self.running = False

@@ -25,7 +25,14 @@ from typing import Any
 import msgspec
 import zmq
 
-from raydp.backend import APIServerGroup, DeathListener, DeathReports, OwnedResources, RestartListener
+from raydp.backend import (
+    APIServerGroup,
+    DeathListener,
+    DeathReports,
+    OwnedResources,
+    RestartListener,
+    ScaleListener,
+)
 from raydp.config import RaydpConfig
 from raydp.coordinator.client import CoordinatorClient
 from raydp.errors import (
@@ -286,6 +293,13 @@ class ProcessManager:
 
     def coordinator_state(self) -> dict[str, Any]:
         return dict(self._ask("state"))
+
+    def scale(self, dp_size: int, drain_timeout_s: float) -> ClusterEndpoints:
+        raise ConfigError(f"dp_size={dp_size}: backend='mp' runs a fixed set of local processes; "
+                          "scale() needs backend='ray'")
+
+    def on_scale(self, listener: ScaleListener) -> None:
+        pass  # never scales
 
     def _check_alive(self) -> None:
         for proc in self._owned.procs:

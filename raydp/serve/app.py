@@ -52,7 +52,7 @@ def build_app(
     ServerSettings(model=model, max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s,
                    max_tokens_limit=max_tokens_limit, vocab_size=vocab_size)  # raises ConfigError
     metrics = metrics if metrics is not None else ApiMetrics(client)
-    limits = Limits(model, max_tokens_limit, len(client.endpoints.engines), vocab_size)
+    limits = Limits(model, max_tokens_limit, lambda: client.dp_size, vocab_size)
     generation = GenerationRoutes(AsyncClient(client), limits, max_body_bytes, request_timeout_s, metrics)
     created = int(time.time())
 

@@ -12,6 +12,7 @@ ranks) are checked after parsing, by :class:`Limits`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar, Union
 
@@ -128,7 +129,7 @@ class Limits:
 
     model: str
     max_tokens: int
-    ranks: int
+    ranks: int | Callable[[], int]  # a callable follows a cluster that scales
     vocab_size: int | None = None
 
     def check_model(self, model: str | None) -> None:
@@ -142,8 +143,9 @@ class Limits:
                            param="max_tokens")
 
     def check_rank(self, rank: int | None) -> None:
-        if rank is not None and rank >= self.ranks:
-            raise ApiError(400, f"rank={rank}: must be in [0, {self.ranks}) (the cluster's ranks)", param="rank")
+        ranks = self.ranks() if callable(self.ranks) else self.ranks
+        if rank is not None and rank >= ranks:
+            raise ApiError(400, f"rank={rank}: must be in [0, {ranks}) (the cluster's ranks)", param="rank")
 
     def check_token_ids(self, token_ids: list[int], field: str) -> None:
         if self.vocab_size is None:

@@ -59,11 +59,13 @@ class HandshakeResult:
         return sum(r.capacity for r in self.ready.values())
 
 
-def parallel_config(config: RaydpConfig, dp_master: str) -> ParallelConfig:
-    """The parallel layout every rank's INIT carries."""
+def parallel_config(
+    config: RaydpConfig, dp_master: str, dp_size: int | None = None, wave: int = 0
+) -> ParallelConfig:
+    """The parallel layout every rank's INIT carries (``dp_size``: the size after a scale change)."""
     return ParallelConfig(
-        config.dp_size, config.world_size, config.lockstep, config.allreduce_interval, dp_master,
-        config.stats_interval_s,
+        dp_size or config.dp_size, config.world_size, config.lockstep, config.allreduce_interval, dp_master,
+        config.stats_interval_s, wave,
     )
 
 

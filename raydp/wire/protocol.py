@@ -125,9 +125,17 @@ class FirstRequest(_Msg, tag=4):
 
 
 class ScaleEngines(_Msg, tag=5):
-    """The engine count changed (scale up or down)."""
+    """The launcher changes the rank count (``cluster.scale``).
+
+    The coordinator tracks ``engine_count`` ranks; clients route new requests
+    to the first ``size`` of them (-1: all). A scale-up first grows
+    ``engine_count`` (the new ranks may report), then ``size`` once they have
+    joined; a scale-down first shrinks ``size`` (the highest ranks drain),
+    then ``engine_count`` once they are gone.
+    """
 
     engine_count: int
+    size: int = -1
 
 
 class EngineDead(_Msg, tag=6):
@@ -138,13 +146,57 @@ class EngineDead(_Msg, tag=6):
 
 
 class EngineRevived(_Msg, tag=7):
-    """A restarted ``rank`` listens at new addresses."""
+    """``rank`` listens at new addresses on ``node_id`` (a restart, or a rank added by a scale-up)."""
 
     rank: int
     input_addresses: list[str]
+    node_id: str = ""
 
 
-ToCoordinator = Union[EngineStats, WaveComplete, StartWave, FirstRequest, ScaleEngines, EngineDead, EngineRevived]
+class HoldCluster(_Msg, tag=8):
+    """Launcher: bring lockstep ranks ``0..gang-1`` to a wave boundary and keep them there.
+
+    ``epoch`` names the change; ``gang`` is the size of the DP group now.
+    """
+
+    epoch: int
+    gang: int
+
+
+class HoldAck(_Msg, tag=9):
+    """A held rank's position: its wave and whether it is stepping in it."""
+
+    rank: int
+    epoch: int
+    wave: int
+    running: bool
+
+
+class RegroupCluster(_Msg, tag=10):
+    """Launcher, once the gang is held: re-form the DP group with ``dp_size`` ranks at ``dp_master``."""
+
+    epoch: int
+    dp_size: int
+    dp_master: str
+
+
+class Regrouped(_Msg, tag=11):
+    """A rank joined the new DP group of ``epoch`` (or, above its size, left the old one)."""
+
+    rank: int
+    epoch: int
+
+
+class ReleaseCluster(_Msg, tag=12):
+    """Launcher: the change is done; ranks may start waves again."""
+
+    epoch: int
+
+
+ToCoordinator = Union[
+    EngineStats, WaveComplete, StartWave, FirstRequest, ScaleEngines, EngineDead, EngineRevived,
+    HoldCluster, HoldAck, RegroupCluster, Regrouped, ReleaseCluster,
+]
 
 # ---- coordinator -> clients / engines ---------------------------------------------------
 
@@ -153,7 +205,9 @@ class StatsSnapshot(_Msg):
     """Published to clients: per-rank ``[waiting, running]``, the wave, the running flag.
 
     ``dead`` lists ranks that died (with their causes); ``moved`` maps a restarted
-    rank to its new input addresses, so clients in any process follow it.
+    or added rank to its input addresses and ``nodes`` to its node, so clients
+    in any process follow it. ``size`` is how many ranks to route new requests
+    to (-1: all of ``counts``); ``len(counts)`` is how many exist.
     """
 
     counts: list[tuple[int, int]]
@@ -162,6 +216,8 @@ class StatsSnapshot(_Msg):
     seq: int = 0
     dead: dict[int, str] = {}
     moved: dict[int, list[str]] = {}
+    size: int = -1
+    nodes: dict[int, str] = {}
 
 
 class StartDPWave(_Msg, tag=1):
@@ -175,7 +231,28 @@ class Shutdown(_Msg, tag=2):
     """Ask engines to leave their loop."""
 
 
-ToEngines = Union[StartDPWave, Shutdown]
+class Hold(_Msg, tag=3):
+    """Pause at the next wave boundary and start no wave alone; answer with ``HoldAck``."""
+
+    epoch: int
+
+
+class Regroup(_Msg, tag=4):
+    """Leave the DP group; ranks below ``dp_size`` join the new one at ``dp_master``, in ``wave``."""
+
+    epoch: int
+    dp_size: int
+    dp_master: str
+    wave: int
+
+
+class Release(_Msg, tag=5):
+    """The hold of ``epoch`` is over."""
+
+    epoch: int
+
+
+ToEngines = Union[StartDPWave, Shutdown, Hold, Regroup, Release]
 BROADCAST_TOPIC: Final = b"all"
 
 
@@ -207,6 +284,7 @@ class ParallelConfig(_Msg):
     allreduce_interval: int
     dp_master: str = ""
     stats_interval_s: float = 0.1
+    wave: int = 0  # a rank added to a running lockstep cluster starts in the current wave
 
 
 class Init(_Msg, tag=2):

@@ -34,7 +34,7 @@ def test_undeliverable_notices_are_logged_once_each_and_do_not_block(caplog: pyt
         assert warnings, "a dropped notice must be logged"
         assert len(warnings) <= 6, "one warning per dropped notice"
         assert any("EngineDead(rank=" in w for w in warnings)
-        assert any("EngineRevived(rank=7)" in w for w in warnings)
+        assert any("EngineRevived(rank=7," in w for w in warnings)
     finally:
         client.close()
 

@@ -1,0 +1,32 @@
+"""Which ranks a client knows, from the coordinator's snapshots: pure logic, no sockets.
+
+A client outside the launching process (an API server, an attached notebook)
+learns of a scale change only from the coordinator. A snapshot lists how many
+ranks exist (``len(counts)``), how many take new requests (``size``), and the
+node and addresses of every rank added or moved since launch. Ranks are dense,
+so a client adopts the longest prefix of ranks it has addresses for: a rank
+whose addresses have not arrived yet (it is still joining) waits, and so do
+the ranks after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from raydp.wire.endpoints import EngineEndpoint
+from raydp.wire.protocol import StatsSnapshot
+
+
+def membership(known: Sequence[EngineEndpoint], snap: StatsSnapshot) -> tuple[list[EngineEndpoint], int]:
+    """The ranks to hold after ``snap`` (``known`` are the ones held now), and how many to route to."""
+    exists = len(snap.counts)
+    engines: list[EngineEndpoint] = []
+    for rank in range(exists):
+        if rank < len(known):
+            engines.append(known[rank])  # a rank that moved (restarted) is followed by the liveness notices
+        elif rank in snap.moved:
+            engines.append(EngineEndpoint(rank, snap.nodes.get(rank, ""), list(snap.moved[rank])))
+        else:
+            break  # not joined yet
+    size = snap.size if snap.size > 0 else exists
+    return engines, max(1, min(size, len(engines)))

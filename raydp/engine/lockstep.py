@@ -1,0 +1,147 @@
+"""One lockstep rank's part of the protocol: waves, the DP all-reduce, holds and regroups.
+
+The engine loop owns the sockets and the user's engine; this object owns
+what only lockstep ranks do, so the loop reads the same in both modes:
+
+* requests and ``StartDPWave`` move the rank's wave (:class:`~raydp.engine.waves.EngineWaves`);
+* every ``allreduce_interval`` steps the ranks all-reduce two flags,
+  "has unfinished work" and "is held"; the wave completes when nobody has
+  work, or at once when anybody is held;
+* ``Hold`` stops the rank starting waves on its own; it reports its position
+  (``HoldAck``) whenever it changes, so the coordinator can tell when the
+  whole gang is paused (:mod:`raydp.coordinator.hold`);
+* ``Regroup`` is applied only while paused: leave the old DP group and join
+  the new one (blocking until every member has joined), or, for a rank above
+  the new size, just leave; then ``Regrouped``;
+* ``Release`` ends the hold.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from raydp.engine.collective import DPCollective
+from raydp.engine.waves import EngineWaves
+from raydp.wire.protocol import (
+    Hold,
+    HoldAck,
+    Regroup,
+    Regrouped,
+    Release,
+    StartDPWave,
+    StartWave,
+    ToEngines,
+    WaveComplete,
+)
+
+logger = logging.getLogger("raydp.engine.core")
+Send = Callable[[Any], None]  # a message to the coordinator
+JoinGroup = Callable[[Regroup], DPCollective]  # leave nothing behind; block until the group is formed
+
+
+class LockstepRank:
+    """Driven by the engine loop; ``send`` reaches the coordinator, ``join`` forms a new DP group."""
+
+    def __init__(
+        self,
+        rank: int,
+        waves: EngineWaves,
+        collective: DPCollective | None,
+        send: Send,
+        join: JoinGroup | None = None,
+        attach: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.rank, self.waves, self.collective = rank, waves, collective
+        self._send, self._join, self._attach = send, join, attach
+        self._epoch = -1
+        self._pending: Regroup | None = None
+        self._acked: tuple[int, bool] | None = None
+        self.retired = False  # above the new size after a scale-down: never steps again
+        if collective is not None and attach is not None:
+            attach(collective.group)
+
+    def on_request(self, request_wave: int) -> None:
+        start = self.waves.on_request(request_wave)
+        if start is not None:
+            self._send(StartWave(rank=self.rank, wave=start))
+
+    def on_broadcast(self, msg: ToEngines) -> None:
+        if isinstance(msg, StartDPWave):
+            if not self.retired:
+                self.waves.on_start_wave(msg.wave)
+        elif isinstance(msg, Hold):
+            self._on_hold(msg.epoch)
+        elif isinstance(msg, Regroup):
+            self._on_regroup(msg)
+        elif isinstance(msg, Release) and msg.epoch == self._epoch:
+            self.waves.held = False
+            self._pending = None
+
+    def should_step(self, has_local_work: bool) -> bool:
+        return not self.retired and self.waves.should_step(has_local_work)
+
+    def after_step(self, has_unfinished: bool) -> None:
+        """Count the step; on the all-reduce step, sync with every rank and maybe pause."""
+        if not self.waves.after_step():
+            self.tick()
+            return
+        assert self.collective is not None, "lockstep needs a DP collective"
+        unfinished, hold = self.collective.sync(has_unfinished, self.waves.held)
+        completed = self.waves.on_allreduce(unfinished, hold)
+        if completed is not None and self.rank == 0:
+            self._send(WaveComplete(rank=0, wave=completed))
+        self.tick()
+
+    def tick(self) -> None:
+        """Once per loop turn: report a changed position, apply a regroup once paused."""
+        if not self.waves.held:
+            return
+        if self._pending is not None and not self.waves.running:
+            self._regroup(self._pending)
+        self._ack()
+
+    # ---- holds and regroups --------------------------------------------------------
+
+    def _on_hold(self, epoch: int) -> None:
+        if epoch < self._epoch:
+            return  # a stale repeat of an earlier change
+        if epoch > self._epoch:
+            self._epoch, self._pending = epoch, None
+        self.waves.held = True
+        self._acked = None  # answer every Hold: the coordinator repeats it until all have
+        self._ack()
+
+    def _on_regroup(self, msg: Regroup) -> None:
+        if self.collective is not None and self.collective.master == msg.dp_master:
+            self._send(Regrouped(self.rank, msg.epoch))  # joined it already (a rank added by this change)
+            return
+        if msg.epoch != self._epoch or not self.waves.held:
+            logger.warning("rank %d: ignored a regroup of epoch %d while not held for it", self.rank, msg.epoch)
+            return
+        self._pending = msg
+        self.tick()
+
+    def _regroup(self, msg: Regroup) -> None:
+        self._pending = None
+        if self.collective is not None:
+            self.collective.close()
+            self.collective = None
+        if self.rank >= msg.dp_size:
+            self.retired = True
+            logger.info("rank %d: left the DP group (the cluster shrinks to %d)", self.rank, msg.dp_size)
+        else:
+            assert self._join is not None, "a lockstep rank needs a way to join a DP group"
+            self.collective = self._join(msg)
+            self.waves.wave = max(self.waves.wave, msg.wave)
+            if self._attach is not None:
+                self._attach(self.collective.group)
+            logger.info("rank %d: joined the DP group of %d ranks at %s", self.rank, msg.dp_size, msg.dp_master)
+        self._send(Regrouped(self.rank, msg.epoch))
+
+    def _ack(self) -> None:
+        position = self.waves.position()
+        if position != self._acked and not self.retired:
+            self._acked = position
+            self._send(HoldAck(self.rank, self._epoch, *position))

@@ -1,0 +1,371 @@
+"""Elastic scaling on a 3-node logical-GPU cluster: grow and shrink under load, dense and lockstep.
+
+Load comes from where users send it: the launching process's client, two
+API server processes over HTTP (the official ``openai`` SDK), and a client
+attached from another process, as a notebook would be. Every request must
+complete, or fail with the typed ScaleDownError; none may hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import ray
+
+import raydp
+from raydp.errors import ClusterClosedError, ConfigError, PlacementError, PlacementTimeoutError, ScaleDownError
+from tests.integration.helpers import assert_nothing_left, live_actors, live_groups, wait_until
+
+SHAPE = (2, 2, 2)  # logical GPUs per node: at most 6 ranks of one device
+LOAD_LIMIT_S = 120  # every load generator stops by itself after this
+
+
+@pytest.fixture(scope="module")
+def three_nodes(cluster_pool: Any) -> Any:
+    return cluster_pool.get(SHAPE)
+
+
+@dataclass
+class Sent:
+    """One request as its sender saw it: when it was sent, where it ran, how it ended."""
+
+    at: float
+    rank: int | None
+    outcome: str  # "ok", "scaled" (ScaleDownError), or the unexpected error
+
+
+@dataclass
+class Load:
+    """A load generator thread; ``log`` is what it saw."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    log: list[Sent] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def run(self, send: Callable[[], Sent]) -> None:
+        def loop() -> None:
+            deadline = time.monotonic() + LOAD_LIMIT_S
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                self.log.append(send())
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def finish(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+            assert not thread.is_alive(), "a request hung"
+
+
+def _driver_sender(client: Any) -> Callable[[], Sent]:
+    def send() -> Sent:
+        at = time.monotonic()
+        handle = client.submit([7, 8], max_tokens=4)
+        try:
+            assert handle.result(timeout=30) == [7, 8, 7, 8]
+            return Sent(at, handle.rank, "ok")
+        except ScaleDownError:
+            return Sent(at, handle.rank, "scaled")
+        except Exception as exc:
+            return Sent(at, handle.rank, repr(exc))
+
+    return send
+
+
+def _http_sender(url: str) -> Callable[[], Sent]:
+    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+
+    def send() -> Sent:
+        at = time.monotonic()
+        try:
+            done = sdk.completions.create(model="scale", prompt=[5], max_tokens=3)
+        except openai.APIError as exc:
+            return Sent(at, None, "scaled" if "scale-down" in str(exc) else repr(exc))
+        extra = done.choices[0].model_extra or {}
+        ok = done.choices[0].text == "\x05\x05\x05"
+        return Sent(at, extra.get("rank"), "ok" if ok else f"wrong text {done.choices[0].text!r}")
+
+    return send
+
+
+NOTEBOOK = """
+import json, sys, time, ray, raydp
+from raydp.errors import ScaleDownError
+ray.init(address={address!r}, log_to_driver=False)
+cluster = raydp.attach({name!r})
+client = cluster.client()
+out = open({log!r}, "a")
+deadline = time.monotonic() + {limit}
+print("attached", flush=True)
+while time.monotonic() < deadline and not __import__("os").path.exists({stop!r}):
+    at = time.time()
+    handle = client.submit([3], max_tokens=2)
+    try:
+        outcome = "ok" if handle.result(timeout=30) == [3, 3] else "wrong"
+    except ScaleDownError:
+        outcome = "scaled"
+    except Exception as exc:
+        outcome = repr(exc)
+    out.write(json.dumps([at, handle.rank, outcome]) + "\\n")
+    out.flush()
+cluster.close()
+"""
+
+
+@dataclass
+class Notebook:
+    proc: subprocess.Popen[str]
+    log: Path
+    stop: Path
+
+    def sent(self) -> list[Sent]:
+        # The notebook stamps wall-clock times; the test's marks are monotonic.
+        offset = time.monotonic() - time.time()
+        rows = [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+        return [Sent(at + offset, rank, outcome) for at, rank, outcome in rows]
+
+
+@pytest.fixture
+def notebook_factory() -> Iterator[Callable[[str], Notebook]]:
+    made: list[Notebook] = []
+
+    def start(name: str) -> Notebook:
+        tmp = Path(tempfile.mkdtemp(prefix="raydp-notebook-"))
+        log, stop = tmp / "log.jsonl", tmp / "stop"
+        script = NOTEBOOK.format(address=ray.get_runtime_context().gcs_address, name=name, log=str(log),
+                                 stop=str(stop), limit=LOAD_LIMIT_S)
+        env = {**os.environ, "PYTHONPATH": os.getcwd()}
+        proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "attached"
+        nb = Notebook(proc, log, stop)
+        made.append(nb)
+        return nb
+
+    yield start
+    for nb in made:
+        nb.stop.touch()
+        try:
+            nb.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            nb.proc.kill()
+
+
+def _routed_after(log: list[Sent], since: float, until: float) -> set[int]:
+    return {s.rank for s in log if since <= s.at < until and s.rank is not None}
+
+
+@pytest.mark.timeout(400)
+def test_dense_scale_2_4_1_3_under_load_loses_nothing(three_nodes: Any,
+                                                     notebook_factory: Callable[[str], Notebook]) -> None:
+    cluster = raydp.launch(name="scale", dp_size=2, progress=False, engine_kwargs={"step_delay_s": 0.002})
+    load = Load()
+    try:
+        servers = cluster.serve_api(2)
+        load.run(_driver_sender(cluster.client()))
+        load.run(_driver_sender(cluster.client()))
+        load.run(_http_sender(servers.url))
+        notebook = notebook_factory("scale")
+        time.sleep(1.0)
+        marks = []
+        for size in (4, 1, 3):
+            cluster.scale(size, drain_timeout_s=20)
+            done = time.monotonic()
+            assert cluster.dp_size == size and cluster.coordinator_state()["dp_size"] == size
+            time.sleep(2.0)
+            marks.append((size, done, time.monotonic()))
+        load.finish()
+        notebook.stop.touch()
+        assert notebook.proc.wait(timeout=60) == 0
+        state = cluster.coordinator_state()
+        assert (state["dp_size"], state["routable"], state["dead"]) == (3, 3, {})
+    finally:
+        load.finish()
+        cluster.close()
+    for who, log in (("driver", [s for s in load.log if s.rank is not None or s.outcome != "ok"]),
+                     ("notebook", notebook.sent())):
+        bad = [s for s in log if s.outcome not in ("ok", "scaled")]
+        assert not bad, f"{who}: {bad[:5]}"
+        assert sum(s.outcome == "ok" for s in log) > 50, f"{who} barely sent anything"
+        # The drain timeout was generous: nothing should have been cut off.
+        assert not [s for s in log if s.outcome == "scaled"], f"{who}: a request was cut off by a drain"
+    snapshot_interval = 0.1
+    for who, log in (("driver", load.log), ("notebook", notebook.sent())):
+        for size, done, end in marks:
+            # From one snapshot interval after the change, requests go to exactly the new ranks
+            # (they finished by `end`; requests still draining on removed ranks were sent before).
+            routed = _routed_after(log, done + snapshot_interval + 0.3, end)
+            assert routed == set(range(size)), f"{who} after scaling to {size}: routed to {sorted(routed)}"
+    assert_nothing_left("scale", timeout=30)
+
+
+@pytest.mark.timeout(300)
+def test_lockstep_scale_re_forms_the_dp_group_at_each_size(three_nodes: Any) -> None:
+    cluster = raydp.launch(name="lsscale", dp_size=2, lockstep=True, progress=False,
+                           engine_kwargs={"collective": True, "step_delay_s": 0.001})
+    load = Load()
+    try:
+        client = cluster.client()
+        load.run(_driver_sender(client))
+        load.run(_driver_sender(cluster.client()))
+        for size in (3, 1, 2):
+            cluster.scale(size, drain_timeout_s=20)
+            # Requests arriving during the change waited; new ones run over the new group.
+            handles = [client.submit([9], max_tokens=3, rank=r) for r in range(size)]
+            assert [h.result(timeout=30) for h in handles] == [[9, 9, 9]] * size
+            stats = [client.call_utility(r, "stats") for r in range(size)]
+            assert [s["dp_group_size"] for s in stats] == [size] * size, stats
+            time.sleep(0.5)
+        load.finish()
+        before = [client.call_utility(r, "stats")["collectives"] for r in range(2)]
+        assert [h.result(timeout=30) for h in [client.submit([1], max_tokens=40)]] == [[1] * 40]
+        after = [client.call_utility(r, "stats")["collectives"] for r in range(2)]
+        assert all(a > b for a, b in zip(after, before, strict=True)), "both ranks step in the collective"
+    finally:
+        load.finish()
+        cluster.close()
+    bad = [s for s in load.log if s.outcome != "ok"]
+    assert not bad and len(load.log) > 20, bad[:5]
+    assert_nothing_left("lsscale", timeout=30)
+
+
+@pytest.mark.timeout(200)
+def test_a_scale_down_past_its_drain_timeout_fails_what_is_left_with_a_typed_error(three_nodes: Any) -> None:
+    with raydp.launch(name="cutoff", dp_size=2, progress=False, engine_kwargs={"step_delay_s": 0.02}) as cluster:
+        client = cluster.client()
+        long = client.submit([4], max_tokens=100_000, rank=1)
+        moved = client.submit([6], max_tokens=2, rank=0)
+        assert moved.result(timeout=30) == [6, 6]
+        started = time.monotonic()
+        cluster.scale(1, drain_timeout_s=0.5)
+        assert time.monotonic() - started < 15
+        with pytest.raises(ScaleDownError, match="rank 1 was removed by a scale-down to dp_size=1") as err:
+            long.result(timeout=10)
+        assert (err.value.rank, err.value.dp_size, err.value.drain_timeout_s) == (1, 1, 0.5)
+        assert client.generate([2], max_tokens=2) == [2, 2], "the cluster serves on at its new size"
+        assert sorted(live_actors("cutoff")) == ["cutoff-coordinator", "cutoff-dp0"]
+        assert live_groups("cutoff") == ["cutoff-dp0"]
+    assert_nothing_left("cutoff", timeout=30)
+
+
+@pytest.mark.timeout(200)
+def test_bad_scale_requests_are_refused_and_the_cluster_serves_on(three_nodes: Any) -> None:
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    cluster = raydp.launch(name="badscale", dp_size=2, progress=False, node_allowlist=nodes[:2],
+                           engine_kwargs={"step_delay_s": 0.02})
+    try:
+        client = cluster.client()
+        for bad, match in ((0, "dp_size=0: must be an int >= 1"), ("3", "dp_size='3'"), (True, "dp_size=True")):
+            with pytest.raises(ConfigError, match=match):
+                cluster.scale(bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="drain_timeout_s=-1"):
+            cluster.scale(3, drain_timeout_s=-1)
+        started = time.monotonic()
+        with pytest.raises(PlacementError, match="allowlisted nodes cannot hold 3 more ranks"):
+            cluster.scale(5)  # two nodes of 2 devices can never hold 5
+        assert time.monotonic() - started < 20, "no waiting for capacity that can never come"
+        assert sorted(live_groups("badscale")) == ["badscale-dp0", "badscale-dp1"], "nothing half-made"
+        long = client.submit([1], max_tokens=200, rank=1)
+        shrinking = threading.Thread(target=cluster.scale, args=(1,), kwargs={"drain_timeout_s": 60})
+        shrinking.start()
+        assert wait_until(lambda: client.dp_size == 1, timeout=10)
+        with pytest.raises(ConfigError, match="another scale of cluster 'badscale' is running"):
+            cluster.scale(2)
+        assert long.result(timeout=60) == [1] * 200, "a draining rank finishes its requests"
+        shrinking.join(timeout=60)
+        assert cluster.dp_size == 1 and client.generate([5], max_tokens=2) == [5, 5]
+    finally:
+        cluster.close()
+    with pytest.raises(ClusterClosedError):
+        cluster.scale(2)
+    assert_nothing_left("badscale", timeout=30)
+
+
+@pytest.mark.timeout(200)
+def test_a_scale_up_waits_for_capacity_then_fails_cleanly_or_uses_a_new_node(three_nodes: Any) -> None:
+    cluster = raydp.launch(name="pending", dp_size=5, progress=False, placement_timeout_s=6)
+    try:
+        started = time.monotonic()
+        with pytest.raises(PlacementTimeoutError, match="not ready after 6s"):
+            cluster.scale(7)  # 6 logical GPUs in all: the 7th rank waits, then gives up
+        assert time.monotonic() - started >= 5
+        assert len(live_groups("pending")) == 5 and cluster.dp_size == 5, "the pending groups were removed"
+        grown = threading.Thread(target=cluster.scale, args=(7,))
+        grown.start()
+        time.sleep(1.0)
+        node = three_nodes.add_node(num_cpus=4, num_gpus=2)  # what an autoscaler would do
+        try:
+            grown.join(timeout=60)
+            assert cluster.dp_size == 7
+            client = cluster.client()
+            assert client.generate([8], max_tokens=2, rank=6) == [8, 8]
+            cluster.scale(5)
+        finally:
+            three_nodes.remove_node(node)
+    finally:
+        cluster.close()
+    assert_nothing_left("pending", timeout=30)
+
+
+LAUNCH_DETACHED = """
+import ray, raydp
+ray.init(address={address!r})
+cluster = raydp.launch(name="cliscale", dp_size=2, detached=True, progress=False)
+print("launched", cluster.dp_size, flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_raydp_scale_grows_and_shrinks_a_detached_cluster(three_nodes: Any) -> None:
+    address = ray.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAY_ADDRESS": address}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, env=env, capture_output=True, text=True, timeout=150, check=False)
+
+    out = run(sys.executable, "-c", LAUNCH_DETACHED.format(address=address))
+    assert out.returncode == 0 and "launched 2" in out.stdout, out.stderr[-3000:]
+    try:
+        attached = raydp.attach("cliscale")
+        client = attached.client()
+        out = run(sys.executable, "-m", "raydp", "scale", "cliscale", "3")
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "cliscale: 2 -> 3 ranks" in out.stdout
+        assert sorted(live_actors("cliscale")) == ["cliscale-coordinator", "cliscale-dp0", "cliscale-dp1",
+                                                    "cliscale-dp2"]
+        assert wait_until(lambda: client.dp_size == 3, timeout=10), "an attached client follows"
+        assert client.generate([4], max_tokens=2, rank=2) == [4, 4]
+        out = run(sys.executable, "-m", "raydp", "scale", "cliscale", "1", "--drain-timeout", "5")
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert sorted(live_actors("cliscale")) == ["cliscale-coordinator", "cliscale-dp0"]
+        assert wait_until(lambda: client.dp_size == 1, timeout=10)
+        assert client.generate([6], max_tokens=2) == [6, 6]
+        out = run(sys.executable, "-m", "raydp", "scale", "cliscale", "0")
+        assert out.returncode == 2 and "dp_size=0: must be an int >= 1" in out.stderr
+        out = run(sys.executable, "-m", "raydp", "scale", "nosuchcluster", "2")
+        assert out.returncode == 2 and "name='nosuchcluster'" in out.stderr
+        attached.close()
+    finally:
+        raydp.attach("cliscale").shutdown()
+    assert_nothing_left("cliscale", timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_the_mp_backend_says_it_cannot_scale() -> None:
+    with raydp.launch(name="mpscale", dp_size=1, backend="mp", progress=False) as cluster:
+        with pytest.raises(ConfigError, match="backend='mp'.*needs backend='ray'"):
+            cluster.scale(2)
+        assert cluster.client().generate([1], max_tokens=2) == [1, 1]
