@@ -7,8 +7,8 @@ GPUs) and needs no cluster.
 
 Only the RATIOS mean anything: every system runs in the same process, on the
 same machine, minutes apart, so a shared or slow machine moves all of them
-together. Four benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
-``workers``):
+together. Five benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
+``workers``, ``scale``):
 
 1. request round trips (tiny prompt, ``max_tokens=1``), pipelined (a window
    of requests in flight) and sequential (one at a time: p50 latency), for
@@ -28,7 +28,10 @@ together. Four benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
    rank's workers (broadcast a small step input, gather the driver worker's
    output) at world sizes 1, 2 and 4, through raydp's channel
    (``RayExecutor``), a plain Ray actor call per worker, and a Ray Compiled
-   Graph over the same actors, against a direct in-process call (the floor).
+   Graph over the same actors, against a direct in-process call (the floor);
+5. elastic scaling (:mod:`bench_scale`): the time to add one rank and to
+   remove one (DP 2 -> 3 -> 2), dense and lockstep, against a fresh launch of
+   DP=3 and a bare Ray actor started in a new placement group.
 
 It prints the environment, the exact command and markdown tables, and exits
 0 when every measurement ran (1 if one failed; the tables say which).
@@ -53,6 +56,7 @@ from bench_http import HttpResult, http_benchmark, http_failed, http_table
 from bench_http_load import HTTP_FULL, HTTP_QUICK, HttpSizes
 from bench_lockstep import StepRate, lockstep_benchmark, lockstep_table
 from bench_roundtrip import RoundTrip, round_trip_benchmark, round_trip_table
+from bench_scale import ScaleTiming, scale_benchmark, scale_failed, scale_table
 from bench_workers import (
     WORKERS_FULL,
     WORKERS_QUICK,
@@ -63,7 +67,7 @@ from bench_workers import (
     workers_table,
 )
 
-SECTIONS = ("round-trips", "lockstep", "http", "workers")
+SECTIONS = ("round-trips", "lockstep", "http", "workers", "scale")
 
 
 def environment(sizes: Sizes, quick: bool) -> dict[str, Any]:
@@ -107,6 +111,7 @@ class Report:
     floor: dict[float, tuple[float, float]] | str | None = None
     http: list[HttpResult] | None = None
     workers: list[StepLatency] | None = None
+    scale: list[ScaleTiming] | None = None
 
     def failed(self) -> bool:
         return (
@@ -115,6 +120,7 @@ class Report:
             or isinstance(self.floor, str)
             or (self.http is not None and http_failed(self.http))
             or (self.workers is not None and workers_failed(self.workers))
+            or (self.scale is not None and scale_failed(self.scale))
         )
 
     def as_json(self, env: dict[str, Any], http_sizes: HttpSizes, worker_sizes: WorkerSizes) -> dict[str, Any]:
@@ -131,6 +137,8 @@ class Report:
             payload["http"] = {"sizes": asdict(http_sizes), "results": [asdict(r) for r in self.http]}
         if self.workers is not None:
             payload["workers"] = {"sizes": asdict(worker_sizes), "results": [asdict(r) for r in self.workers]}
+        if self.scale is not None:
+            payload["scale"] = [asdict(r) for r in self.scale]
         return payload
 
 
@@ -144,6 +152,8 @@ def run_sections(sections: list[str], sizes: Sizes, http_sizes: HttpSizes, worke
         report.http = http_benchmark(http_sizes, log)
     if "workers" in sections:
         report.workers = workers_benchmark(worker_sizes)
+    if "scale" in sections:
+        report.scale = scale_benchmark(reps=2 if worker_sizes is WORKERS_QUICK else 5)
     return report
 
 
@@ -174,6 +184,9 @@ def print_report(
     if report.workers is not None:
         print()
         print("\n".join(workers_table(report.workers, worker_sizes)))
+    if report.scale is not None:
+        print()
+        print("\n".join(scale_table(report.scale)))
 
 
 def main(argv: list[str] | None = None) -> int:

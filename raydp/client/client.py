@@ -173,7 +173,18 @@ class Client:
         :class:`~raydp.errors.ScaleDownError`. Clients in other processes do
         this on their own, from the coordinator's snapshots.
         """
-        self._enqueue(lambda: self._do_rescale(list(endpoints.engines), size, drain_timeout_s), allow_closed=True)
+        applied = threading.Event()
+
+        def command() -> None:
+            try:
+                self._do_rescale(list(endpoints.engines), size, drain_timeout_s)
+            finally:
+                applied.set()
+
+        self._enqueue(command, allow_closed=True)
+        # Back in the caller, the change is in effect: a request sent next sees the new ranks.
+        if not self._closed and not applied.wait(timeout=10):
+            logger.warning("client: the IO thread took over 10s to apply a scale change")
 
     @property
     def dp_size(self) -> int:

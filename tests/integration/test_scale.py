@@ -366,6 +366,29 @@ def test_raydp_scale_grows_and_shrinks_a_detached_cluster(three_nodes: Any) -> N
 @pytest.mark.timeout(120)
 def test_the_mp_backend_says_it_cannot_scale() -> None:
     with raydp.launch(name="mpscale", dp_size=1, backend="mp", progress=False) as cluster:
-        with pytest.raises(ConfigError, match="backend='mp'.*needs backend='ray'"):
+        with pytest.raises(ConfigError, match=r"backend='mp'.*needs backend='ray'"):
             cluster.scale(2)
         assert cluster.client().generate([1], max_tokens=2) == [1, 1]
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_added_by_a_scale_up_restarts_like_the_others(three_nodes: Any) -> None:
+    with raydp.launch(name="grownrestart", dp_size=1, max_restarts=1, progress=False) as cluster:
+        cluster.scale(2)
+        client = cluster.client()
+        assert client.generate([3], max_tokens=2, rank=1) == [3, 3]
+        ray.kill(ray.get_actor("grownrestart-dp1", namespace="raydp"))
+        assert wait_until(lambda: len(cluster.deaths) == 1, timeout=10)
+        assert cluster.deaths[0].rank == 1 and cluster.deaths[0].restarting  # type: ignore[attr-defined]
+
+        def served_by_rank_1() -> bool:
+            try:
+                return client.generate([5], max_tokens=2, rank=1, timeout=5) == [5, 5]
+            except raydp.RaydpError:
+                return False
+
+        assert wait_until(served_by_rank_1, timeout=30), "the new rank came back"
+        assert cluster.coordinator_state()["restarts"] == [0, 1]
+        cluster.scale(1)
+        assert cluster.deaths[1:] == [], "a rank removed by a scale-down is not a death"
+    assert_nothing_left("grownrestart", timeout=30)
