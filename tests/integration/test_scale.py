@@ -9,7 +9,9 @@ complete, or fail with the typed ScaleDownError; none may hang.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -86,13 +88,13 @@ def _driver_sender(client: Any) -> Callable[[], Sent]:
     return send
 
 
-def _http_sender(url: str) -> Callable[[], Sent]:
+def _http_sender(url: str, model: str) -> Callable[[], Sent]:
     sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
 
     def send() -> Sent:
         at = time.monotonic()
         try:
-            done = sdk.completions.create(model="scale", prompt=[5], max_tokens=3)
+            done = sdk.completions.create(model=model, prompt=[5], max_tokens=3)
         except openai.APIError as exc:
             return Sent(at, None, "scaled" if "scale-down" in str(exc) else repr(exc))
         extra = done.choices[0].model_extra or {}
@@ -164,12 +166,18 @@ def notebook_factory() -> Iterator[Callable[[str], Notebook]]:
             nb.proc.kill()
 
 
+def _first_snapshot(cluster: Any) -> Any:
+    client = cluster.client()
+    assert wait_until(lambda: client.snapshot() is not None, timeout=5)
+    return client.snapshot()
+
+
 def _routed_after(log: list[Sent], since: float, until: float) -> set[int]:
     return {s.rank for s in log if since <= s.at < until and s.rank is not None}
 
 
 @pytest.mark.timeout(400)
-def test_dense_scale_2_4_1_3_under_load_loses_nothing(three_nodes: Any,
+def test_dense_scale_2_4_1_3_under_load_loses_nothing(three_nodes: Any, caplog: pytest.LogCaptureFixture,
                                                      notebook_factory: Callable[[str], Notebook]) -> None:
     cluster = raydp.launch(name="scale", dp_size=2, progress=False, engine_kwargs={"step_delay_s": 0.002})
     load = Load()
@@ -177,14 +185,16 @@ def test_dense_scale_2_4_1_3_under_load_loses_nothing(three_nodes: Any,
         servers = cluster.serve_api(2)
         load.run(_driver_sender(cluster.client()))
         load.run(_driver_sender(cluster.client()))
-        load.run(_http_sender(servers.url))
+        load.run(_http_sender(servers.url, "scale"))
         notebook = notebook_factory("scale")
         time.sleep(1.0)
         marks = []
         for size in (4, 1, 3):
-            cluster.scale(size, drain_timeout_s=20)
+            with caplog.at_level(logging.INFO, logger="raydp.manager"):
+                cluster.scale(size, drain_timeout_s=20)
             done = time.monotonic()
             assert cluster.dp_size == size and cluster.coordinator_state()["dp_size"] == size
+            assert re.search(rf"scaled from \d to {size} ranks in \d+\.\d\ds", caplog.text), "the change is logged"
             time.sleep(2.0)
             marks.append((size, done, time.monotonic()))
         load.finish()
@@ -192,6 +202,8 @@ def test_dense_scale_2_4_1_3_under_load_loses_nothing(three_nodes: Any,
         assert notebook.proc.wait(timeout=60) == 0
         state = cluster.coordinator_state()
         assert (state["dp_size"], state["routable"], state["dead"]) == (3, 3, {})
+        snap = cluster.client().snapshot() or _first_snapshot(cluster)
+        assert (snap.size, len(snap.counts)) == (3, 3), "snapshots carry the size"
     finally:
         load.finish()
         cluster.close()
@@ -212,33 +224,42 @@ def test_dense_scale_2_4_1_3_under_load_loses_nothing(three_nodes: Any,
     assert_nothing_left("scale", timeout=30)
 
 
-@pytest.mark.timeout(300)
-def test_lockstep_scale_re_forms_the_dp_group_at_each_size(three_nodes: Any) -> None:
+@pytest.mark.timeout(400)
+def test_lockstep_scale_2_4_1_3_re_forms_the_dp_group_at_each_size(
+    three_nodes: Any, notebook_factory: Callable[[str], Notebook]
+) -> None:
     cluster = raydp.launch(name="lsscale", dp_size=2, lockstep=True, progress=False,
                            engine_kwargs={"collective": True, "step_delay_s": 0.001})
     load = Load()
     try:
         client = cluster.client()
+        servers = cluster.serve_api(2)
         load.run(_driver_sender(client))
         load.run(_driver_sender(cluster.client()))
-        for size in (3, 1, 2):
+        load.run(_http_sender(servers.url, "lsscale"))
+        notebook = notebook_factory("lsscale")
+        for size in (4, 1, 3):
             cluster.scale(size, drain_timeout_s=20)
             # Requests arriving during the change waited; new ones run over the new group.
             handles = [client.submit([9], max_tokens=3, rank=r) for r in range(size)]
             assert [h.result(timeout=30) for h in handles] == [[9, 9, 9]] * size
             stats = [client.call_utility(r, "stats") for r in range(size)]
             assert [s["dp_group_size"] for s in stats] == [size] * size, stats
-            time.sleep(0.5)
+            time.sleep(1.0)
         load.finish()
-        before = [client.call_utility(r, "stats")["collectives"] for r in range(2)]
-        assert [h.result(timeout=30) for h in [client.submit([1], max_tokens=40)]] == [[1] * 40]
-        after = [client.call_utility(r, "stats")["collectives"] for r in range(2)]
-        assert all(a > b for a, b in zip(after, before, strict=True)), "both ranks step in the collective"
+        notebook.stop.touch()
+        assert notebook.proc.wait(timeout=60) == 0
+        before = [client.call_utility(r, "stats")["collectives"] for r in range(3)]
+        assert client.generate([1], max_tokens=40) == [1] * 40
+        after = [client.call_utility(r, "stats")["collectives"] for r in range(3)]
+        assert all(a > b for a, b in zip(after, before, strict=True)), "every rank steps in the collective"
     finally:
         load.finish()
         cluster.close()
-    bad = [s for s in load.log if s.outcome != "ok"]
-    assert not bad and len(load.log) > 20, bad[:5]
+    for who, log in (("driver and HTTP", load.log), ("notebook", notebook.sent())):
+        bad = [s for s in log if s.outcome != "ok"]
+        assert not bad and len(log) > 20, f"{who}: {bad[:5]} of {len(log)}"
+    assert {s.rank for s in notebook.sent()} == {0, 1, 2, 3}, "the notebook followed every change"
     assert_nothing_left("lsscale", timeout=30)
 
 
