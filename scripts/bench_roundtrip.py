@@ -318,11 +318,14 @@ def serve_target(window: int) -> Iterator[EchoTarget]:
 
 
 def round_trip_benchmark(sizes: Sizes) -> list[RoundTrip]:
+    from bench_pipe import pipe_target, submit_many_round_trips
+
     systems: list[tuple[str, Callable[[], contextlib.AbstractContextManager[EchoTarget]]]] = [
         ("raydp (DP=2)", raydp_target),
         ("raydp over TCP + CURVE (the cross-node path)", lambda: raydp_target(transport="tcp")),
         ("raydp over TCP, auth='none'", lambda: raydp_target(transport="tcp", auth="none")),
         ("raw ZMQ + msgspec (2 server procs)", zmq_target),
+        ("raw ZMQ PUSH/PULL + msgspec, one pipe (the second floor)", pipe_target),
         ("Ray actor calls (2 actors)", lambda: ray_actor_target(placement_groups=False)),
         ("Ray actors in STRICT_PACK PGs", lambda: ray_actor_target(placement_groups=True)),
         ("Ray Serve (2 replicas, handle)", lambda: serve_target(sizes.window)),
@@ -335,7 +338,32 @@ def round_trip_benchmark(sizes: Sizes) -> list[RoundTrip]:
                 results.append(measure_round_trips(system, target, sizes))
         except Exception as exc:
             results.append(RoundTrip(system, error=f"{type(exc).__name__}: {exc}"))
+        if system == "raydp (DP=2)":
+            many = f"raydp submit_many (DP=2, batches of {sizes.window})"
+            log(f"round trips: {many}")
+            try:
+                results.append(submit_many_round_trips(many, sizes))
+            except Exception as exc:
+                results.append(RoundTrip(many, error=f"{type(exc).__name__}: {exc}"))
     return results
+
+
+def _floor_ratios(results: list[RoundTrip]) -> list[str]:
+    """The issue's targets: raydp against both floors (and over TCP)."""
+    ours = next((r for r in results if r.system == "raydp (DP=2)" and not r.error), None)
+    floor = next((r for r in results if r.system.startswith("raw ZMQ + msgspec") and not r.error), None)
+    pipe = next((r for r in results if "one pipe" in r.system and not r.error), None)
+    many = next((r for r in results if "submit_many" in r.system and not r.error), None)
+    tcp = next((r for r in results if r.system.startswith("raydp over TCP + CURVE") and not r.error), None)
+    lines = [""]
+    if ours and floor:
+        lines.append(f"Targets: same-node IPC pipelined / raw floor = {ours.pipelined_rps / floor.pipelined_rps:.2f} "
+                     f"(>= 0.9); sequential p50 / raw floor p50 = {ours.p50_ms / floor.p50_ms:.2f} (<= 1.3)")
+    if ours and tcp:
+        lines.append(f"same-node IPC / TCP+CURVE pipelined = {ours.pipelined_rps / tcp.pipelined_rps:.2f} (>= 1)")
+    if many and pipe:
+        lines.append(f"submit_many / one raw pipe = {many.pipelined_rps / pipe.pipelined_rps:.2f} (>= 0.3)")
+    return lines
 
 
 # ---- benchmark 2 ---------------------------------------------------------------------------
@@ -356,12 +384,17 @@ def round_trip_table(results: list[RoundTrip], sizes: Sizes) -> list[str]:
         if r.error is not None:
             lines.append(f"| {r.system} | failed: {r.error} | | | | | |")
             continue
+        if not r.sequential_rps:  # batches only: no one-at-a-time figures
+            lines.append(f"| {r.system} | {r.pipelined_rps:,.0f} | {ratio(ours.pipelined_rps, r.pipelined_rps)} "
+                         "| - | - | - | - |")
+            continue
         lines.append(
             f"| {r.system} | {r.pipelined_rps:,.0f} | {ratio(ours.pipelined_rps, r.pipelined_rps)} "
             f"| {r.sequential_rps:,.0f} | {ratio(ours.sequential_rps, r.sequential_rps)} "
             f"| {r.p50_ms:.2f} | {r.p99_ms:.2f} |"
         )
-    others = [r for r in results[1:] if r.error is None]
+    lines += _floor_ratios(results)
+    others = [r for r in results[1:] if r.error is None and r.sequential_rps]
     if ours.error is None and others:
         for kind, attr in (("pipelined", "pipelined_rps"), ("sequential", "sequential_rps")):
             parts = [f"{ratio(getattr(ours, attr), getattr(r, attr))} {r.system}" for r in others]

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from raydp.client.client import Client
-from raydp.client.requests import RequestHandle
+from raydp.client.requests import RequestHandle, Submission
 from raydp.errors import ClusterClosedError, RaydpError, RequestError
 from raydp.wire.protocol import Output
 
@@ -37,7 +37,8 @@ class AsyncRequest:
         self._handle = RequestHandle(request.request_id)
         self.finish_reason: str | None = None
         self._finished = False
-        client._submit(request, kw.get("rank"), listener, bool(kw.get("retryable", False)), self._handle)
+        self.submission = Submission(request, kw.get("rank"), listener, bool(kw.get("retryable", False)),
+                                     self._handle)
 
     @property
     def rank(self) -> int | None:
@@ -70,14 +71,36 @@ class AsyncRequest:
 
 
 class AsyncClient:
-    """asyncio front-end over a :class:`Client` (for API servers)."""
+    """asyncio front-end over a :class:`Client` (for API servers).
+
+    Requests submitted in the same turn of the event loop (an API server's
+    concurrent HTTP requests, say) leave together: one hand-off to the
+    client's IO thread and one message per rank, as with :meth:`submit_many`.
+    """
 
     def __init__(self, client: Client) -> None:
         self.client = client
+        self._pending: list[Submission] = []
 
     def submit(self, prompt_token_ids: Sequence[int], max_tokens: int = 16, **kw: Any) -> AsyncRequest:
-        """Send one request now (from a running event loop); see :class:`AsyncRequest`."""
-        return AsyncRequest(self.client, prompt_token_ids, max_tokens, kw)
+        """Send one request (from a running event loop) at the end of this loop turn; see :class:`AsyncRequest`."""
+        request = AsyncRequest(self.client, prompt_token_ids, max_tokens, kw)
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(request.submission)
+        return request
+
+    def submit_many(self, prompts: Sequence[Sequence[int]], max_tokens: int = 16, **kw: Any) -> list[AsyncRequest]:
+        """Send many requests together (from a running event loop); one :class:`AsyncRequest` each."""
+        return [self.submit(prompt, max_tokens, **kw) for prompt in prompts]
+
+    def _flush(self) -> None:
+        items, self._pending = self._pending, []
+        try:
+            self.client._submit_batch(items)
+        except RaydpError as exc:  # the client closed: every request of the batch learns it
+            for item in items:
+                item.listener(exc)
 
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int = 16, **kw: Any) -> list[int]:
         tokens: list[int] = []

@@ -82,6 +82,11 @@ class LoadBalancer:
         self._since_snapshot[rank] += self.client_count
         self._in_flight[rank] += 1
 
+    def undo_sent(self, rank: int) -> None:
+        """Take back an :meth:`on_sent` (a batch books its choices first, then sends them)."""
+        self._since_snapshot[rank] = max(0, self._since_snapshot[rank] - self.client_count)
+        self._in_flight[rank] = max(0, self._in_flight[rank] - 1)
+
     def on_finished(self, rank: int) -> None:
         self._in_flight[rank] = max(0, self._in_flight[rank] - 1)
 

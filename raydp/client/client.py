@@ -31,7 +31,7 @@ import zmq
 from raydp.client.balancer import LoadBalancer
 from raydp.client.calls import PendingCalls
 from raydp.client.membership import membership
-from raydp.client.requests import Listener, RequestHandle, RequestState
+from raydp.client.requests import Listener, RequestHandle, RequestState, Submission
 from raydp.client.sockets import ClientSockets
 from raydp.errors import (
     ClusterClosedError,
@@ -50,6 +50,7 @@ from raydp.wire.protocol import (
     FirstRequest,
     Output,
     Request,
+    RequestBatch,
     RequestType,
     StatsSnapshot,
     UtilityCall,
@@ -121,6 +122,27 @@ class Client:
         handle = RequestHandle(request.request_id)
         self._submit(request, rank, handle._on_item, retryable, handle)
         return handle
+
+    def submit_many(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int = 16, *, retryable: bool = False
+    ) -> list[RequestHandle]:
+        """Send many requests at once: one hand-off to the IO thread and one message per rank.
+
+        Each request still goes to the least-loaded rank at send time (the
+        choices spread, as for single submits). Returns one handle per prompt,
+        in order; a bad prompt raises ConfigError (naming its index) before
+        anything is sent.
+        """
+        items: list[Submission] = []
+        for i, prompt in enumerate(prompts):
+            try:
+                request = self._make_request(prompt, max_tokens, None, None)
+            except ConfigError as exc:
+                raise ConfigError(f"prompts[{i}]: {exc}") from None
+            handle = RequestHandle(request.request_id)
+            items.append(Submission(request, None, handle._on_item, retryable, handle))
+        self._submit_batch(items)
+        return [item.handle for item in items if item.handle is not None]
 
     def generate(
         self, prompt_token_ids: Sequence[int], max_tokens: int = 16, *, timeout: float | None = 60.0, **kw: Any
@@ -247,6 +269,11 @@ class Client:
             self._do_submit(request, rank, listener, retryable, handle)
 
         self._enqueue(command)
+
+    def _submit_batch(self, items: list[Submission]) -> None:
+        """Many submissions in one command (one lock, one wake-up of the IO thread)."""
+        if items:
+            self._enqueue(lambda: self._do_submit_many(items))
 
     def _enqueue(self, command: Command, allow_closed: bool = False) -> None:
         with self._lock:
@@ -378,22 +405,68 @@ class Client:
     def _do_submit(
         self, request: Request, pinned: int | None, listener: Listener, retryable: bool, handle: RequestHandle | None
     ) -> None:
-        rid = request.request_id
-        if rid in self._requests:
+        state = self._admit(Submission(request, pinned, listener, retryable, handle), set())
+        if state is not None:
+            self._send_request(state)
+
+    def _admit(self, item: Submission, batch_ids: set[str]) -> RequestState | None:
+        """Check one submission and pick its rank; None (and the listener told why) if it cannot go."""
+        rid, pinned, listener = item.request.request_id, item.rank, item.listener
+        if rid in self._requests or rid in batch_ids:
             listener(ConfigError(f"request_id={rid!r}: already in flight"))
-            return
+            return None
         if pinned is not None and pinned in self._dead:
             listener(self._dead[pinned])
-            return
+            return None
         if pinned is not None and pinned >= self._balancer.size:
             listener(ConfigError(f"rank={pinned}: the cluster was scaled to {self._balancer.size} ranks"))
-            return
+            return None
         try:
             rank = pinned if pinned is not None else self._balancer.choose(self._dead)
         except ConfigError as exc:
             listener(next(iter(self._dead.values()), exc))
+            return None
+        return RequestState(item.request, rank, listener, item.retryable, item.handle)
+
+    def _do_submit_many(self, items: list[Submission]) -> None:
+        by_rank: dict[int, list[RequestState]] = {}
+        ids: set[str] = set()
+        for item in items:
+            state = self._admit(item, ids)
+            if state is None:
+                continue
+            ids.add(item.request.request_id)
+            self._balancer.on_sent(state.rank)  # counted now, so the next choice sees it
+            by_rank.setdefault(state.rank, []).append(state)
+        for rank, states in by_rank.items():
+            for _ in states:
+                self._balancer.undo_sent(rank)  # the send below books what really goes
+            self._send_batch(rank, states)
+
+    def _send_batch(self, rank: int, states: list[RequestState]) -> None:
+        """One message for every request of the batch that goes to ``rank``."""
+        if len(states) == 1:
+            self._send_request(states[0])
             return
-        self._send_request(RequestState(request, rank, listener, retryable, handle))
+        wave = self._balancer.wave
+        for state in states:
+            state.request.wave = wave
+        body = encode(RequestBatch([state.request for state in states]))
+        if len(body) > self._io.opts.max_message_bytes:  # too big together: each on its own
+            for state in states:
+                self._send_request(state)
+            return
+        if self.endpoints.lockstep and self._balancer.note_first_request():
+            self._io.to_coordinator(FirstRequest(rank=rank, wave=wave))
+        if not self._io.send_input(rank, RequestType.ADD_MANY, body):
+            for state in states:
+                state.deliver(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
+            return
+        for state in states:
+            self._requests[state.request.request_id] = state
+            self._balancer.on_sent(rank)
+            if state.handle is not None:
+                state.handle.rank = rank
 
     def _send_request(self, state: RequestState) -> None:
         request, rank = state.request, state.rank

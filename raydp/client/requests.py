@@ -5,12 +5,24 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from raydp.errors import RaydpError, RequestError
 from raydp.wire.protocol import Output, Request
 
 Listener = Callable[["Output | RaydpError"], None]
 logger = logging.getLogger("raydp.client.client")
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """A request on its way to the IO thread; ``rank`` set pins it."""
+
+    request: Request
+    rank: int | None
+    listener: Listener
+    retryable: bool
+    handle: RequestHandle | None = None
 
 
 class RequestState:

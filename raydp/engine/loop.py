@@ -47,6 +47,7 @@ from raydp.wire.protocol import (
     Output,
     OutputBatch,
     Request,
+    RequestBatch,
     Shutdown,
     UtilityCall,
     UtilityResult,
@@ -218,6 +219,9 @@ class EngineLoop:
             return self._drop(str(exc))
         if isinstance(msg, Request):
             self._add(client, msg)
+        elif isinstance(msg, RequestBatch):
+            for request in msg.requests:
+                self._add(client, request)
         elif isinstance(msg, Abort):
             self._abort(client, msg)
         else:

@@ -3,7 +3,8 @@
 Framing per socket:
 
 * engine input (client DEALER -> engine ROUTER): two frames, ``[tag, body]``,
-  where ``tag`` is one byte from :class:`RequestType`;
+  where ``tag`` is one byte from :class:`RequestType` (one request, a batch
+  of requests, an abort, a utility call);
 * engine output (engine ROUTER -> client DEALER): one :class:`OutputBatch`;
 * coordinator collect (engines and clients PUSH -> PULL): one :data:`ToCoordinator`;
 * coordinator publish (PUB -> client SUB): one :class:`StatsSnapshot`;
@@ -31,6 +32,7 @@ class RequestType(bytes, enum.Enum):
     ADD = b"\x00"
     ABORT = b"\x01"
     UTILITY = b"\x02"
+    ADD_MANY = b"\x03"
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -51,6 +53,12 @@ class Request(_Msg, gc=False):
     max_tokens: int = 16
     wave: int = 0
     arrival_time: float = 0.0
+
+
+class RequestBatch(_Msg, gc=False):
+    """Several requests for one engine in one message (``Client.submit_many``)."""
+
+    requests: list[Request]
 
 
 class Abort(_Msg):
@@ -336,6 +344,7 @@ class Decoder(Generic[T]):
 
 
 request_decoder: Final = Decoder[Request](Request, "request")
+request_batch_decoder: Final = Decoder[RequestBatch](RequestBatch, "request batch")
 abort_decoder: Final = Decoder[Abort](Abort, "abort")
 utility_decoder: Final = Decoder[UtilityCall](UtilityCall, "utility")
 output_decoder: Final = Decoder[OutputBatch](OutputBatch, "output")
@@ -345,15 +354,17 @@ engine_broadcast_decoder: Final = Decoder[ToEngines](ToEngines, "broadcast")
 handshake_decoder: Final = Decoder[HandshakeMessage](HandshakeMessage, "handshake")
 
 
-def decode_input(tag: bytes, body: bytes) -> Request | Abort | UtilityCall:
+def decode_input(tag: bytes, body: bytes) -> Request | RequestBatch | Abort | UtilityCall:
     """Decode one engine-input message by its one-byte tag."""
     if tag == RequestType.ADD.value:
         return request_decoder(body)
+    if tag == RequestType.ADD_MANY.value:
+        return request_batch_decoder(body)
     if tag == RequestType.ABORT.value:
         return abort_decoder(body)
     if tag == RequestType.UTILITY.value:
         return utility_decoder(body)
-    raise ProtocolError(f"unknown request type tag {tag!r}; allowed: 0x00, 0x01, 0x02")
+    raise ProtocolError(f"unknown request type tag {tag!r}; allowed: 0x00, 0x01, 0x02, 0x03")
 
 
 def rank_identity(rank: int) -> bytes:

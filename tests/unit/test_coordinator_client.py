@@ -44,4 +44,4 @@ def test_a_notice_after_close_is_logged_not_raised(caplog: pytest.LogCaptureFixt
     client.close()
     with caplog.at_level(logging.WARNING, logger="raydp.coordinator"):
         client.engine_dead(3, "exited")
-    assert "EngineDead(rank=3)" in caplog.text
+    assert "EngineDead(rank=3, cause='exited')" in caplog.text

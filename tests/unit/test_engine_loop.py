@@ -19,6 +19,7 @@ from raydp.wire.protocol import (
     EngineStats,
     OutputBatch,
     Request,
+    RequestBatch,
     RequestType,
     Shutdown,
     UtilityCall,
@@ -135,6 +136,14 @@ def test_requests_stream_back_to_their_own_client(rig: Rig) -> None:
     send(b, RequestType.ADD, Request("y", [9], 2))
     assert outputs(a, {"x"}) == {"x": [1, 2, 1]}
     assert outputs(b, {"y"}) == {"y": [9, 9]}
+
+
+@pytest.mark.timeout(30)
+def test_a_request_batch_adds_each_of_its_requests(rig: Rig) -> None:
+    a = rig.client(b"ca")
+    send(a, RequestType.ADD_MANY, RequestBatch([Request("p", [1], 2), Request("q", [2], 1), Request("r", [3], 3)]))
+    assert outputs(a, {"p", "q", "r"}) == {"p": [1, 1], "q": [2], "r": [3, 3, 3]}
+    assert rig.loop.counters["added"] == 3
 
 
 @pytest.mark.timeout(30)
