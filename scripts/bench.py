@@ -7,8 +7,8 @@ GPUs) and needs no cluster.
 
 Only the RATIOS mean anything: every system runs in the same process, on the
 same machine, minutes apart, so a shared or slow machine moves all of them
-together. Five benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
-``workers``, ``scale``):
+together. Six benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
+``workers``, ``scale``, ``startup``):
 
 1. request round trips (tiny prompt, ``max_tokens=1``), pipelined (a window
    of requests in flight) and sequential (one at a time: p50 latency), for
@@ -31,7 +31,10 @@ together. Five benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
    Graph over the same actors, against a direct in-process call (the floor);
 5. elastic scaling (:mod:`bench_scale`): the time to add one rank and to
    remove one (DP 2 -> 3 -> 2), dense and lockstep, against a fresh launch of
-   DP=3 and a bare Ray actor started in a new placement group.
+   DP=3 and a bare Ray actor started in a new placement group;
+6. startup (:mod:`bench_scale`): the time until a new DP=4 cluster answers a
+   request, dense and lockstep, against 4 bare torch-importing Ray actors
+   started together in 4 STRICT_PACK groups.
 
 It prints the environment, the exact command and markdown tables, and exits
 0 when every measurement ran (1 if one failed; the tables say which).
@@ -56,7 +59,7 @@ from bench_http import HttpResult, http_benchmark, http_failed, http_table
 from bench_http_load import HTTP_FULL, HTTP_QUICK, HttpSizes
 from bench_lockstep import StepRate, lockstep_benchmark, lockstep_table
 from bench_roundtrip import RoundTrip, round_trip_benchmark, round_trip_table
-from bench_scale import ScaleTiming, scale_benchmark, scale_failed, scale_table
+from bench_scale import ScaleTiming, scale_benchmark, scale_failed, scale_table, startup_benchmark, startup_table
 from bench_workers import (
     WORKERS_FULL,
     WORKERS_QUICK,
@@ -67,7 +70,7 @@ from bench_workers import (
     workers_table,
 )
 
-SECTIONS = ("round-trips", "lockstep", "http", "workers", "scale")
+SECTIONS = ("round-trips", "lockstep", "http", "workers", "scale", "startup")
 
 
 def environment(sizes: Sizes, quick: bool) -> dict[str, Any]:
@@ -112,6 +115,7 @@ class Report:
     http: list[HttpResult] | None = None
     workers: list[StepLatency] | None = None
     scale: list[ScaleTiming] | None = None
+    startup: list[ScaleTiming] | None = None
 
     def failed(self) -> bool:
         return (
@@ -121,6 +125,7 @@ class Report:
             or (self.http is not None and http_failed(self.http))
             or (self.workers is not None and workers_failed(self.workers))
             or (self.scale is not None and scale_failed(self.scale))
+            or (self.startup is not None and scale_failed(self.startup))
         )
 
     def as_json(self, env: dict[str, Any], http_sizes: HttpSizes, worker_sizes: WorkerSizes) -> dict[str, Any]:
@@ -139,6 +144,8 @@ class Report:
             payload["workers"] = {"sizes": asdict(worker_sizes), "results": [asdict(r) for r in self.workers]}
         if self.scale is not None:
             payload["scale"] = [asdict(r) for r in self.scale]
+        if self.startup is not None:
+            payload["startup"] = [asdict(r) for r in self.startup]
         return payload
 
 
@@ -154,6 +161,8 @@ def run_sections(sections: list[str], sizes: Sizes, http_sizes: HttpSizes, worke
         report.workers = workers_benchmark(worker_sizes)
     if "scale" in sections:
         report.scale = scale_benchmark(reps=2 if worker_sizes is WORKERS_QUICK else 5)
+    if "startup" in sections:
+        report.startup = startup_benchmark(reps=1 if worker_sizes is WORKERS_QUICK else 3)
     return report
 
 
@@ -187,6 +196,9 @@ def print_report(
     if report.scale is not None:
         print()
         print("\n".join(scale_table(report.scale)))
+    if report.startup is not None:
+        print()
+        print("\n".join(startup_table(report.startup)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,6 +121,69 @@ def _fresh_launch(mode: str) -> float:
     return took
 
 
+def _bare_gang_start(ranks: int) -> float:
+    """``ranks`` bare torch-importing actors in ``ranks`` STRICT_PACK groups, started together."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    started = time.perf_counter()
+    groups = [placement_group([{"GPU": 1}, {"CPU": 1}], strategy="STRICT_PACK") for _ in range(ranks)]
+    ray.get([g.ready() for g in groups], timeout=60)
+    actors = [
+        ray.remote(_BareActor).options(num_cpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(g, 1))
+        .remote(True)
+        for g in groups
+    ]
+    ray.get([a.ping.remote() for a in actors], timeout=120)
+    took = time.perf_counter() - started
+    for actor in actors:
+        ray.kill(actor)
+    for group in groups:
+        remove_placement_group(group)
+    time.sleep(0.5)
+    return took
+
+
+def _launch_to_serving(ranks: int, mode: str) -> float:
+    import raydp
+
+    started = time.perf_counter()
+    cluster = raydp.launch(name=f"bench-start-{mode}", dp_size=ranks, progress=False, **_mode_kwargs(mode))
+    client = cluster.client()
+    client.generate([1], max_tokens=1, rank=ranks - 1)
+    took = time.perf_counter() - started
+    cluster.close()
+    return took
+
+
+def startup_benchmark(reps: int, ranks: int = 4) -> list[ScaleTiming]:
+    """Time to a serving DP=``ranks`` cluster against the bare actors it would otherwise be."""
+    return [
+        _timed(f"{ranks} bare actors (import torch) in {ranks} STRICT_PACK groups", "", reps,
+               lambda: _bare_gang_start(ranks)),
+        _timed(f"launch DP={ranks} until a request is answered", "dense", reps,
+               lambda: _launch_to_serving(ranks, "dense")),
+        _timed(f"launch DP={ranks} until a request is answered", "lockstep", reps,
+               lambda: _launch_to_serving(ranks, "lockstep")),
+    ]
+
+
+def startup_table(results: list[ScaleTiming]) -> list[str]:
+    base = results[0].median_s
+    lines = ["### Startup: a serving DP=4 cluster against bare actors", "",
+             "| what | mode | median | min - max | vs bare actors |", "|---|---|---:|---:|---:|"]
+    for r in results:
+        if r.error:
+            lines.append(f"| {r.what} | {r.mode or '-'} | failed: {r.error} | | |")
+            continue
+        lines.append(f"| {r.what} | {r.mode or '-'} | {r.median_s:.2f} s | {r.spread_s[0]:.2f} - "
+                     f"{r.spread_s[1]:.2f} s | {r.median_s / base:.2f}x |")
+    verdicts = [f"{r.mode}: {r.median_s / base:.2f}x ({'met' if r.median_s / base <= 1.5 else 'missed'})"
+                for r in results[1:] if not r.error]
+    return [*lines, "", "Target: <= 1.5x the bare actors. " + "; ".join(verdicts)]
+
+
 def scale_benchmark(reps: int) -> list[ScaleTiming]:
     log(f"scale bench: {reps} reps per measurement")
     results = [_timed(BARE, "", reps, lambda: _bare_actor_start(False)),
