@@ -7,8 +7,8 @@ GPUs) and needs no cluster.
 
 Only the RATIOS mean anything: every system runs in the same process, on the
 same machine, minutes apart, so a shared or slow machine moves all of them
-together. Six benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
-``workers``, ``scale``, ``startup``):
+together. Seven benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
+``workers``, ``scale``, ``startup``, ``coordinator``):
 
 1. request round trips (tiny prompt, ``max_tokens=1``), pipelined (a window
    of requests in flight) and sequential (one at a time: p50 latency), for
@@ -34,7 +34,11 @@ together. Six benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
    DP=3 and a bare Ray actor started in a new placement group;
 6. startup (:mod:`bench_scale`): the time until a new DP=4 cluster answers a
    request, dense and lockstep, against 4 bare torch-importing Ray actors
-   started together in 4 STRICT_PACK groups.
+   started together in 4 STRICT_PACK groups;
+7. the coordinator at scale (:mod:`bench_coordinator`, no Ray): the real
+   coordinator loop against 64, 256 and 1,024 simulated engines sending
+   stats through real sockets; its CPU share and the snapshot lag (p50/p99)
+   from a stats change to a client seeing it. ``--only coordinator`` starts no Ray.
 
 It prints the environment, the exact command and markdown tables, and exits
 0 when every measurement ran (1 if one failed; the tables say which).
@@ -55,6 +59,14 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import FULL, QUICK, Sizes, log
+from bench_coordinator import (
+    COORDINATOR_FULL,
+    COORDINATOR_QUICK,
+    CoordinatorResult,
+    coordinator_benchmark,
+    coordinator_failed,
+    coordinator_table,
+)
 from bench_http import HttpResult, http_benchmark, http_failed, http_table
 from bench_http_load import HTTP_FULL, HTTP_QUICK, HttpSizes
 from bench_lockstep import StepRate, lockstep_benchmark, lockstep_table
@@ -70,7 +82,8 @@ from bench_workers import (
     workers_table,
 )
 
-SECTIONS = ("round-trips", "lockstep", "http", "workers", "scale", "startup")
+SECTIONS = ("round-trips", "lockstep", "http", "workers", "scale", "startup", "coordinator")
+NO_RAY = ("coordinator",)  # sections that need no Ray: run alone, they start none
 
 
 def environment(sizes: Sizes, quick: bool) -> dict[str, Any]:
@@ -116,6 +129,7 @@ class Report:
     workers: list[StepLatency] | None = None
     scale: list[ScaleTiming] | None = None
     startup: list[ScaleTiming] | None = None
+    coordinator: list[CoordinatorResult] | None = None
 
     def failed(self) -> bool:
         return (
@@ -126,6 +140,7 @@ class Report:
             or (self.workers is not None and workers_failed(self.workers))
             or (self.scale is not None and scale_failed(self.scale))
             or (self.startup is not None and scale_failed(self.startup))
+            or (self.coordinator is not None and coordinator_failed(self.coordinator))
         )
 
     def as_json(self, env: dict[str, Any], http_sizes: HttpSizes, worker_sizes: WorkerSizes) -> dict[str, Any]:
@@ -146,6 +161,8 @@ class Report:
             payload["scale"] = [asdict(r) for r in self.scale]
         if self.startup is not None:
             payload["startup"] = [asdict(r) for r in self.startup]
+        if self.coordinator is not None:
+            payload["coordinator"] = [asdict(r) for r in self.coordinator]
         return payload
 
 
@@ -163,6 +180,8 @@ def run_sections(sections: list[str], sizes: Sizes, http_sizes: HttpSizes, worke
         report.scale = scale_benchmark(reps=2 if worker_sizes is WORKERS_QUICK else 5)
     if "startup" in sections:
         report.startup = startup_benchmark(reps=1 if worker_sizes is WORKERS_QUICK else 3)
+    if "coordinator" in sections:
+        report.coordinator = coordinator_benchmark(COORDINATOR_QUICK if sizes is QUICK else COORDINATOR_FULL)
     return report
 
 
@@ -199,6 +218,9 @@ def print_report(
     if report.startup is not None:
         print()
         print("\n".join(startup_table(report.startup)))
+    if report.coordinator is not None:
+        print()
+        print("\n".join(coordinator_table(report.coordinator)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,11 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     # address="local": always a fresh Ray of our own, never one found via RAY_ADDRESS
     # or /tmp/ray/ray_current_cluster (another user's cluster on this machine).
-    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    needs_ray = any(s not in NO_RAY for s in sections)
+    if needs_ray:
+        ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
     try:
         report = run_sections(sections, sizes, http_sizes, worker_sizes)
     finally:
-        ray.shutdown()
+        if needs_ray:
+            ray.shutdown()
     env["wall_s"] = round(time.perf_counter() - start, 1)
     print_report(env, report, sizes, http_sizes, worker_sizes)
     print()

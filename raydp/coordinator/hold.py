@@ -11,10 +11,13 @@ hangs both. So the coordinator freezes the gang before anyone regroups:
 2. A rank that acks *running* may be stepping alone (it started before the
    hold reached it): the coordinator wakes the whole gang into that wave so
    the all-reduce completes, and then waits for everyone to pause past it.
-   Wave starts asked for by clients or engines meanwhile are deferred.
+   A wave start asked for by a client or an engine meanwhile is treated the
+   same way: its target may be stepping alone, already waiting in the
+   all-reduce where it cannot read the Hold to ack it.
 3. The gang is *frozen* once every rank acked paused in one wave past any
-   wave the coordinator woke: nobody steps, nobody will. Only then does
-   ``RegroupCluster`` go out as ``Regroup``; ranks answer ``Regrouped``.
+   wave the coordinator woke: nobody steps, nobody will; wave starts asked
+   for from here on are deferred. Only then does ``RegroupCluster`` go out
+   as ``Regroup``; ranks answer ``Regrouped``.
 4. ``ReleaseCluster`` ends the hold; a deferred start (or queued work) starts
    the next wave at once.
 """

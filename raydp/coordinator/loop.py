@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -44,6 +45,8 @@ from raydp.wire.transport import IpcDir, SocketOptions, bind_endpoints, make_soc
 
 logger = logging.getLogger("raydp.coordinator")
 _PRESENCE = presence_topic(0)[:-2]
+# How long the loop waits in a blocking recv for the next engine message before going back to the poller.
+_BUSY_WAIT_MS = 1
 
 
 class CoordinatorLoop:
@@ -123,41 +126,66 @@ class CoordinatorLoop:
         poller = zmq.Poller()
         poller.register(self.collect, zmq.POLLIN)
         poller.register(self.broadcast, zmq.POLLIN)
+        self.collect.setsockopt(zmq.RCVTIMEO, _BUSY_WAIT_MS)  # see _follow_collect
         while not self._stop.is_set():
-            timeout_ms = int(min(100, 1000 * self.state.next_deadline(time.monotonic())))
+            # Rounded up: truncating a deadline under 1 ms to poll(0) spins until it passes.
+            timeout_ms = math.ceil(min(100.0, 1000 * self.state.next_deadline(time.monotonic())))
             for sock, _ in poller.poll(timeout_ms):
                 if sock is self.collect:
-                    self._drain_collect()
+                    self._follow_collect()
                 else:
                     self._drain_subscriptions()
-            now = time.monotonic()
-            with self._state_lock:
-                snap = self.state.due_snapshot(now)
-                repeats = self.state.due_broadcasts(now)
-            if snap is not None:
-                self.publish.send(encode(snap))
-            for msg in repeats:
-                self._broadcast(msg)
+            self._send_due(time.monotonic())
 
-    def _drain_collect(self) -> None:
-        while True:
+    def _send_due(self, now: float) -> None:
+        """Publish a due snapshot and repeat due broadcasts."""
+        with self._state_lock:
+            snap = self.state.due_snapshot(now)
+            repeats = self.state.due_broadcasts(now)
+        if snap is not None:
+            self.publish.send(encode(snap))
+        for msg in repeats:
+            self._broadcast(msg)
+
+    def _follow_collect(self) -> None:
+        """Handle messages while they keep coming (gaps under ``_BUSY_WAIT_MS``), then return to the poller.
+
+        With many engines nearly every message arrives alone and wakes the loop
+        alone, and a wake-up in ``zmq_poll`` over two sockets costs about twice
+        one in a blocking ``recv`` on this socket (and draining to ``Again``
+        adds an exception per wake-up). So the next message is awaited here;
+        due snapshots are looked at after each one and subscriptions at most
+        every ``_BUSY_WAIT_MS``, so neither waits more than that longer than
+        under the poller.
+        """
+        look_at_subscriptions = 0.0
+        while not self._stop.is_set():
             try:
-                body = self.collect.recv(zmq.NOBLOCK)
+                body = self.collect.recv()  # blocks up to _BUSY_WAIT_MS (RCVTIMEO)
             except zmq.Again:
                 return
-            try:
-                msg = coordinator_decoder(body)
-            except ProtocolError as exc:
-                self._drop(str(exc))
-                continue
-            with self._state_lock:
-                out = self.state.handle(msg)
-                # A release may start the next wave, which must go right behind it.
-                repeats = self.state.due_broadcasts(time.monotonic()) if isinstance(out, Release) else []
-            if out is not None:
-                self._broadcast(out)
-            for extra in repeats:  # e.g. the wave a release starts, right behind the Release
-                self._broadcast(extra)
+            self._handle(body)
+            now = time.monotonic()
+            if now >= look_at_subscriptions:  # at most every _BUSY_WAIT_MS: getsockopt(EVENTS) is a syscall
+                look_at_subscriptions = now + _BUSY_WAIT_MS / 1000
+                if cast(int, self.broadcast.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    self._drain_subscriptions()
+            self._send_due(now)
+
+    def _handle(self, body: bytes) -> None:
+        try:
+            msg = coordinator_decoder(body)
+        except ProtocolError as exc:
+            self._drop(str(exc))
+            return
+        with self._state_lock:
+            out = self.state.handle(msg)
+            # A release may start the next wave, which must go right behind it.
+            repeats = self.state.due_broadcasts(time.monotonic()) if isinstance(out, Release) else []
+        if out is not None:
+            self._broadcast(out)
+        for extra in repeats:  # e.g. the wave a release starts, right behind the Release
+            self._broadcast(extra)
 
     def _drain_subscriptions(self) -> None:
         while True:

@@ -38,6 +38,9 @@ from raydp.wire.protocol import (
 )
 
 logger = logging.getLogger("raydp.coordinator")
+# Tuples, not ``A | B``: that expression builds a union object on every message.
+_STARTS = (FirstRequest, StartWave)
+_HOLDING = (HoldCluster, HoldAck, RegroupCluster, Regrouped, ReleaseCluster)
 
 @dataclass
 class CoordinatorState:
@@ -80,19 +83,18 @@ class CoordinatorState:
 
     def handle(self, msg: ToCoordinator) -> ToEngines | None:
         """Apply one message; return the broadcast it calls for, if any."""
-        if isinstance(msg, FirstRequest | StartWave) and self.hold is not None:
-            if not self._bad_rank(msg.rank, msg):
-                self.hold.deferred_start = True  # the gang is being held: start it on release
+        if isinstance(msg, EngineStats):  # nearly all the traffic (every rank, every interval): first
+            self._on_stats(msg)
             return None
+        if isinstance(msg, _STARTS) and self.hold is not None:
+            return self._start_during_hold(self.hold, msg)
         if isinstance(msg, FirstRequest):
             return self._on_first_request(msg)
         if isinstance(msg, StartWave):
             return self._on_start_wave(msg)
-        if isinstance(msg, HoldCluster | HoldAck | RegroupCluster | Regrouped | ReleaseCluster):
+        if isinstance(msg, _HOLDING):
             return self._on_hold(msg)
-        if isinstance(msg, EngineStats):
-            self._on_stats(msg)
-        elif isinstance(msg, WaveComplete):
+        if isinstance(msg, WaveComplete):
             self._on_wave_complete(msg)
         elif isinstance(msg, ScaleEngines):
             self._on_scale(msg)
@@ -128,6 +130,24 @@ class CoordinatorState:
                 logger.warning("coordinator: dropped %r: the gang is not frozen yet", msg)
             return regroup
         return self._release(hold)
+
+    def _start_during_hold(self, hold: GangHold, msg: FirstRequest | StartWave) -> StartDPWave | None:
+        """A wave start asked for while the gang is held.
+
+        Until the gang is frozen, the sender's target may already be stepping
+        alone towards the all-reduce (it got the request before the Hold), and
+        once there it cannot read the Hold to ack it: wake the gang into the
+        wave, as for a rank that acks running, and wait for everyone to pause
+        past it. Once frozen nobody steps: the start waits for the release.
+        """
+        if hold.phase() != "holding":
+            if not self._bad_rank(msg.rank, msg):
+                hold.deferred_start = True
+            return None
+        wake = self._on_first_request(msg) if isinstance(msg, FirstRequest) else self._on_start_wave(msg)
+        if wake is not None:
+            hold.woke_wave = max(hold.woke_wave, wake.wave)
+        return wake
 
     def _on_hold_ack(self, hold: GangHold, msg: HoldAck) -> StartDPWave | None:
         wake = hold.on_ack(msg)

@@ -31,6 +31,7 @@ class EngineWaves:
     running: bool = False
     steps: int = 0
     held: bool = False
+    stopped: bool = False  # a peer's hold ended the wave: start none alone until the coordinator does
 
     def position(self) -> tuple[int, bool]:
         """What a held rank reports (``HoldAck``): its wave and whether it steps in it."""
@@ -55,14 +56,18 @@ class EngineWaves:
         if wave >= self.wave:
             self.wave = wave
             self.running = True
+            self.stopped = False
 
     def should_step(self, has_local_work: bool) -> bool:
         """Whether the loop should step now (else it waits for input).
 
         A held rank steps only in a wave the coordinator started: on its own
-        it could enter an all-reduce that its regrouping peers never join.
+        it could enter an all-reduce that its regrouping peers never join. So
+        does a rank whose wave a peer's hold ended while it still had work
+        (the Hold has not reached it yet): nobody else would join it; the
+        coordinator starts the next wave on release, or on a new request.
         """
-        return self.running or (has_local_work and not self.held)
+        return self.running or (has_local_work and not self.held and not self.stopped)
 
     def after_step(self) -> bool:
         """Count one step of this wave; True when this step ends with an all-reduce."""
@@ -76,6 +81,7 @@ class EngineWaves:
             return None
         completed = self.wave
         self.running = False
+        self.stopped = global_hold
         self.wave += 1
         self.steps = 0
         return completed

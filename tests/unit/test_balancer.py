@@ -57,7 +57,7 @@ def test_client_count_scales_local_sends() -> None:
 def test_dead_ranks_are_skipped_and_all_dead_is_an_error() -> None:
     lb = LoadBalancer(3)
     assert lb.choose(dead={0}) == 1
-    with pytest.raises(ConfigError, match="every rank is dead"):
+    with pytest.raises(ConfigError, match="every rank this client may use is dead"):
         lb.choose(dead={0, 1, 2})
 
 
@@ -89,7 +89,7 @@ def test_eligible_ranks_restrict_the_choice_to_a_nodes_own_ranks() -> None:
     lb.on_snapshot(StatsSnapshot(counts=[(0, 0), (0, 0), (5, 0), (9, 0)], wave=0, running=False))
     assert lb.choose() == 2  # ranks 0 and 1 are idle, but not this front-end's
     assert lb.choose(dead={2}) == 3
-    with pytest.raises(ConfigError, match="every rank is dead"):
+    with pytest.raises(ConfigError, match="every rank this client may use is dead"):
         lb.choose(dead={2, 3})
 
 

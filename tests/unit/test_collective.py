@@ -15,12 +15,21 @@ pytestmark = pytest.mark.timeout(120)  # a failure path waits up to 60 s, then j
 
 
 ROUNDS = [[False, True, False], [False, False, False], [True, False, False]]  # per round, each rank's flag
+# Per round, each rank's (unfinished, held): the two flags are reduced independently.
+HOLD_ROUNDS = [
+    [(False, False), (False, True), (False, False)],  # one rank held, nobody has work
+    [(True, False), (False, False), (False, False)],  # work, nobody held
+    [(False, False), (False, False), (False, False)],
+    [(True, True), (False, False), (False, True)],
+]
 
 
 def _rank_main(master: str, rank: int, size: int, results: Any) -> None:
     group = GlooDPGroup(master, rank, size, timeout_s=60)
     try:
-        results.put((rank, [group.any_unfinished(flags[rank]) for flags in ROUNDS]))
+        unfinished = [group.sync(flags[rank], False)[0] for flags in ROUNDS]
+        synced = [group.sync(*flags[rank]) for flags in HOLD_ROUNDS]
+        results.put((rank, (unfinished, synced)))
     finally:
         group.close()
 
@@ -50,7 +59,7 @@ def test_the_rendezvous_listens_on_the_given_interface_only() -> None:
         rendezvous.close()
 
 
-def test_ranks_meet_at_a_hosted_rendezvous_and_agree_on_unfinished_work() -> None:
+def test_ranks_meet_at_a_hosted_rendezvous_and_agree_on_unfinished_work_and_hold() -> None:
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()
     rendezvous = Rendezvous("127.0.0.1", 3, timeout_s=60)
@@ -69,5 +78,8 @@ def test_ranks_meet_at_a_hosted_rendezvous_and_agree_on_unfinished_work() -> Non
                 proc.kill()
         rendezvous.close()
     # Any rank with work makes every rank hear "unfinished"; nobody with work, nobody hears it.
-    assert answers == {rank: [True, False, True] for rank in range(3)}
+    assert {rank: a[0] for rank, a in answers.items()} == {rank: [True, False, True] for rank in range(3)}
+    # Likewise "held": one held rank makes every rank see hold=True, independently of the work flag.
+    expected = [(False, True), (True, False), (False, False), (True, True)]
+    assert {rank: a[1] for rank, a in answers.items()} == {rank: expected for rank in range(3)}
     assert [p.exitcode for p in procs] == [0, 0, 0]

@@ -172,7 +172,7 @@ def test_first_snapshot_is_due_at_once_and_carries_the_state() -> None:
     state = CoordinatorState(engine_count=2)
     assert state.next_deadline(100.0) == 0.0
     snap = state.due_snapshot(100.0)
-    assert snap == StatsSnapshot(counts=[(0, 0), (0, 0)], wave=0, running=False, seq=1)
+    assert snap == StatsSnapshot(counts=[(0, 0), (0, 0)], wave=0, running=False, seq=1, size=2)
 
 
 def test_changes_publish_at_most_once_per_stats_interval() -> None:

@@ -24,6 +24,12 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
         p.Request(request_id="r2", prompt_token_ids=[1, 2, 3], max_tokens=7, wave=4, arrival_time=12.5),
         p.request_decoder,
     ),
+    (p.RequestBatch(requests=[]), p.request_batch_decoder),
+    (
+        p.RequestBatch(requests=[p.Request(request_id="b1", prompt_token_ids=[1]),
+                                 p.Request(request_id="b2", prompt_token_ids=[2, 3], max_tokens=4, wave=1)]),
+        p.request_batch_decoder,
+    ),
     (p.Abort(request_ids=[]), p.abort_decoder),
     (p.Abort(request_ids=["a", "b"]), p.abort_decoder),
     (p.UtilityCall(call_id=1, method="reset"), p.utility_decoder),
@@ -82,6 +88,31 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
         p.StatsSnapshot(counts=[(0, 1), (2, 3)], wave=4, running=False, seq=9, dead={1: "killed"},
                         moved={0: ["tcp://10.0.0.4:7001"]}),
         p.snapshot_decoder,
+    ),
+    # ---- elastic scaling
+    (p.ScaleEngines(engine_count=4, size=2), p.coordinator_decoder),
+    (p.EngineRevived(rank=3, input_addresses=["tcp://10.0.0.5:7002"], node_id="node-b"), p.coordinator_decoder),
+    (
+        p.StatsSnapshot(counts=[(0, 0), (1, 0), (0, 2)], wave=2, running=True, seq=3, size=2,
+                        moved={2: ["tcp://10.0.0.5:7002"]}, nodes={2: "node-b"}),
+        p.snapshot_decoder,
+    ),
+    (p.HoldCluster(epoch=1, gang=4), p.coordinator_decoder),
+    (p.HoldAck(rank=2, epoch=1, wave=7, running=True), p.coordinator_decoder),
+    (p.HoldAck(rank=0, epoch=1, wave=8, running=False), p.coordinator_decoder),
+    (p.RegroupCluster(epoch=1, dp_size=2, dp_master="10.0.0.1:29501"), p.coordinator_decoder),
+    (p.Regrouped(rank=3, epoch=1), p.coordinator_decoder),
+    (p.ReleaseCluster(epoch=1), p.coordinator_decoder),
+    (p.Hold(epoch=2), p.engine_broadcast_decoder),
+    (p.Regroup(epoch=2, dp_size=6, dp_master="10.0.0.1:29502", wave=9), p.engine_broadcast_decoder),
+    (p.Release(epoch=2), p.engine_broadcast_decoder),
+    (
+        p.Init(
+            addresses=p.EngineAddresses(coordinator_collect="tcp://10.0.0.1:5000", coordinator_broadcast="tcp://10.0.0.1:5001"),
+            parallel=p.ParallelConfig(dp_size=3, world_size=1, lockstep=True, allreduce_interval=8,
+                                      dp_master="10.0.0.1:29502", wave=9),
+        ),
+        p.handshake_decoder,
     ),
 ]
 
@@ -169,9 +200,13 @@ def test_every_decoder_is_exercised() -> None:
 
 def test_union_decoders_return_the_encoded_member() -> None:
     for msg in (p.EngineStats(rank=0, waiting=0, running=0), p.WaveComplete(rank=0, wave=0),
-                p.StartWave(rank=0, wave=0), p.FirstRequest(rank=0, wave=0), p.ScaleEngines(engine_count=0)):
+                p.StartWave(rank=0, wave=0), p.FirstRequest(rank=0, wave=0), p.ScaleEngines(engine_count=0),
+                p.ScaleEngines(engine_count=0, size=0), p.HoldCluster(epoch=0, gang=0),
+                p.HoldAck(rank=0, epoch=0, wave=0, running=False), p.RegroupCluster(epoch=0, dp_size=0, dp_master=""),
+                p.Regrouped(rank=0, epoch=0), p.ReleaseCluster(epoch=0)):
         assert type(p.coordinator_decoder(p.encode(msg))) is type(msg)
-    for msg in (p.StartDPWave(wave=0), p.Shutdown()):
+    for msg in (p.StartDPWave(wave=0), p.Shutdown(), p.Hold(epoch=0),
+                p.Regroup(epoch=0, dp_size=0, dp_master="", wave=0), p.Release(epoch=0)):
         assert type(p.engine_broadcast_decoder(p.encode(msg))) is type(msg)
     ready = p.Ready(capacity=0, config_hash="", input_addresses=[])
     for msg in (p.Hello(local=True), p.Reject(reason=""), ready):
@@ -210,6 +245,7 @@ def test_request_tags_are_single_distinct_bytes() -> None:
     ("tag", "msg"),
     [
         (p.RequestType.ADD, p.Request(request_id="r", prompt_token_ids=[1], wave=3)),
+        (p.RequestType.ADD_MANY, p.RequestBatch(requests=[p.Request(request_id="r", prompt_token_ids=[1])])),
         (p.RequestType.ABORT, p.Abort(request_ids=["r"])),
         (p.RequestType.UTILITY, p.UtilityCall(call_id=5, method="stats", args=[1])),
     ],
@@ -220,7 +256,7 @@ def test_decode_input_by_tag(tag: p.RequestType, msg: msgspec.Struct) -> None:
     assert decoded == msg
 
 
-@pytest.mark.parametrize("tag", [b"\x03", b"\xff", b"", b"\x00\x00", b"A"])
+@pytest.mark.parametrize("tag", [b"\x04", b"\xff", b"", b"\x00\x00", b"A"])
 def test_decode_input_unknown_tag(tag: bytes) -> None:
     body = p.encode(p.Request(request_id="r", prompt_token_ids=[]))
     with pytest.raises(ProtocolError, match="unknown request type tag") as info:
@@ -254,7 +290,7 @@ GARBAGE = [
 @pytest.mark.parametrize("data", GARBAGE, ids=range(len(GARBAGE)))
 def test_garbage_raises_protocol_error(name: str, data: bytes) -> None:
     decoder = DECODERS[name]
-    with pytest.raises(ProtocolError, match=r"^bad \w+ message: "):
+    with pytest.raises(ProtocolError, match=r"^bad [\w ]+ message: "):
         decoder(data)
 
 
@@ -269,9 +305,14 @@ def test_every_truncation_raises_protocol_error(case: tuple[msgspec.Struct, Deco
 
 # Pairs where another message happens to have the same positional shape as a
 # valid one (untagged array_like structs): Shutdown is [2] == OutputBatch(rank=2),
-# Reject("r") is [4, "r"] == UtilityCall(4, "r"). They travel on different
-# sockets, so they cannot meet in practice.
-AMBIGUOUS = {("Shutdown", "output_decoder"), ("Reject", "utility_decoder")}
+# Reject("r") is [4, "r"] == UtilityCall(4, "r"), Release(e) is [5, e] ==
+# ScaleEngines(engine_count=e). They travel on different sockets, so they
+# cannot meet in practice.
+# Abort([]) is [[]] == RequestBatch([]) on the same socket, but the frame's tag tells them apart.
+AMBIGUOUS = {
+    ("Shutdown", "output_decoder"), ("Reject", "utility_decoder"), ("Release", "coordinator_decoder"),
+    ("Abort", "request_batch_decoder"), ("RequestBatch", "abort_decoder"),
+}
 
 
 @pytest.mark.parametrize("name", sorted(DECODERS))
