@@ -200,27 +200,31 @@ def print_report(
     )
     print("Local Ray: num_cpus=4, num_gpus=4 (logical). Absolute numbers are noise on a shared machine;")
     print("compare the ratios, which come from one run.")
+    for lines in report_tables(report, sizes, http_sizes, worker_sizes).values():
+        print()
+        print("\n".join(lines))
+
+
+def report_tables(
+    report: Report, sizes: Sizes, http_sizes: HttpSizes, worker_sizes: WorkerSizes
+) -> dict[str, list[str]]:
+    """Each section's markdown lines (tables and verdicts), by section name, in run order."""
+    out: dict[str, list[str]] = {}
     if report.trips is not None:
-        print()
-        print("\n".join(round_trip_table(report.trips, sizes)))
+        out["round-trips"] = round_trip_table(report.trips, sizes)
     if report.steps is not None and report.floor is not None:
-        print()
-        print("\n".join(lockstep_table(report.steps, report.floor, sizes)))
+        out["lockstep"] = lockstep_table(report.steps, report.floor, sizes)
     if report.http is not None:
-        print()
-        print("\n".join(http_table(report.http, http_sizes)))
+        out["http"] = http_table(report.http, http_sizes)
     if report.workers is not None:
-        print()
-        print("\n".join(workers_table(report.workers, worker_sizes)))
+        out["workers"] = workers_table(report.workers, worker_sizes)
     if report.scale is not None:
-        print()
-        print("\n".join(scale_table(report.scale)))
+        out["scale"] = scale_table(report.scale)
     if report.startup is not None:
-        print()
-        print("\n".join(startup_table(report.startup)))
+        out["startup"] = startup_table(report.startup)
     if report.coordinator is not None:
-        print()
-        print("\n".join(coordinator_table(report.coordinator)))
+        out["coordinator"] = coordinator_table(report.coordinator)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip", action="append", choices=SECTIONS, metavar="SECTION", help="leave this section out (repeatable)"
     )
     parser.add_argument("--json", metavar="PATH", help="also write every number to this JSON file")
+    parser.add_argument("--plot", metavar="DIR", help="also draw every table as PNG charts in DIR (matplotlib)")
     args = parser.parse_args(argv)
     sections = [s for s in SECTIONS if s in (args.only or SECTIONS) and s not in (args.skip or [])]
     if not sections:
@@ -269,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(ran in {env['wall_s']} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(report.as_json(env, http_sizes, worker_sizes), indent=2) + "\n")
+    if args.plot:
+        from bench_plot import plot_sections
+
+        for path in plot_sections(report_tables(report, sizes, http_sizes, worker_sizes), Path(args.plot)):
+            print(f"wrote {path}")
     return 1 if report.failed() else 0
 
 

@@ -1,0 +1,39 @@
+"""``bench.py --plot``: the markdown tables the benchmark prints are what gets drawn."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from bench_plot import number, parse_tables, plot_sections
+
+pytestmark = pytest.mark.timeout(60)
+TABLE = """### Round trips
+
+| system | req/s | raydp / it | p50 ms |
+|---|---:|---:|---:|
+| raydp | 23,032 | **1.00x** | 0.47 |
+| raw floor | 30,539 | 0.75x | 0.33 |
+| Ray Serve | failed: no fastapi | | |
+
+Target: met
+""".splitlines()
+
+
+def test_tables_are_parsed_with_their_heading_and_numbers_with_their_units() -> None:
+    [(title, header, rows)] = parse_tables(TABLE)
+    assert title == "Round trips"
+    assert header == ["system", "req/s", "raydp / it", "p50 ms"]
+    assert [r[0] for r in rows] == ["raydp", "raw floor", "Ray Serve"]
+    assert [number(c) for c in ("23,032", "**1.00x**", "0.47", "1.87 s", "18.7%", "-", "failed")] == [
+        23032.0, 1.0, 0.47, 1.87, 18.7, None, None]
+
+
+def test_every_table_becomes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib comes with the bench extra")
+    written = plot_sections({"round-trips": TABLE, "empty": ["no table here"]}, tmp_path)
+    assert written == [tmp_path / "round-trips-1.png"]
+    assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
