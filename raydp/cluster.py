@@ -25,6 +25,7 @@ from raydp.names import NAMESPACE, coordinator_name
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 
 if TYPE_CHECKING:
+    from raydp.client.balancer import Policy
     from raydp.client.client import Client
     from raydp.serve.processes import APIServerProcessManager
     from raydp.serve.settings import ServerSettings
@@ -72,8 +73,13 @@ class Cluster:
         """The engines' summed capacity, as reported in the handshake."""
         return self.endpoints.capacity
 
-    def client(self, *, client_index: int = 0, client_count: int = 1) -> Client:
-        """A new :class:`~raydp.client.client.Client` wired to this cluster."""
+    def client(self, *, client_index: int = 0, client_count: int = 1, balancer: Policy = "least-loaded") -> Client:
+        """A new :class:`~raydp.client.client.Client` wired to this cluster.
+
+        ``balancer`` picks how it chooses a rank: ``least-loaded`` (by the
+        coordinator's published load and its own sends since), or the usual
+        alternatives ``power-of-two`` and ``round-robin``.
+        """
         from raydp.client.client import Client
 
         with self._lock:
@@ -85,6 +91,7 @@ class Cluster:
                 client_index=client_index,
                 client_count=client_count,
                 follow_liveness=self._manager is None,
+                balancer=balancer,
             )
             for err in self._dead_ranks.values():
                 client.mark_dead(err)

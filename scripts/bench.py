@@ -7,7 +7,7 @@ GPUs) and needs no cluster.
 
 Only the RATIOS mean anything: every system runs in the same process, on the
 same machine, minutes apart, so a shared or slow machine moves all of them
-together. Seven benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
+together. Eight benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
 ``workers``, ``scale``, ``startup``, ``coordinator``):
 
 1. request round trips (tiny prompt, ``max_tokens=1``), pipelined (a window
@@ -38,7 +38,11 @@ together. Seven benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
 7. the coordinator at scale (:mod:`bench_coordinator`, no Ray): the real
    coordinator loop against 64, 256 and 1,024 simulated engines sending
    stats through real sockets; its CPU share and the snapshot lag (p50/p99)
-   from a stats change to a client seeing it. ``--only coordinator`` starts no Ray.
+   from a stats change to a client seeing it. ``--only coordinator`` starts no Ray;
+8. routing under skew (:mod:`bench_routing`): p50/p99 latency and each
+   rank's share for raydp's balancer, round robin and power-of-two choices,
+   with arrivals from 2 API server processes and a driver client, on a
+   skewed (10% long requests) and a uniform workload.
 
 It prints the environment, the exact command and markdown tables, and exits
 0 when every measurement ran (1 if one failed; the tables say which).
@@ -71,6 +75,14 @@ from bench_http import HttpResult, http_benchmark, http_failed, http_table
 from bench_http_load import HTTP_FULL, HTTP_QUICK, HttpSizes
 from bench_lockstep import StepRate, lockstep_benchmark, lockstep_table
 from bench_roundtrip import RoundTrip, round_trip_benchmark, round_trip_table
+from bench_routing import (
+    ROUTING_FULL,
+    ROUTING_QUICK,
+    RoutingResult,
+    routing_benchmark,
+    routing_failed,
+    routing_table,
+)
 from bench_scale import ScaleTiming, scale_benchmark, scale_failed, scale_table, startup_benchmark, startup_table
 from bench_workers import (
     WORKERS_FULL,
@@ -82,7 +94,7 @@ from bench_workers import (
     workers_table,
 )
 
-SECTIONS = ("round-trips", "lockstep", "http", "workers", "scale", "startup", "coordinator")
+SECTIONS = ("round-trips", "lockstep", "http", "workers", "scale", "startup", "coordinator", "routing")
 NO_RAY = ("coordinator",)  # sections that need no Ray: run alone, they start none
 
 
@@ -129,6 +141,7 @@ class Report:
     workers: list[StepLatency] | None = None
     scale: list[ScaleTiming] | None = None
     startup: list[ScaleTiming] | None = None
+    routing: list[RoutingResult] | None = None
     coordinator: list[CoordinatorResult] | None = None
 
     def failed(self) -> bool:
@@ -140,6 +153,7 @@ class Report:
             or (self.workers is not None and workers_failed(self.workers))
             or (self.scale is not None and scale_failed(self.scale))
             or (self.startup is not None and scale_failed(self.startup))
+            or (self.routing is not None and routing_failed(self.routing))
             or (self.coordinator is not None and coordinator_failed(self.coordinator))
         )
 
@@ -161,6 +175,8 @@ class Report:
             payload["scale"] = [asdict(r) for r in self.scale]
         if self.startup is not None:
             payload["startup"] = [asdict(r) for r in self.startup]
+        if self.routing is not None:
+            payload["routing"] = [asdict(r) for r in self.routing]
         if self.coordinator is not None:
             payload["coordinator"] = [asdict(r) for r in self.coordinator]
         return payload
@@ -178,6 +194,8 @@ def run_sections(sections: list[str], sizes: Sizes, http_sizes: HttpSizes, worke
         report.workers = workers_benchmark(worker_sizes)
     if "scale" in sections:
         report.scale = scale_benchmark(reps=2 if worker_sizes is WORKERS_QUICK else 5)
+    if "routing" in sections:
+        report.routing = routing_benchmark(ROUTING_QUICK if worker_sizes is WORKERS_QUICK else ROUTING_FULL)
     if "startup" in sections:
         report.startup = startup_benchmark(reps=1 if worker_sizes is WORKERS_QUICK else 3)
     if "coordinator" in sections:
@@ -222,6 +240,9 @@ def report_tables(
         out["scale"] = scale_table(report.scale)
     if report.startup is not None:
         out["startup"] = startup_table(report.startup)
+    if report.routing is not None:
+        sizes_r = ROUTING_QUICK if worker_sizes is WORKERS_QUICK else ROUTING_FULL
+        out["routing"] = routing_table(report.routing, sizes_r)
     if report.coordinator is not None:
         out["coordinator"] = coordinator_table(report.coordinator)
     return out

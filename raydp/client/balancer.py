@@ -9,12 +9,17 @@ that looked idle a moment ago; the snapshot alone is always stale.
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections.abc import Collection
+from typing import Literal, get_args
 
 from raydp.errors import ConfigError
 from raydp.wire.protocol import StatsSnapshot
 
 WAITING_WEIGHT = 4
+Policy = Literal["least-loaded", "power-of-two", "round-robin"]
+POLICIES: tuple[str, ...] = get_args(Policy)
 
 
 class LoadBalancer:
@@ -26,7 +31,18 @@ class LoadBalancer:
     ``size`` ranks, while the rest (draining) keep their in-flight counts.
     """
 
-    def __init__(self, engine_count: int, client_count: int = 1, eligible: Collection[int] | None = None) -> None:
+    def __init__(
+        self,
+        engine_count: int,
+        client_count: int = 1,
+        eligible: Collection[int] | None = None,
+        policy: Policy = "least-loaded",
+    ) -> None:
+        if policy not in POLICIES:
+            raise ConfigError(f"policy={policy!r}: must be one of {', '.join(POLICIES)}")
+        self.policy = policy
+        self._turn = itertools.count()
+        self._random = random.Random()
         if engine_count < 1:
             raise ConfigError(f"engine_count={engine_count}: must be >= 1")
         if client_count < 1:
@@ -63,17 +79,20 @@ class LoadBalancer:
         return self._in_flight[rank] if rank < self.engine_count else 0
 
     def choose(self, dead: Collection[int] = ()) -> int:
-        """The least-loaded live rank (ties: fewest of ours in flight, then lowest rank)."""
-        best: tuple[int, int, int] | None = None
-        for rank in self.eligible:
-            if rank in dead:
-                continue
-            key = (self.score(rank), self._in_flight[rank], rank)
-            if best is None or key < best:
-                best = key
-        if best is None:
+        """The live rank for the next request, by :attr:`policy`.
+
+        ``least-loaded`` (the default): the lowest score (ties: fewest of ours
+        in flight, then lowest rank). ``power-of-two`` and ``round-robin`` are
+        the usual alternatives, kept for comparison (``scripts/bench.py``).
+        """
+        live = [r for r in self.eligible if r not in dead]
+        if not live:
             raise ConfigError("no live engine to send to: every rank this client may use is dead or removed")
-        return best[2]
+        if self.policy == "round-robin":
+            return live[next(self._turn) % len(live)]
+        if self.policy == "power-of-two" and len(live) > 2:
+            live = self._random.sample(live, 2)
+        return min(live, key=lambda rank: (self.score(rank), self._in_flight[rank], rank))
 
     def score(self, rank: int) -> int:
         return self._snapshot_scores[rank] + WAITING_WEIGHT * self._since_snapshot[rank]

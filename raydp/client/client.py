@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from raydp.client.balancer import LoadBalancer
+from raydp.client.balancer import LoadBalancer, Policy
 from raydp.client.calls import PendingCalls
 from raydp.client.membership import membership
 from raydp.client.requests import Listener, RequestHandle, RequestState, Submission
@@ -79,6 +79,7 @@ class Client:
         options: SocketOptions | None = None,
         follow_liveness: bool = True,
         ranks: Collection[int] | None = None,
+        balancer: Policy = "least-loaded",
     ) -> None:
         if not 0 <= client_index < client_count:
             raise ConfigError(f"client_index={client_index}: must be in [0, client_count={client_count})")
@@ -87,7 +88,7 @@ class Client:
         # Clients in the launching process hear of deaths from the manager directly;
         # every other client (API servers, attached notebooks) from the coordinator.
         self._follow_liveness = follow_liveness
-        self._balancer = LoadBalancer(len(endpoints.engines), client_count, ranks)
+        self._balancer = LoadBalancer(len(endpoints.engines), client_count, ranks, balancer)
         self._requests: dict[str, RequestState] = {}
         self._calls = PendingCalls()
         self._call_ids = itertools.count(1)
@@ -380,7 +381,8 @@ class Client:
                     self._do_mark_dead(EngineDeadError(ep.rank, ep.node_id, cause, "reported by the coordinator"))
             elif ep.rank in self._dead or ep.rank in snap.moved:
                 addresses = snap.moved.get(ep.rank, ep.input_addresses)
-                self._do_revive(EngineEndpoint(ep.rank, ep.node_id, addresses))
+                node = snap.nodes.get(ep.rank, ep.node_id)  # a rank re-added may sit on another node
+                self._do_revive(EngineEndpoint(ep.rank, node, addresses))
 
     def _on_output_batch(self, body: bytes) -> None:
         try:

@@ -64,6 +64,7 @@ class CoordinatorState:
     _last_publish: float = float("-inf")
     _last_wave_broadcast: float = float("-inf")
     _last_hold_broadcast: float = float("-inf")
+    _released_epoch: int = -1
     _seq: int = 0
 
     def __post_init__(self) -> None:
@@ -114,6 +115,8 @@ class CoordinatorState:
             self.changed = True
             return self.hold.hold_message()
         hold = self.hold
+        if hold is None and isinstance(msg, HoldAck | Regrouped) and msg.epoch <= self._released_epoch:
+            return None  # a late answer to a repeated Hold or Regroup of a change that is over
         if hold is None or msg.epoch != hold.epoch:
             self.rejected += 1
             logger.warning("coordinator: dropped %r: no hold of that epoch is in progress", msg)
@@ -158,6 +161,7 @@ class CoordinatorState:
 
     def _release(self, hold: GangHold) -> ToEngines:
         self.hold = None
+        self._released_epoch = max(self._released_epoch, hold.epoch)
         self.changed = True
         if hold.deferred_start or any(w or r for w, r in self.counts):
             self.running = True

@@ -108,7 +108,8 @@ def serve_forever(
 ) -> None:
     """Run one API server on ``sock`` until the process is told to stop; it routes only to ``ranks`` if given."""
     s = settings or ServerSettings()
-    client = Client(endpoints, node_id=node_id, client_index=client_index, client_count=client_count, ranks=ranks)
+    client = Client(endpoints, node_id=node_id, client_index=client_index, client_count=client_count, ranks=ranks,
+                    balancer=s.balancer)
     try:
         app = build_app(client, model=s.model or endpoints.name, max_body_bytes=s.max_body_bytes,
                         request_timeout_s=s.request_timeout_s, max_tokens_limit=s.max_tokens_limit,

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from raydp.client.balancer import Policy
 from raydp.config import format_validation_error
 from raydp.errors import ConfigError
 
@@ -33,6 +34,7 @@ class ServerSettings(BaseModel):
     read_timeout_s: float = Field(10.0, gt=0, description="a request must arrive whole within it of its first byte")
     max_connections: int = Field(2048, ge=1, description="open connections per process before requests get a 503")
     graceful_shutdown_s: float = Field(3.0, ge=0, description="on shutdown, running requests get this long")
+    balancer: Policy = Field("least-loaded", description="how the server's client picks a rank for a request")
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -97,3 +97,27 @@ def test_eligible_ranks_restrict_the_choice_to_a_nodes_own_ranks() -> None:
 def test_eligible_ranks_outside_the_cluster_are_refused(eligible: list[int]) -> None:
     with pytest.raises(ConfigError, match="ranks="):
         LoadBalancer(4, eligible=eligible)
+
+
+def _loaded(policy: str, scores: list[int]) -> LoadBalancer:
+    balancer = LoadBalancer(len(scores), policy=policy)  # type: ignore[arg-type]
+    balancer.on_snapshot(StatsSnapshot(counts=[(0, s) for s in scores], wave=0, running=False))
+    return balancer
+
+
+def test_round_robin_cycles_over_the_live_ranks_whatever_their_load() -> None:
+    balancer = _loaded("round-robin", [9, 0, 0])
+    assert [balancer.choose() for _ in range(6)] == [0, 1, 2, 0, 1, 2]
+    assert {balancer.choose(dead={1}) for _ in range(4)} == {0, 2}
+
+
+def test_power_of_two_never_picks_the_busiest_rank_and_favours_the_idlest() -> None:
+    balancer = _loaded("power-of-two", [0, 5, 10])
+    picks = [balancer.choose() for _ in range(600)]
+    assert 2 not in picks, "the busiest rank always loses its comparison"
+    assert 300 < picks.count(0) < 500, "the idlest wins the 2 of 3 pairs it is in"
+
+
+def test_an_unknown_policy_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="policy='random': must be one of least-loaded, power-of-two, round-robin"):
+        LoadBalancer(2, policy="random")  # type: ignore[arg-type]

@@ -537,3 +537,18 @@ def test_a_rank_paused_by_a_peers_hold_starts_no_wave_alone() -> None:
     assert waves.should_step(has_local_work=False) is True
     assert waves.on_allreduce(False, False) == 3
     assert waves.should_step(has_local_work=True) is True, "a normal pause: a new request may start a wave"
+
+
+def test_late_answers_to_a_finished_change_are_dropped_quietly_but_a_foreign_epoch_is_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    state = _frozen()
+    assert state.handle(RegroupCluster(epoch=1, dp_size=2, dp_master="10.0.0.1:1")) is not None
+    state.handle(Regrouped(rank=0, epoch=1))
+    state.handle(ReleaseCluster(epoch=1))
+    with caplog.at_level(logging.WARNING, logger="raydp.coordinator"):
+        state.handle(Regrouped(rank=1, epoch=1))  # answered a Regroup repeated before the release
+        state.handle(HoldAck(rank=1, epoch=1, wave=3, running=False))
+        assert caplog.text == "" and state.rejected == 0
+        state.handle(Regrouped(rank=1, epoch=7))  # no change of that epoch ever ran
+    assert state.rejected == 1 and "no hold of that epoch" in caplog.text
