@@ -185,7 +185,7 @@ class Report:
 def run_sections(sections: list[str], sizes: Sizes, http_sizes: HttpSizes, worker_sizes: WorkerSizes) -> Report:
     report = Report()
     if "round-trips" in sections:
-        report.trips = round_trip_benchmark(sizes)
+        report.trips = round_trip_benchmark(sizes, rounds=1 if sizes is QUICK else 3)
     if "lockstep" in sections:
         report.steps, report.floor = lockstep_benchmark(sizes)
     if "http" in sections:
