@@ -19,6 +19,14 @@ class DPCollective(Protocol):
         """All-reduce (MAX) this rank's two flags: does anyone have unfinished work, is anyone held."""
         ...
 
+    def start(self, unfinished: bool, hold: bool) -> None:
+        """The same all-reduce, without waiting for it (one at a time)."""
+        ...
+
+    def collect(self) -> tuple[bool, bool]:
+        """Wait for the all-reduce :meth:`start` began and return its result."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -75,12 +83,27 @@ class GlooDPGroup:
         self.master, self.dp_size = master, dp_size
         import torch
 
-        self._flags = torch.zeros(2, dtype=torch.int32)  # reused by every all-reduce
+        self._flags = torch.zeros(2, dtype=torch.int32)  # reused by every blocking all-reduce
+        self._async_flags = torch.zeros(2, dtype=torch.int32)  # the one in flight owns its own tensor
+        self._work: Any = None
 
     def sync(self, unfinished: bool, hold: bool) -> tuple[bool, bool]:
         self._flags[0], self._flags[1] = int(unfinished), int(hold)
         self._dist.all_reduce(self._flags, op=self._dist.ReduceOp.MAX, group=self.group)
         return bool(self._flags[0]), bool(self._flags[1])
+
+    def start(self, unfinished: bool, hold: bool) -> None:
+        assert self._work is None, "one non-blocking all-reduce at a time"
+        self._async_flags[0], self._async_flags[1] = int(unfinished), int(hold)
+        self._work = self._dist.all_reduce(
+            self._async_flags, op=self._dist.ReduceOp.MAX, group=self.group, async_op=True
+        )
+
+    def collect(self) -> tuple[bool, bool]:
+        assert self._work is not None, "collect() without start()"
+        work, self._work = self._work, None
+        work.wait()
+        return bool(self._async_flags[0]), bool(self._async_flags[1])
 
     def close(self) -> None:
         if self._dist.is_initialized():

@@ -4,9 +4,12 @@ The engine loop owns the sockets and the user's engine; this object owns
 what only lockstep ranks do, so the loop reads the same in both modes:
 
 * requests and ``StartDPWave`` move the rank's wave (:class:`~raydp.engine.waves.EngineWaves`);
-* every ``allreduce_interval`` steps the ranks all-reduce two flags,
-  "has unfinished work" and "is held"; the wave completes when nobody has
-  work, or at once when anybody is held;
+* every ``allreduce_interval`` steps the ranks start a non-blocking
+  all-reduce of two flags, "has unfinished work" and "is held", and collect
+  the previous one (started an interval ago, so it has arrived unless a
+  peer is behind); when it says nobody had work, or anybody was held, they
+  confirm with a blocking all-reduce of their flags now, and the wave
+  completes when that says nobody has work, or anybody is held;
 * ``Hold`` stops the rank starting waves on its own; it reports its position
   (``HoldAck``) whenever it changes, so the coordinator can tell when the
   whole gang is paused (:mod:`raydp.coordinator.hold`);
@@ -23,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raydp.engine.collective import DPCollective
-from raydp.engine.waves import EngineWaves
+from raydp.engine.waves import EngineWaves, Sync
 from raydp.wire.protocol import (
     Hold,
     HoldAck,
@@ -83,16 +86,22 @@ class LockstepRank:
         return not self.retired and self.waves.should_step(has_local_work)
 
     def after_step(self, has_unfinished: bool) -> None:
-        """Count the step; on the all-reduce step, sync with every rank and maybe pause."""
-        if not self.waves.after_step():
-            self.tick()
-            return
-        assert self.collective is not None, "lockstep needs a DP collective"
-        unfinished, hold = self.collective.sync(has_unfinished, self.waves.held)
-        completed = self.waves.on_allreduce(unfinished, hold)
+        """Count the step; at an interval, collect the last all-reduce, maybe confirm and pause, start the next."""
+        sync = self.waves.after_step()
+        if sync is not Sync.NONE:
+            assert self.collective is not None, "lockstep needs a DP collective"
+            if sync is Sync.COLLECT and self.waves.on_collected(*self.collective.collect()):
+                self._confirm(has_unfinished)
+            if self.waves.running:  # the wave goes on: keep one all-reduce in flight
+                self.collective.start(has_unfinished, self.waves.held)
+                self.waves.on_started()
+        self.tick()
+
+    def _confirm(self, has_unfinished: bool) -> None:
+        assert self.collective is not None
+        completed = self.waves.on_allreduce(*self.collective.sync(has_unfinished, self.waves.held))
         if completed is not None and self.rank == 0:
             self._send(WaveComplete(rank=0, wave=completed))
-        self.tick()
 
     def tick(self) -> None:
         """Once per loop turn: report a changed position, apply a regroup once paused."""

@@ -8,7 +8,12 @@ acts on what it returns. The rules (``docs/architecture.md``, "Request waves"):
 * a running rank steps every loop turn, with a dummy batch when it has no work,
   so no peer is left alone in a collective;
 * every ``interval`` steps of a wave the ranks all-reduce "has unfinished
-  work"; when nobody has any, every rank pauses and moves to ``wave + 1``;
+  work", without waiting for it: the result is collected one interval
+  later (it has long arrived), and only when it says nobody had work do the
+  ranks confirm with a blocking all-reduce of their flags now; when that
+  says nobody has any, every rank pauses and moves to ``wave + 1``. All
+  ranks see the same results at the same steps, so they start, collect,
+  confirm and pause together;
 * a request stamped with an older wave reaching a paused rank restarts the
   cluster: the rank reports ``StartWave`` so the coordinator wakes the others;
 * a *held* rank (a scale change is re-forming the DP group) starts no wave
@@ -18,7 +23,16 @@ acts on what it returns. The rules (``docs/architecture.md``, "Request waves"):
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+
+class Sync(enum.Enum):
+    """What the DP all-reduce does at the end of a step."""
+
+    NONE = "none"
+    START = "start"  # start one (non-blocking) with this rank's flags
+    COLLECT = "collect"  # wait for the one started an interval ago, then maybe confirm
 
 
 @dataclass
@@ -31,6 +45,7 @@ class EngineWaves:
     running: bool = False
     steps: int = 0
     held: bool = False
+    pending: bool = False  # an all-reduce started at the last interval is in flight
     stopped: bool = False  # a peer's hold ended the wave: start none alone until the coordinator does
 
     def position(self) -> tuple[int, bool]:
@@ -69,14 +84,28 @@ class EngineWaves:
         """
         return self.running or (has_local_work and not self.held and not self.stopped)
 
-    def after_step(self) -> bool:
-        """Count one step of this wave; True when this step ends with an all-reduce."""
+    def after_step(self) -> Sync:
+        """Count one step of this wave; say what the all-reduce does at its end."""
         self.running = True
         self.steps += 1
-        return self.steps % self.interval == 0
+        if self.steps % self.interval:
+            return Sync.NONE
+        return Sync.COLLECT if self.pending else Sync.START
+
+    def on_started(self) -> None:
+        self.pending = True
+
+    def on_collected(self, global_unfinished: bool, global_hold: bool) -> bool:
+        """The all-reduce started an interval ago; True when the ranks must confirm now, blocking.
+
+        Work finished (or a hold) an interval ago may not be the whole truth now:
+        only a confirmation with the flags of this step may pause the wave.
+        """
+        self.pending = False
+        return global_hold or not global_unfinished
 
     def on_allreduce(self, global_unfinished: bool, global_hold: bool = False) -> int | None:
-        """Apply the all-reduce result; return the completed wave if all ranks pause."""
+        """Apply the confirming (blocking) all-reduce; return the completed wave if all ranks pause."""
         if global_unfinished and not global_hold:
             return None
         completed = self.wave

@@ -29,7 +29,13 @@ def _rank_main(master: str, rank: int, size: int, results: Any) -> None:
     try:
         unfinished = [group.sync(flags[rank], False)[0] for flags in ROUNDS]
         synced = [group.sync(*flags[rank]) for flags in HOLD_ROUNDS]
-        results.put((rank, (unfinished, synced)))
+        # Non-blocking, with blocking all-reduces in between (as the engine's own collective runs).
+        collected = []
+        for flags in HOLD_ROUNDS:
+            group.start(*flags[rank])
+            group.sync(False, False)
+            collected.append(group.collect())
+        results.put((rank, (unfinished, synced, collected)))
     finally:
         group.close()
 
@@ -82,4 +88,5 @@ def test_ranks_meet_at_a_hosted_rendezvous_and_agree_on_unfinished_work_and_hold
     # Likewise "held": one held rank makes every rank see hold=True, independently of the work flag.
     expected = [(False, True), (True, False), (False, False), (True, True)]
     assert {rank: a[1] for rank, a in answers.items()} == {rank: expected for rank in range(3)}
+    assert {rank: a[2] for rank, a in answers.items()} == {rank: expected for rank in range(3)}, "start + collect"
     assert [p.exitcode for p in procs] == [0, 0, 0]

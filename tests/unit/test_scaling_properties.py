@@ -298,11 +298,18 @@ Key = tuple
 
 
 class FakeGroup:
-    """A DP group in one process: the model resolves the all-reduce, ``sync`` hands out its result."""
+    """One rank's handle on a DP group in one process; the model resolves its all-reduces.
 
-    def __init__(self, master: str) -> None:
+    Non-blocking rounds are shared by every member (``rounds``: round -> rank
+    -> flags): ``start`` contributes to the next one, ``collect`` reads the
+    MAX of the last one once every member contributed. The confirming
+    ``sync`` is a barrier the model resolves, handing out ``result``.
+    """
+
+    def __init__(self, master: str, rank: int, rounds: dict[int, dict[int, tuple[bool, bool]]]) -> None:
         self.master = master
         self.group = master
+        self.rank, self.rounds, self.started = rank, rounds, 0
         self.result: tuple[bool, bool] | None = None
         self.closed = False
 
@@ -312,6 +319,19 @@ class FakeGroup:
         result, self.result = self.result, None
         return result
 
+    def start(self, unfinished: bool, hold: bool) -> None:
+        assert not self.closed, "all-reduce on a closed group"
+        self.rounds.setdefault(self.started, {})[self.rank] = (unfinished, hold)
+        self.started += 1
+
+    def last_round(self) -> dict[int, tuple[bool, bool]]:
+        return self.rounds.get(self.started - 1, {})
+
+    def collect(self) -> tuple[bool, bool]:
+        found = self.last_round()
+        assert found and all(self.rounds.get(self.started - 1, {}).get(r) is not None for r in found)
+        return max(u for u, _ in found.values()), max(h for _, h in found.values())
+
     def close(self) -> None:
         self.closed = True
 
@@ -320,7 +340,7 @@ class FakeGroup:
 class LRank:
     lockstep: LockstepRank
     queue: dict[str, int] = field(default_factory=dict)  # request id -> steps of work left
-    blocked: bool = False  # inside the all-reduce
+    blocked: str = ""  # "collect" (a round a peer has not started) or "confirm" (the barrier)
     unfinished: bool = False
     last_stats: tuple[int, int] = (0, 0)
 
@@ -352,6 +372,10 @@ class HoldSystem(RuleBasedStateMachine):
         self.epoch = 0
         self.launcher = "idle"  # idle | holding | regrouping
         self.seen_rank_waves: list[int] = []
+        self.groups: dict[str, dict[int, dict[int, tuple[bool, bool]]]] = {}  # master -> its rounds
+
+    def _group(self, master: str, rank: int) -> FakeGroup:
+        return FakeGroup(master, rank, self.groups.setdefault(master, {}))
 
     @initialize(n_ranks=st.integers(2, 3), n_clients=st.integers(1, 2), interval=st.integers(1, 3))
     def setup(self, n_ranks: int, n_clients: int, interval: int) -> None:
@@ -367,11 +391,11 @@ class HoldSystem(RuleBasedStateMachine):
             def send(msg: Any, r: int = r) -> None:
                 self._push(("e2coord", r), encode(msg))
 
-            def join(msg: Regroup) -> FakeGroup:
-                return FakeGroup(msg.dp_master)
+            def join(msg: Regroup, r: int = r) -> FakeGroup:
+                return self._group(msg.dp_master, r)
 
             waves = EngineWaves(rank=r, interval=interval)
-            self.ranks.append(LRank(LockstepRank(r, waves, FakeGroup("m0"), send, join)))
+            self.ranks.append(LRank(LockstepRank(r, waves, self._group("m0", r), send, join)))
         self.seen_rank_waves = [0] * n_ranks
 
     # ---- mechanics -----------------------------------------------------------------------
@@ -433,14 +457,36 @@ class HoldSystem(RuleBasedStateMachine):
         if stats != rk.last_stats:
             rk.last_stats = stats
             self._push(("e2coord", r), encode(EngineStats(rank=r, waiting=stats[0], running=stats[1])))
-        if (rk.waves.steps + 1) % rk.waves.interval == 0:  # this step ends with the all-reduce
-            rk.blocked, rk.unfinished = True, bool(rk.queue)
-            self._resolve_collective()
-        else:
+        if (rk.waves.steps + 1) % rk.waves.interval == 0 and rk.waves.pending:  # collects a round
+            rk.blocked, rk.unfinished = "collect", bool(rk.queue)
+            self._try_collect(r)
+        else:  # no all-reduce, or only the start of one: never blocks
             rk.lockstep.after_step(bool(rk.queue))
+            self._wake_collectors()
+
+    def _wake_collectors(self) -> None:
+        for r, rk in enumerate(self.ranks):
+            if rk.blocked == "collect":
+                self._try_collect(r)
+
+    def _try_collect(self, r: int) -> None:
+        """Once every member started the round: confirm in the barrier, or go on (and start the next)."""
+        rk = self.ranks[r]
+        group = rk.lockstep.collective
+        assert isinstance(group, FakeGroup)
+        if len(group.last_round()) < len(self.ranks):
+            return  # a peer has not started it yet
+        unfinished, hold = group.collect()
+        if hold or not unfinished:
+            rk.blocked = "confirm"
+            self._resolve_collective()
+            return
+        rk.blocked = ""
+        rk.lockstep.after_step(rk.unfinished)
+        self._wake_collectors()
 
     def _resolve_collective(self) -> None:
-        if not all(rk.blocked for rk in self.ranks):
+        if not all(rk.blocked == "confirm" for rk in self.ranks):
             return
         masters = {rk.lockstep.collective.master for rk in self.ranks if rk.lockstep.collective is not None}
         assert len(masters) == 1 and all(rk.lockstep.collective is not None for rk in self.ranks), (
@@ -452,10 +498,11 @@ class HoldSystem(RuleBasedStateMachine):
             group = rk.lockstep.collective
             assert isinstance(group, FakeGroup)
             group.result = result
-            rk.blocked = False
+            rk.blocked = ""
             rk.lockstep.after_step(rk.unfinished)
             waves.add(rk.waves.position())
         assert len(waves) == 1, f"ranks disagree after one all-reduce: {waves}: {self._describe()}"
+        self._wake_collectors()
 
     def _tick_coordinator(self, dt: float) -> None:
         self.clock += dt
@@ -668,7 +715,8 @@ def test_a_first_request_racing_the_hold_does_not_strand_its_target_in_the_all_r
     s.client_sends_request(_FixedData([0, 0]), work=1)
     s._deliver(("l2coord",))  # HoldCluster: Hold goes out
     s._deliver(("req", 0, 0))  # rank 0 steps alone, not held yet ...
-    s._turn(0)
+    s._turn(0)  # (interval 1: it starts round 0 ...
+    s._turn(0)  # ... and collects it at its next step)
     assert s.ranks[0].blocked  # ... and waits in the all-reduce, unable to read the Hold
     s._deliver(("bcast", 1))
     s._deliver(("c2coord", 0))  # the FirstRequest reaches the coordinator during the hold
@@ -687,7 +735,9 @@ def test_a_rank_whose_wave_a_peers_hold_ended_waits_for_the_coordinator() -> Non
     s._deliver(("req", 0, 0))
     s._deliver(("bcast", 1))
     s._turn(1)
-    s._turn(0)  # the all-reduce: rank 1's hold ends the wave, rank 0 still has work
+    s._turn(0)  # both start round 0 (interval 1): rank 1 contributes its hold
+    s._turn(1)  # rank 1 collects it (held: confirm) and waits in the barrier ...
+    s._turn(0)  # ... and so does rank 0: the confirmation ends the wave; rank 0 still has work
     rank0 = s.ranks[0]
     assert not rank0.waves.held and rank0.queue and not rank0.waves.running
     assert 0 not in s._steppable(), "rank 0 would step alone into an all-reduce nobody joins"

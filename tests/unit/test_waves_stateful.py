@@ -8,9 +8,12 @@ sender/receiver pair. Hypothesis picks which channel delivers next (so messages
 of different senders interleave arbitrarily and snapshots reach clients late),
 which rank takes a loop turn, and when clients send requests.
 
-The periodic all-reduce is a barrier: a rank whose step ends with the
-all-reduce blocks (it cannot read input) until every rank is blocked in it;
-then each rank applies the MAX of their "has unfinished work" flags.
+The periodic all-reduce is non-blocking, as in the engine: at an interval a
+rank *starts* one (it contributes its "has unfinished work" flag to the next
+round and goes on) or, with one in flight, *collects* it first: it blocks
+(it cannot read input) until every rank has started that round. When the
+round says nobody had work, the ranks *confirm* with a barrier: a rank blocks
+until every rank is in it, then each applies the MAX of their flags now.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from hypothesis.stateful import (
 )
 
 from raydp.coordinator.state import CoordinatorState
-from raydp.engine.waves import EngineWaves
+from raydp.engine.waves import EngineWaves, Sync
 from raydp.wire.protocol import (
     EngineStats,
     FirstRequest,
@@ -64,9 +67,11 @@ Key = tuple
 class Rank:
     waves: EngineWaves
     queue: dict[str, int] = field(default_factory=dict)  # request id -> steps of work left
-    blocked: bool = False  # waiting in the all-reduce
-    unfinished: bool = False  # what it contributed to the all-reduce
+    blocked: str = ""  # "collect" (waiting for a round) or "confirm" (in the barrier); "" runs
+    unfinished: bool = False  # what it contributed to the confirming barrier
     last_stats: tuple[int, int] = (0, 0)
+    started: int = 0  # non-blocking rounds this rank has started
+    collecting: int = -1  # the round it waits for
 
 
 @dataclass
@@ -93,6 +98,7 @@ class WaveSystem(RuleBasedStateMachine):
         self.seen_rank_waves: list[int] = []
         self.seen_coord_wave = 0
         self.seen_client_waves: list[int] = []
+        self.rounds: dict[int, dict[int, bool]] = {}  # round -> rank -> "has unfinished work"
 
     # ---- setup -------------------------------------------------------------------
 
@@ -186,30 +192,58 @@ class WaveSystem(RuleBasedStateMachine):
         if stats != rk.last_stats:
             rk.last_stats = stats
             self._push(("e2coord", r), encode(EngineStats(rank=r, waiting=stats[0], running=stats[1])))
-        if rk.waves.after_step():
-            rk.blocked = True
-            rk.unfinished = bool(rk.queue)
+        sync = rk.waves.after_step()
+        if sync is Sync.START:
+            self._start(r)
+        elif sync is Sync.COLLECT:
+            rk.blocked, rk.collecting = "collect", rk.started - 1
+            self._try_collect(r)
+
+    def _start(self, r: int) -> None:
+        """Contribute to the next round without waiting; wake whoever waited for it."""
+        rk = self.ranks[r]
+        self.rounds.setdefault(rk.started, {})[r] = bool(rk.queue)
+        rk.started += 1
+        rk.waves.on_started()
+        for other, ok in enumerate(self.ranks):
+            if ok.blocked == "collect" and len(self.rounds.get(ok.collecting, {})) == len(self.ranks):
+                self._try_collect(other)
+
+    def _try_collect(self, r: int) -> None:
+        rk = self.ranks[r]
+        contributed = self.rounds.get(rk.collecting, {})
+        if len(contributed) < len(self.ranks):
+            return  # a peer has not started that round yet
+        rk.blocked = ""
+        if rk.waves.on_collected(max(contributed.values()), False):
+            rk.blocked, rk.unfinished = "confirm", bool(rk.queue)
             self._resolve_collective()
+        else:
+            self._start(r)
 
     def _resolve_collective(self) -> None:
-        if not all(rk.blocked for rk in self.ranks):
+        """The confirming barrier, once every rank is in it."""
+        if not all(rk.blocked == "confirm" for rk in self.ranks):
             return
         global_unfinished = max(rk.unfinished for rk in self.ranks)
         before = [rk.waves.wave for rk in self.ranks]
         completed = []
         for rk in self.ranks:
-            rk.blocked = False
+            rk.blocked = ""
             completed.append(rk.waves.on_allreduce(global_unfinished))
         assert len(set(completed)) == 1, (
             f"ranks disagree on the completed wave after one all-reduce: {completed} (waves {before})"
         )
         if completed[0] is not None:
             self._push(("e2coord", 0), encode(WaveComplete(rank=0, wave=completed[0])))
+        for r, rk in enumerate(self.ranks):
+            if rk.waves.running:  # the wave goes on: each rank starts the next round
+                self._start(r)
 
     def _describe(self) -> str:
         ranks = ", ".join(
             f"r{r}(wave={rk.waves.wave} running={rk.waves.running} steps={rk.waves.steps} "
-            f"blocked={rk.blocked} queue={dict(rk.queue)})"
+            f"blocked={rk.blocked or '-'} started={rk.started} queue={dict(rk.queue)})"
             for r, rk in enumerate(self.ranks)
         )
         pending = {k: len(q) for k, q in self.channels.items() if q}
@@ -426,9 +460,9 @@ def test_cold_start_with_requests_to_one_rank(ignore_excluded: bool) -> None:
     assert [coordinator_decoder(b) for b in s.channels[("c2coord", 0)]] == [FirstRequest(rank=1, wave=0)]
     _deliver_all(s, "req")
     assert s._steppable() == [1]  # only the target has work; the others wait for the broadcast
-    s._turn(1)
-    s._turn(1)
-    assert s.ranks[1].blocked  # rank 1 sits in the all-reduce until the others join
+    for _ in range(4):  # interval 2: it starts round 0 at step 2, and collects it at step 4
+        s._turn(1)
+    assert s.ranks[1].blocked == "collect"  # rank 1 waits for round 0 until the others start it
     _deliver_all(s, "c2coord")
     assert [engine_broadcast_decoder(b) for b in s.channels[("bcast", 0)]] == [StartDPWave(wave=0, exclude=1)]
     s._drain(lambda actions: actions[0])
