@@ -32,7 +32,7 @@ from raydp.actors.coordinator import CoordinatorActor
 from raydp.actors.deaths import death_of
 from raydp.actors.engine import EngineCoreActor
 from raydp.actors.owned import Owned
-from raydp.actors.slots import RankSlot, place_ranks, probe_devices
+from raydp.actors.slots import RankSlot, place_ranks, probe_devices, replace_slot
 from raydp.actors.terminate import kill_and_wait
 from raydp.actors.watch import check_started, watch_run_refs
 from raydp.backend import APIServerGroup, DeathListener, DeathReports, RestartListener, ScaleListener
@@ -49,6 +49,7 @@ from raydp.errors import (
     StartupError,
 )
 from raydp.names import NAMESPACE, coordinator_name, rank_name
+from raydp.placement.groups import remove_groups
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.handshake import HandshakeResult, HandshakeServer, parallel_config
 from raydp.wire.protocol import EngineAddresses, Init
@@ -94,6 +95,7 @@ class ActorManager:
         self._retired_refs: set[Any] = set()  # run refs of ranks a scale-down removes: not deaths
         self._report_lock = threading.RLock()
         self._scale_lock = threading.Lock()
+        self._place_lock = threading.Lock()
         self._scale_listeners: list[ScaleListener] = []
         self.ipc_prefix = ipc_prefix(config.name)
         # Made per launch and handed out only through Ray (actor arguments, endpoints).
@@ -233,8 +235,11 @@ class ActorManager:
             ray.remote(CoordinatorActor)
             .options(
                 num_cpus=0,
+                # Pinned to rank 0's node (it needs no CPU, so it always fits there): a soft
+                # affinity let Ray's spreading put it on another node, whose loss then took
+                # the coordinator with it even though rank 0 lived on.
                 scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
-                    self.slots[0].node_id, soft=True
+                    self.slots[0].node_id, soft=False
                 ),
                 **self._actor_options(coordinator_name(cfg.name)),
             )
@@ -398,13 +403,14 @@ class ActorManager:
         restarting = self._may_restart(rank, cause)
         if rank < 0:
             coord = self._startup.coordinator_endpoints
-            node = coord.node_id if coord is not None else None  # it may land off the master: soft affinity
+            node = coord.node_id if coord is not None else None
             err = CoordinatorDeadError(f"of cluster {self.config.name!r}", node, cause, detail)
         else:
             err = EngineDeadError(rank, self.slots[rank].node_id, cause, detail, restarting)
         self._reports.died(err)
         if restarting:
-            thread = threading.Thread(target=self._restart, args=(rank,), name=f"raydp-restart-{rank}", daemon=True)
+            thread = threading.Thread(target=self._restart, args=(rank, cause), name=f"raydp-restart-{rank}",
+                                      daemon=True)
             self._owned.restarts.append(thread)
             thread.start()
         elif self.config.lockstep:
@@ -415,19 +421,23 @@ class ActorManager:
     # ---- restarts (dense mode) ---------------------------------------------------------
 
     def _may_restart(self, rank: int, cause: DeathCause) -> bool:
-        """Dense ranks restart in their group while the policy allows; lockstep gangs do not."""
+        """Dense ranks restart while the policy allows (in their group, or re-placed if their node died)."""
         if rank < 0 or rank >= len(self.slots) or self.config.lockstep or self._owned.stop.is_set():
             return False
-        if cause is DeathCause.NODE_DIED or self._restarts_left.get(rank, 0) <= 0:
-            return False  # a dead node took the rank's placement group with it
+        if self._restarts_left.get(rank, 0) <= 0:
+            return False
+        if cause is DeathCause.NODE_DIED and self.slots[rank].group not in self._owned.groups:
+            return False  # the user's own group died with its node: not ours to re-place
         self._restarts_left[rank] -= 1
         return True
 
-    def _restart(self, rank: int) -> None:
+    def _restart(self, rank: int, cause: DeathCause = DeathCause.UNKNOWN) -> None:
         try:
             # An engine whose step raised is still alive, holding its name and its
             # bundle: it must be gone before its successor can take them.
             kill_and_wait(self._owned.engines[rank])
+            if cause is DeathCause.NODE_DIED:
+                self._replace_slot(rank)
             with self._owned.lock:
                 if self._owned.released:
                     return
@@ -445,6 +455,20 @@ class ActorManager:
             if self._owned.released:
                 return
             self._publish_restart(rank, result, refs)
+
+    def _replace_slot(self, rank: int) -> None:
+        """The rank's node died: a new group on the nodes that remain (or that join in time)."""
+        with self._place_lock:  # two ranks of one node must not plan onto the same free devices
+            old = self.slots[rank]
+            remove_groups([old.group])
+            with self._owned.lock:
+                self._owned.groups[:] = [g for g in self._owned.groups if g is not old.group]
+            slot = replace_slot(self.config, self.slots, rank, self.driver_node_id, self._owned)
+            self.slots = tuple(slot if s.rank == rank else s for s in self.slots)
+            self._startup.devices[rank] = probe_devices(self.config, [slot])[0]
+            self._owned.nodes.add(slot.node_id)
+        logger.warning("engine rank %d re-placed on node %s (its node %s died)", rank, slot.node_id[:12],
+                       old.node_id[:12])
 
     def _publish_restart(self, rank: int, result: HandshakeResult, refs: dict[Any, int]) -> None:
         endpoint = EngineEndpoint(rank, self.slots[rank].node_id, result.ready[rank].input_addresses)

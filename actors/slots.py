@@ -76,28 +76,44 @@ def place_more(
     (an autoscaler sees Ray's pending demand and may add nodes); on timeout they
     are removed and :class:`~raydp.errors.PlacementTimeoutError` says why.
     """
-    cfg, first = config, len(slots)
+    return _place(config, range(len(slots), dp_size), slots, driver_node_id, owned, f"scale to dp_size={dp_size}")
+
+
+def replace_slot(
+    config: RaydpConfig, slots: Sequence[RankSlot], rank: int, driver_node_id: str, owned: Owned
+) -> RankSlot:
+    """A new group for ``rank``, whose node died: planned on what is free now, as for a scale-up.
+
+    The rank's old group must be removed first (its name is reused).
+    """
+    others = [s for s in slots if s.rank != rank]
+    (slot,) = _place(config, range(rank, rank + 1), others, driver_node_id, owned, f"re-placing rank {rank}")
+    return slot
+
+
+def _place(
+    config: RaydpConfig, ranks: range, existing: Sequence[RankSlot], driver_node_id: str, owned: Owned, why: str
+) -> tuple[RankSlot, ...]:
+    cfg = config
     lifetime = "detached" if cfg.detached else None
     try:
         plan = plan_placement(
-            read_inventory(cfg.accelerator), dp_size=dp_size - first, world_size=cfg.world_size,
+            read_inventory(cfg.accelerator), dp_size=len(ranks), world_size=cfg.world_size,
             strategy=cfg.placement_strategy, master_node_id=cfg.master_node_id or driver_node_id,
             node_allowlist=cfg.node_allowlist,
         )
     except PlacementError as exc:
         if cfg.node_allowlist:
-            raise PlacementError(f"dp_size={dp_size}: the allowlisted nodes cannot hold "
-                                 f"{dp_size - first} more ranks:\n{exc}") from None
+            raise PlacementError(f"{why}: the allowlisted nodes cannot hold {len(ranks)} more ranks:\n{exc}") from None
         plan = None
     if plan is not None:
-        groups = create_groups(plan, cfg.name, lifetime=lifetime, first_rank=first)
+        groups = create_groups(plan, cfg.name, lifetime=lifetime, first_rank=ranks.start)
     else:
         logger.warning(
-            "scale to dp_size=%d: %d more ranks do not fit the free capacity now; waiting up to %gs for "
-            "nodes to join (an autoscaler sees the pending placement groups)",
-            dp_size, dp_size - first, cfg.placement_timeout_s,
+            "%s: %d ranks do not fit the free capacity now; waiting up to %gs for nodes to join "
+            "(an autoscaler sees the pending placement groups)", why, len(ranks), cfg.placement_timeout_s,
         )
-        groups = create_unpinned_groups(cfg.name, range(first, dp_size), cfg.world_size, cfg.accelerator,
+        groups = create_unpinned_groups(cfg.name, ranks, cfg.world_size, cfg.accelerator,
                                         span=cfg.placement_strategy == "span", lifetime=lifetime)
     try:
         wait_ready(groups, cfg.placement_timeout_s)
@@ -105,7 +121,7 @@ def place_more(
         remove_groups(groups)
         raise
     owned.groups.extend(groups)
-    return slots_from_groups(groups, first, slots)
+    return slots_from_groups(groups, ranks.start, existing)
 
 
 def probe_devices(config: RaydpConfig, slots: Sequence[RankSlot]) -> list[tuple[str, ...]]:

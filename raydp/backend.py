@@ -132,7 +132,7 @@ class DeathReports:
 
     def revived(self, endpoint: EngineEndpoint) -> None:
         if self.coordinator is not None:
-            self.coordinator.engine_revived(endpoint.rank, endpoint.input_addresses)
+            self.coordinator.engine_revived(endpoint.rank, endpoint.input_addresses, endpoint.node_id)
         logger.warning("engine rank %d restarted and rejoined", endpoint.rank)
         for listener in list(self._restart_listeners):
             try:

@@ -39,3 +39,38 @@ def test_removing_a_node_reports_its_ranks_as_node_died(cluster_pool: ClusterPoo
         cluster.close()
         cluster_pool.shape = None  # this cluster lost a node: nobody else may reuse it
     assert wait_until(lambda: not live_groups("nodedeath"), timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_ranks_of_a_dead_node_are_re_placed_on_the_nodes_that_remain(cluster_pool: ClusterPool) -> None:
+    ray_cluster = cluster_pool.get((4, 4), fresh=True)
+    cluster = raydp.launch(name="replace", dp_size=4, dp_size_local=2, max_restarts=1, progress=False)
+    try:
+        client = cluster.client()
+        attached = raydp.attach("replace")  # kept: dropping the handle would close its client
+        elsewhere = attached.client()  # follows from the coordinator's snapshots
+        head = ray_cluster.head_node.node_id
+        worker = next(n for n in ray_cluster.worker_nodes)
+        assert [ep.node_id == worker.node_id for ep in cluster.endpoints.engines] == [False, False, True, True]
+        assert cluster.endpoints.coordinator.node_id == head, "the coordinator lives beside rank 0"
+        removed_at = time.monotonic()
+        ray_cluster.remove_node(worker)
+
+        def serving_again() -> bool:
+            try:
+                return all(c.generate([r], max_tokens=2, rank=r, timeout=5) == [r, r]
+                           for c in (client, elsewhere) for r in (2, 3))
+            except raydp.RaydpError:
+                return False
+
+        assert wait_until(serving_again, timeout=120), cluster.deaths
+        print(f"\nranks re-placed and serving {time.monotonic() - removed_at:.1f}s after the node died")
+        dead = sorted((e.rank, e.cause, e.restarting) for e in cluster.deaths if isinstance(e, EngineDeadError))
+        assert dead == [(2, DeathCause.NODE_DIED, True), (3, DeathCause.NODE_DIED, True)]
+        assert [ep.node_id for ep in cluster.endpoints.engines] == [head] * 4, "the new ranks live on the head"
+        assert cluster.coordinator_state()["restarts"] == [0, 0, 1, 1]
+        assert cluster.wait(timeout=0.1) is None, "a recovered death does not end the cluster"
+    finally:
+        cluster.close()
+        cluster_pool.shape = None  # this cluster lost a node: nobody else may reuse it
+    assert wait_until(lambda: not live_groups("replace"), timeout=30)
