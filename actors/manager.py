@@ -31,6 +31,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from raydp.actors.coordinator import CoordinatorActor
 from raydp.actors.deaths import death_of
 from raydp.actors.engine import EngineCoreActor
+from raydp.actors.gang import GangRestarts
 from raydp.actors.owned import Owned
 from raydp.actors.slots import RankSlot, place_ranks, probe_devices, replace_slot
 from raydp.actors.terminate import kill_and_wait
@@ -95,6 +96,7 @@ class ActorManager:
         self._retired_refs: set[Any] = set()  # run refs of ranks a scale-down removes: not deaths
         self._report_lock = threading.RLock()
         self._scale_lock = threading.Lock()
+        self._gang = GangRestarts(self, config.max_restarts)
         self._place_lock = threading.Lock()
         self._scale_listeners: list[ScaleListener] = []
         self.ipc_prefix = ipc_prefix(config.name)
@@ -314,13 +316,14 @@ class ActorManager:
         startup.capacity.update({rank: ready.capacity for rank, ready in result.ready.items()})
         return result, refs
 
-    def _dp_master(self, startup: _Startup) -> str:
+    def _dp_master(self, startup: _Startup, watched: dict[Any, int] | None = None) -> str:
+        """Rank 0's new rendezvous; fails at once if one of ``watched`` (default: startup's refs) ends."""
         if not self.config.lockstep:
             return ""
-        ref = self._owned.engines[0].dp_master.remote()
+        ref = self._owned.engines[0].dp_master.remote(startup.dp_size or None)
         deadline = time.monotonic() + self.config.startup_timeout_s
         while not ray.wait([ref], timeout=0.05)[0]:
-            check_started(startup.run_refs)
+            check_started(startup.run_refs if watched is None else watched)
             if time.monotonic() > deadline:
                 raise StartupError("rank 0 did not start in time to host the DP rendezvous")
         found = death_of(ref)
@@ -399,6 +402,9 @@ class ActorManager:
             self._report_locked(rank, cause, detail)
 
     def _report_locked(self, rank: int, cause: DeathCause, detail: str) -> None:
+        if self.config.lockstep and rank >= 0:
+            self._gang.on_death(rank, cause, detail)
+            return
         err: ComponentDeadError
         restarting = self._may_restart(rank, cause)
         if rank < 0:

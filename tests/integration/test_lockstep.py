@@ -11,7 +11,8 @@ import pytest
 import ray
 
 import raydp
-from tests.integration.helpers import wait_until
+from raydp.errors import EngineDeadError
+from tests.integration.helpers import assert_nothing_left, wait_until
 
 INTERVAL = 8
 # Generous: the first test also pays for the module's DP=3 lockstep launch.
@@ -86,3 +87,45 @@ def test_an_idle_cluster_is_quiet(lockstep: Any) -> None:
 def _paused_wave(cluster: Any) -> int:
     assert wait_until(lambda: cluster.coordinator_state()["running"] is False, timeout=30)
     return int(cluster.coordinator_state()["wave"])
+
+
+@pytest.mark.timeout(240)
+def test_a_lockstep_death_restarts_the_whole_gang_and_it_serves_again(two_nodes: Any) -> None:
+    cluster = raydp.launch(name="gang", dp_size=3, lockstep=True, max_restarts=1, progress=False,
+                           engine_kwargs={"collective": True, "step_delay_s": 0.01})
+    try:
+        client = cluster.client()
+        assert client.generate([1], max_tokens=2, rank=2) == [1, 1]
+        in_flight = client.submit([4], max_tokens=100_000, rank=2)
+        moved = client.submit([5], max_tokens=3, rank=1, retryable=True)
+        killed_at = time.monotonic()
+        ray.kill(ray.get_actor("gang-dp0", namespace="raydp"))
+        with pytest.raises(EngineDeadError, match="rank 2"):
+            in_flight.result(timeout=30)  # its rank was stopped with the gang: it fails, typed
+
+        def serving() -> bool:
+            try:
+                return all(client.generate([r], max_tokens=2, rank=r, timeout=5) == [r, r] for r in range(3))
+            except raydp.RaydpError:
+                return False
+
+        assert wait_until(serving, timeout=60), cluster.deaths
+        back = time.monotonic() - killed_at
+        print(f"\nlockstep gang back in {back:.1f}s")
+        assert back < 30
+        try:  # retryable, but every rank went down at once: served, or failed with the typed error
+            assert moved.result(timeout=30) == [5, 5, 5]
+        except EngineDeadError:
+            pass
+        deaths = sorted((e.rank, e.restarting) for e in cluster.deaths if isinstance(e, EngineDeadError))
+        assert deaths == [(0, True), (1, True), (2, True)], "every rank of the gang went down and came back"
+        stats = [client.call_utility(r, "stats") for r in range(3)]
+        assert [s["dp_group_size"] for s in stats] == [3, 3, 3], "the new DP group has every rank"
+        assert cluster.coordinator_state()["restarts"] == [1, 1, 1]
+        assert cluster.wait(timeout=0.1) is None
+        ray.kill(ray.get_actor("gang-dp1", namespace="raydp"))  # no restarts left: the gang ends
+        with pytest.raises(EngineDeadError, match="rank 1"):
+            cluster.wait(timeout=30)
+    finally:
+        cluster.close()
+    assert_nothing_left("gang", timeout=30)
