@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 
 from raydp.cli import demo, plan, scale, serve, status
+from raydp.cli.signals import Stop, install_stop_handlers
 from raydp.errors import RaydpError
 
 
@@ -25,12 +27,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("serve", "demo"):  # long-running: SIGTERM stops them as Ctrl-C does
+        install_stop_handlers()
     try:
         code: int = args.run(args)
     except RaydpError as exc:
         print(f"raydp {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"raydp {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Stop) else signal.SIGINT
+        print(f"raydp {args.command}: stopped by {signal.Signals(signum).name}; everything was shut down",
+              file=sys.stderr)
+        return 128 + signum
     return code

@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 from raydp.cli.options import ENGINES, SERVING_PRESETS, add_config_flags, config_from_args
+from raydp.cli.signals import install_stop_handlers
 
 # The demo's own starting point; RAYDP_* variables and flags override it.
 PRESETS = SERVING_PRESETS
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args, CONFIG_FLAGS, {**PRESETS, "name": f"demo-{os.getpid()}"})
     started_ray = _start_ray(args, config.dp_size)
+    install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
     try:
         with launch(config, progress=not args.no_progress) as cluster:
             print(f"launched {cluster.dp_size} ranks of {config.engine}, capacity {cluster.capacity}")

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from raydp.cli.options import ENGINES, SERVING_PRESETS, add_config_flags, config_from_args
+from raydp.cli.signals import install_stop_handlers
 
 PRESETS = SERVING_PRESETS
 CONFIG_FLAGS = ("name", "dp_size", "dp_size_local", "tensor_parallel_size", "pipeline_parallel_size", "engine",
@@ -44,11 +45,12 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args, CONFIG_FLAGS, PRESETS)
     cluster = launch(config, backend=args.backend, address=args.address)
+    install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
     with cluster:
         urls = _start_api_servers(cluster, args)
         print(f"raydp {cluster.name}: {cluster.dp_size} ranks, {args.lb_mode} API servers at "
               f"{' '.join(urls)} (POST /v1/completions); Ctrl-C to stop", flush=True)
-        cluster.wait()
+        cluster.wait()  # a stop signal raises here, and the with-block closes everything
     return 0
 
 

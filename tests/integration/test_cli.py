@@ -49,8 +49,47 @@ def test_serve_answers_http_and_ctrl_c_shuts_everything_down() -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130
-    assert "interrupted" in proc.stderr.read()
+    assert "stopped by SIGINT; everything was shut down" in proc.stderr.read()
     assert socket_dirs("clisrv") == []
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell does for `raydp serve ... &`, or nohup
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("backend", ["mp", "ray"])
+def test_sigterm_on_a_background_serve_shuts_everything_down(backend: str) -> None:
+    import psutil
+
+    name = f"bgterm{backend}"
+    # On Ray, its own local one (no GPUs, 2 cores): one rank of CPU bundles.
+    on_ray = ("--accelerator", "CPU", "--dp-size", "1") if backend == "ray" else ()
+    proc = raydp_cli("serve", "--backend", backend, "--name", name, "--engine", "echo", "--api-servers", "2",
+                     "--port", "0", *on_ray, preexec_fn=_ignore_sigint)
+    try:
+        assert proc.stdout is not None
+        banner = proc.stdout.readline()
+        assert "Ctrl-C to stop" in banner, banner + (proc.stderr.read() if proc.poll() is not None else "")
+        url = banner.split(" at ")[1].split(" ")[0]
+        req = urllib.request.Request(f"{url}/v1/generate", json.dumps({"prompt_token_ids": [6], "max_tokens": 2})
+                                     .encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert json.loads(resp.read()) == {"token_ids": [6, 6]}
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "the API servers (and, on mp, the engines) are child processes"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped by SIGTERM; everything was shut down" in stderr
+    assert "Traceback" not in stderr and "Aborted" not in stderr, stderr[-3000:]
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not [p for p in alive if p.name() != "raylet"], f"left behind: {alive}"
+    assert socket_dirs(name) == []
 
 
 def serve_banner(*flags: str, env: dict[str, str]) -> str:
