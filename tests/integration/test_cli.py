@@ -63,14 +63,16 @@ def test_sigterm_on_a_background_serve_shuts_everything_down(backend: str) -> No
     import psutil
 
     name = f"bgterm{backend}"
-    # On Ray, its own local one (no GPUs, 2 cores): one rank of CPU bundles.
-    on_ray = ("--accelerator", "CPU", "--dp-size", "1") if backend == "ray" else ()
+    # On Ray, a local one of its own (not a test cluster that may be running): one rank of CPU bundles.
+    on_ray = ("--address", "local", "--accelerator", "CPU", "--dp-size", "1") if backend == "ray" else ()
     proc = raydp_cli("serve", "--backend", backend, "--name", name, "--engine", "echo", "--api-servers", "2",
                      "--port", "0", *on_ray, preexec_fn=_ignore_sigint)
     try:
         assert proc.stdout is not None
         banner = proc.stdout.readline()
-        assert "Ctrl-C to stop" in banner, banner + (proc.stderr.read() if proc.poll() is not None else "")
+        if "Ctrl-C to stop" not in banner:
+            proc.wait(timeout=30)
+            pytest.fail(f"no banner ({banner!r}); exit {proc.returncode}: {proc.stderr.read()[-3000:]}")
         url = banner.split(" at ")[1].split(" ")[0]
         req = urllib.request.Request(f"{url}/v1/generate", json.dumps({"prompt_token_ids": [6], "max_tokens": 2})
                                      .encode(), {"Content-Type": "application/json"})
