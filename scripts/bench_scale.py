@@ -169,16 +169,24 @@ def startup_benchmark(reps: int, ranks: int = 4) -> list[ScaleTiming]:
     ]
 
 
+def _timing_rows(results: list[ScaleTiming], bases: list[float]) -> list[str]:
+    """One table row per timing, with its ratio to each of ``bases``."""
+    rows = []
+    for r in results:
+        if r.error:
+            rows.append(f"| {r.what} | {r.mode or '-'} | failed: {r.error} |" + " |" * (len(bases) + 1))
+            continue
+        ratios = "".join(f" {r.median_s / b:.2f}x |" for b in bases)
+        rows.append(f"| {r.what} | {r.mode or '-'} | {r.median_s:.2f} s | {r.spread_s[0]:.2f} - "
+                    f"{r.spread_s[1]:.2f} s |{ratios}")
+    return rows
+
+
 def startup_table(results: list[ScaleTiming]) -> list[str]:
     base = results[0].median_s
     lines = ["### Startup: a serving DP=4 cluster against bare actors", "",
-             "| what | mode | median | min - max | vs bare actors |", "|---|---|---:|---:|---:|"]
-    for r in results:
-        if r.error:
-            lines.append(f"| {r.what} | {r.mode or '-'} | failed: {r.error} | | |")
-            continue
-        lines.append(f"| {r.what} | {r.mode or '-'} | {r.median_s:.2f} s | {r.spread_s[0]:.2f} - "
-                     f"{r.spread_s[1]:.2f} s | {r.median_s / base:.2f}x |")
+             "| what | mode | median | min - max | vs bare actors |", "|---|---|---:|---:|---:|",
+             *_timing_rows(results, [base])]
     verdicts = [f"{r.mode}: {r.median_s / base:.2f}x ({'met' if r.median_s / base <= 1.5 else 'missed'})"
                 for r in results[1:] if not r.error]
     return [*lines, "", "Target: <= 1.5x the bare actors. " + "; ".join(verdicts)]
@@ -210,13 +218,8 @@ def scale_table(results: list[ScaleTiming]) -> list[str]:
         "",
         "| what | mode | median | min - max | vs bare actor | vs bare actor + torch |",
         "|---|---|---:|---:|---:|---:|",
+        *_timing_rows(results, [bare, bare_torch]),
     ]
-    for r in results:
-        if r.error:
-            lines.append(f"| {r.what} | {r.mode or '-'} | failed: {r.error} | | | |")
-            continue
-        lines.append(f"| {r.what} | {r.mode or '-'} | {r.median_s:.2f} s | {r.spread_s[0]:.2f} - "
-                     f"{r.spread_s[1]:.2f} s | {r.median_s / bare:.2f}x | {r.median_s / bare_torch:.2f}x |")
     # A dense echo rank imports no torch; a lockstep rank must (its gloo group): compare like with like.
     verdicts = []
     for r in results:

@@ -64,6 +64,7 @@ logger = logging.getLogger("raydp.client.client")
 RECV_BUDGET = 256  # output batches taken from one engine per IO-thread turn
 SILENCE_HEARTBEATS, SILENCE_MIN_S = 5, 5.0  # when a silent coordinator counts as dead
 Command = Callable[[], None]
+_NONE: frozenset[str] = frozenset()  # a single submit has no batch to clash with
 
 
 class Client:
@@ -407,11 +408,11 @@ class Client:
     def _do_submit(
         self, request: Request, pinned: int | None, listener: Listener, retryable: bool, handle: RequestHandle | None
     ) -> None:
-        state = self._admit(Submission(request, pinned, listener, retryable, handle), set())
+        state = self._admit(Submission(request, pinned, listener, retryable, handle), _NONE)
         if state is not None:
             self._send_request(state)
 
-    def _admit(self, item: Submission, batch_ids: set[str]) -> RequestState | None:
+    def _admit(self, item: Submission, batch_ids: Collection[str]) -> RequestState | None:
         """Check one submission and pick its rank; None (and the listener told why) if it cannot go."""
         rid, pinned, listener = item.request.request_id, item.rank, item.listener
         if rid in self._requests or rid in batch_ids:

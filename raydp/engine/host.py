@@ -135,6 +135,9 @@ class EngineHost:
 
     def _join_group(self, regroup: Regroup) -> DPCollective:
         """Join a new DP group after a scale change (the loop left the old one already)."""
+        with self._lock:  # the old groups' rendezvous served their purpose: stop listening
+            for address in [a for a in self._rendezvous if a != regroup.dp_master]:
+                self._rendezvous.pop(address).close()
         return GlooDPGroup(
             regroup.dp_master, self.rank, regroup.dp_size, timeout_s=self.config.handshake_timeout_s,
             store=self._hosted_store(regroup.dp_master),
