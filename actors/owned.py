@@ -43,19 +43,21 @@ class Owned(OwnedResources):
         self.groups.clear()
 
     def _stop_actors(self) -> None:
-        """Ask politely (engines clean up their sockets), then kill what is left."""
+        """Ask politely, let each actor exit on its own, then kill what is left.
+
+        A signal from Ray landing while an actor tears down its sockets prints
+        ``Exception ignored in: Context.__del__ ... SystemExit`` tracebacks:
+        so the loops leave first (their ``run`` refs end), then each actor exits
+        from inside (``__ray_terminate__``), and only a wedged one is killed.
+        """
         actors = [a for a in [self.coordinator, *self.engines] if a is not None]
-        refs = [a.shutdown.remote() for a in actors]
-        try:
-            ray.wait(refs, num_returns=len(refs), timeout=GRACE_S)
-        except Exception:  # a dead actor's ref raises; it is being killed anyway
-            pass
+        _wait([a.shutdown.remote() for a in actors] + self.run_refs)
+        _wait([a.__ray_terminate__.remote() for a in actors])
         for actor in actors:
             _kill(actor)
         # Wait for the deaths, so their resources are back when close() returns
         # and an immediate relaunch finds the cluster as it was.
-        if self.run_refs:
-            ray.wait(self.run_refs, num_returns=len(self.run_refs), timeout=GRACE_S)
+        _wait(self.run_refs)
         self.run_refs.clear()
         self.engines.clear()
         self.coordinator = None
@@ -86,6 +88,16 @@ def _remove_ipc_dirs(cluster_name: str) -> None:
 
 
 remove_ipc_dirs = ray.remote(num_cpus=0)(_remove_ipc_dirs)
+
+
+def _wait(refs: list[Any]) -> None:
+    """Until every ref is done (a dead actor's counts as done), at most ``GRACE_S``."""
+    if not refs:
+        return
+    try:
+        ray.wait(refs, num_returns=len(refs), timeout=GRACE_S)
+    except Exception:  # a dead actor's ref may raise; it is being killed anyway
+        pass
 
 
 def _kill(actor: Any) -> None:
