@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import ray
@@ -10,6 +11,7 @@ import ray
 from raydp.actors.metrics import CoordinatorMetrics, export_periodically
 from raydp.config import TransportKind
 from raydp.coordinator.loop import CoordinatorLoop
+from raydp.coordinator.resync import Restored
 from raydp.coordinator.state import CoordinatorState
 from raydp.logs import configure_component_logging
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
@@ -35,9 +37,14 @@ class CoordinatorActor:
 
     Failures: malformed socket input, and messages naming unknown ranks, are
     logged and dropped; they never kill the actor. If the actor dies, the
-    manager sees its ``run`` ref finish and reports ``CoordinatorDeadError``;
-    dense ranks keep serving (clients keep their last load snapshot), lockstep
-    ranks are stopped since no wave could start again.
+    manager sees its ``run`` ref finish, reports ``CoordinatorDeadError`` and
+    starts a successor (``successor_of``: the dead one's addresses and what the
+    launcher knows, :class:`~raydp.coordinator.resync.Restored`) on the same
+    node; it binds the same addresses, so engines and clients reconnect on
+    their own, and rebuilds loads and the wave from the engines' reports
+    (:mod:`raydp.coordinator.resync`). Meanwhile dense ranks keep serving on
+    the clients' last snapshot, and lockstep ranks keep stepping the wave
+    they are in.
     """
 
     def __init__(
@@ -49,15 +56,19 @@ class CoordinatorActor:
         options: SocketOptions,
         cluster_name: str,
         ipc_prefix: str = "",
+        successor_of: tuple[CoordinatorEndpoints, Restored] | None = None,
     ) -> None:
         configure_component_logging(f"{cluster_name} coordinator")
         state = CoordinatorState(engine_count, stats_interval_s, heartbeat_interval_s)
+        if successor_of is not None:
+            state.restore(successor_of[1], time.monotonic())
         self._loop = CoordinatorLoop(
             state,
             options,
             transport=transport,
             node_id=ray.get_runtime_context().get_node_id(),
             ipc_prefix=f"{ipc_prefix or cluster_name}-coordinator",
+            rebind=successor_of[0] if successor_of is not None else None,
         )
         self._cluster: ClusterEndpoints | None = None
         self._info: dict[str, Any] = {}

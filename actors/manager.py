@@ -7,9 +7,11 @@ handshake, and then watches every ``run()`` ref on a background thread with
 second as a typed :class:`~raydp.errors.ComponentDeadError`.
 
 In dense mode a dead rank is restarted in its own placement group while the
-restart policy (``max_restarts``) allows; in lockstep mode a death stops the
-whole gang. Everything it creates is recorded in an :class:`~raydp.actors.owned.Owned`
-that ``close()``, garbage collection and interpreter exit all release, once.
+restart policy (``max_restarts``) allows; in lockstep mode the whole gang
+restarts (:mod:`raydp.actors.gang`); a dead coordinator is restarted at its
+addresses (:mod:`raydp.actors.coordinator_restart`). Everything it creates
+is recorded in an :class:`~raydp.actors.owned.Owned` that ``close()``,
+garbage collection and interpreter exit all release, once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raydp.actors.coordinator import CoordinatorActor
+from raydp.actors.coordinator_restart import CoordinatorRestarts
 from raydp.actors.deaths import death_of
 from raydp.actors.engine import EngineCoreActor
 from raydp.actors.gang import GangRestarts
@@ -39,11 +42,11 @@ from raydp.actors.watch import check_started, watch_run_refs
 from raydp.backend import APIServerGroup, DeathListener, DeathReports, RestartListener, ScaleListener
 from raydp.config import RaydpConfig
 from raydp.coordinator.client import CoordinatorClient
+from raydp.coordinator.resync import Restored
 from raydp.errors import (
     ClusterClosedError,
     ComponentDeadError,
     ConfigError,
-    CoordinatorDeadError,
     DeathCause,
     EngineDeadError,
     RaydpError,
@@ -97,6 +100,8 @@ class ActorManager:
         self._report_lock = threading.RLock()
         self._scale_lock = threading.Lock()
         self._gang = GangRestarts(self, config.max_restarts)
+        self._coordinator_restarts = CoordinatorRestarts(self, config.coordinator_max_restarts)
+        self._api_server_records: list[dict[str, Any]] = []  # for a restarted coordinator
         self._place_lock = threading.Lock()
         self._scale_listeners: list[ScaleListener] = []
         self.ipc_prefix = ipc_prefix(config.name)
@@ -130,6 +135,7 @@ class ActorManager:
         return list(self._reports.deaths)
 
     def register_api_servers(self, record: dict[str, Any]) -> None:
+        self._api_server_records.append(dict(record))
         self._owned.coordinator.add_api_servers.remote(record)
 
     def start_api_servers(
@@ -231,24 +237,30 @@ class ActorManager:
             opts["lifetime"] = "detached"
         return opts
 
-    def _start_coordinator(self, startup: _Startup) -> None:
+    def _create_coordinator(self, successor_of: tuple[CoordinatorEndpoints, Restored] | None = None) -> Any:
+        """The coordinator actor (a restart passes its predecessor's addresses and state)."""
         cfg = self.config
+        node = successor_of[0].node_id if successor_of is not None else self.slots[0].node_id
         actor = (
             ray.remote(CoordinatorActor)
             .options(
                 num_cpus=0,
                 # Pinned to rank 0's node (it needs no CPU, so it always fits there): a soft
                 # affinity let Ray's spreading put it on another node, whose loss then took
-                # the coordinator with it even though rank 0 lived on.
-                scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
-                    self.slots[0].node_id, soft=False
-                ),
+                # the coordinator with it even though rank 0 lived on. A successor goes
+                # where its addresses are.
+                scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
                 **self._actor_options(coordinator_name(cfg.name)),
             )
-            .remote(cfg.dp_size, cfg.stats_interval_s, cfg.heartbeat_interval_s, cfg.transport,
-                    self._sock_opts, cfg.name, self.ipc_prefix)
+            .remote(len(self.slots), cfg.stats_interval_s, cfg.heartbeat_interval_s, cfg.transport,
+                    self._sock_opts, cfg.name, self.ipc_prefix, successor_of)
         )
         self._owned.coordinator = actor
+        return actor
+
+    def _start_coordinator(self, startup: _Startup) -> None:
+        cfg = self.config
+        actor = self._create_coordinator()
         startup.coordinator_endpoints = ray.get(actor.endpoints.remote(), timeout=cfg.startup_timeout_s)
         ref = actor.run.remote()
         startup.run_refs[ref] = -1
@@ -402,27 +414,20 @@ class ActorManager:
             self._report_locked(rank, cause, detail)
 
     def _report_locked(self, rank: int, cause: DeathCause, detail: str) -> None:
-        if self.config.lockstep and rank >= 0:
+        if rank < 0:
+            self._coordinator_restarts.on_death(cause, detail)
+            return
+        if self.config.lockstep:
             self._gang.on_death(rank, cause, detail)
             return
-        err: ComponentDeadError
         restarting = self._may_restart(rank, cause)
-        if rank < 0:
-            coord = self._startup.coordinator_endpoints
-            node = coord.node_id if coord is not None else None
-            err = CoordinatorDeadError(f"of cluster {self.config.name!r}", node, cause, detail)
-        else:
-            err = EngineDeadError(rank, self.slots[rank].node_id, cause, detail, restarting)
+        err = EngineDeadError(rank, self.slots[rank].node_id, cause, detail, restarting)
         self._reports.died(err)
         if restarting:
             thread = threading.Thread(target=self._restart, args=(rank, cause), name=f"raydp-restart-{rank}",
                                       daemon=True)
             self._owned.restarts.append(thread)
             thread.start()
-        elif self.config.lockstep:
-            # The collective (or, for the coordinator, the waves) is broken:
-            # the peers would wait in it forever. Fail the whole gang now.
-            self._owned.kill_engines(except_rank=rank)
 
     # ---- restarts (dense mode) ---------------------------------------------------------
 

@@ -115,6 +115,10 @@ class DeathReports:
         self._restart_listeners: list[RestartListener] = []
         self.coordinator: CoordinatorClient | None = None  # set once the coordinator serves
         self._lock = threading.Lock()
+        # What the coordinator also tallies, kept here for a restarted one (its state died with it).
+        self.dead: dict[int, str] = {}
+        self.death_counts: dict[int, int] = {}
+        self.restart_counts: dict[int, int] = {}
 
     def on_death(self, listener: DeathListener) -> None:
         self._listeners.append(listener)
@@ -126,11 +130,18 @@ class DeathReports:
         """Record ``err``; the coordinator hears of a dead rank before the local listeners do."""
         with self._lock:
             self.deaths.append(err)
+            if isinstance(err, EngineDeadError):
+                if err.rank not in self.dead:
+                    self.death_counts[err.rank] = self.death_counts.get(err.rank, 0) + 1
+                self.dead[err.rank] = err.cause.value
         if isinstance(err, EngineDeadError) and self.coordinator is not None:
             self.coordinator.engine_dead(err.rank, err.cause.value)
         notify(self._listeners, err)
 
     def revived(self, endpoint: EngineEndpoint) -> None:
+        with self._lock:
+            self.dead.pop(endpoint.rank, None)
+            self.restart_counts[endpoint.rank] = self.restart_counts.get(endpoint.rank, 0) + 1
         if self.coordinator is not None:
             self.coordinator.engine_revived(endpoint.rank, endpoint.input_addresses, endpoint.node_id)
         logger.warning("engine rank %d restarted and rejoined", endpoint.rank)

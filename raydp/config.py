@@ -68,6 +68,9 @@ class RaydpConfig(BaseModel):
     startup_timeout_s: float = Field(120.0, gt=0)
     handshake_timeout_s: float = Field(60.0, gt=0)
     max_restarts: int = Field(0, ge=0, description="restarts allowed per rank (dense mode)")
+    coordinator_max_restarts: int = Field(
+        3, ge=0, description="restarts allowed for the coordinator (Ray backend; it restarts on its node)"
+    )
     transport: TransportKind = Field("auto", description="auto: IPC on one node, TCP across nodes")
     auth: AuthKind = Field(
         "curve", description="'curve': TCP peers must hold the cluster's keys; 'none': trust the network"

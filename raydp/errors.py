@@ -155,9 +155,17 @@ class WorkerError(RaydpError):
 
 
 class CoordinatorDeadError(ComponentDeadError):
-    """The coordinator actor died."""
+    """The coordinator actor died; ``restarting`` is True when a successor is being started."""
 
     component = "coordinator"
+
+    def __init__(
+        self, name: str, node_id: str | None, cause: DeathCause, detail: str = "", restarting: bool = False
+    ) -> None:
+        super().__init__(name, node_id, cause, detail)
+        if restarting:
+            self.args = (f"{self.args[0]}; restarting it",)
+        self.restarting = restarting
 
 
 class ProcessDeadError(ComponentDeadError):

@@ -49,6 +49,13 @@ _PRESENCE = presence_topic(0)[:-2]
 _BUSY_WAIT_MS = 1
 
 
+def _ipc_dir(rebind: CoordinatorEndpoints | None, transport: TransportKind, prefix: str) -> IpcDir | None:
+    if rebind is None:
+        return IpcDir(prefix) if transport != "tcp" else None
+    ipc = [a for a in (*rebind.publish, *rebind.collect, *rebind.broadcast) if a.startswith("ipc://")]
+    return IpcDir.reuse(ipc[0]) if ipc else None
+
+
 class CoordinatorLoop:
     """Binds the three sockets at construction; :meth:`run` serves until :meth:`stop`."""
 
@@ -61,14 +68,16 @@ class CoordinatorLoop:
         node_id: str,
         ip: str | None = None,
         ipc_prefix: str = "coordinator",
+        rebind: CoordinatorEndpoints | None = None,
     ) -> None:
+        """Bind new addresses, or with ``rebind`` exactly those of a dead predecessor on this node."""
         self.state = state
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.ipc_dir = IpcDir(ipc_prefix) if transport != "tcp" else None
+        self.ipc_dir = _ipc_dir(rebind, transport, ipc_prefix)
         self._gate = None
         try:
             self._gate = guard(self.ctx, opts.curve)
-            self.endpoints = self._bind(opts, transport, node_id, ip)
+            self.endpoints = self._bind(opts, transport, node_id, ip, rebind)
         except BaseException:  # a failed bind must not leak the context or the directory
             self._stop_gate()
             self.ctx.destroy(linger=0)
@@ -89,7 +98,8 @@ class CoordinatorLoop:
         self.broadcasts = 0
 
     def _bind(
-        self, opts: SocketOptions, transport: TransportKind, node_id: str, ip: str | None
+        self, opts: SocketOptions, transport: TransportKind, node_id: str, ip: str | None,
+        rebind: CoordinatorEndpoints | None,
     ) -> CoordinatorEndpoints:
         self.publish = make_socket(self.ctx, zmq.PUB, opts, serves=True)
         self.collect = make_socket(self.ctx, zmq.PULL, opts, serves=True)
@@ -97,6 +107,11 @@ class CoordinatorLoop:
         self.broadcast.setsockopt(zmq.XPUB_VERBOSE, 1)
 
         def bind(sock: zmq.Socket[bytes], name: str) -> list[str]:
+            if rebind is not None:
+                addresses: list[str] = getattr(rebind, name)
+                for address in addresses:
+                    sock.bind(address)
+                return list(addresses)
             return bind_endpoints(sock, name, transport=transport, ipc_dir=self.ipc_dir, ip=ip)
 
         return CoordinatorEndpoints(

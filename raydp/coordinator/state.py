@@ -18,8 +18,10 @@ import logging
 from dataclasses import dataclass, field
 
 from raydp.coordinator.hold import GangHold
+from raydp.coordinator.resync import WITHHOLD_S, Restored, ResyncTracker
 from raydp.wire.protocol import (
     EngineDead,
+    EngineReport,
     EngineRevived,
     EngineStats,
     FirstRequest,
@@ -28,6 +30,7 @@ from raydp.wire.protocol import (
     RegroupCluster,
     Regrouped,
     ReleaseCluster,
+    Resync,
     ScaleEngines,
     StartDPWave,
     StartWave,
@@ -61,6 +64,7 @@ class CoordinatorState:
     size: int = -1  # ranks clients route new requests to; the rest drain (-1: all)
     nodes: dict[int, str] = field(default_factory=dict)  # node of each rank in ``moved``
     hold: GangHold | None = None
+    resync: ResyncTracker | None = None  # a restarted coordinator relearning the engines' state
     _last_publish: float = float("-inf")
     _last_wave_broadcast: float = float("-inf")
     _last_hold_broadcast: float = float("-inf")
@@ -82,11 +86,29 @@ class CoordinatorState:
                 del table[rank]
         self.engine_count = n
 
+    def restore(self, restored: Restored, now: float) -> None:
+        """Start as the successor of a dead coordinator: the launcher's part now, the engines' by resync.
+
+        See :mod:`raydp.coordinator.resync`.
+        """
+        n = restored.engine_count
+        self._resize(n)
+        self.size = restored.size if 1 <= restored.size <= n else n
+        self.dead = {r: c for r, c in restored.dead.items() if 0 <= r < n}
+        self.moved = {r: list(a) for r, a in restored.moved.items() if 0 <= r < n}
+        self.nodes = {r: node for r, node in restored.nodes.items() if 0 <= r < n}
+        self.deaths = (list(restored.deaths) + [0] * n)[:n]
+        self.restarts = (list(restored.restarts) + [0] * n)[:n]
+        self.resync = ResyncTracker(set(range(n)) - set(self.dead), now, self.stats_interval_s)
+        self.changed = True
+
     def handle(self, msg: ToCoordinator) -> ToEngines | None:
         """Apply one message; return the broadcast it calls for, if any."""
         if isinstance(msg, EngineStats):  # nearly all the traffic (every rank, every interval): first
             self._on_stats(msg)
             return None
+        if isinstance(msg, EngineReport):
+            return self._on_report(msg)
         if isinstance(msg, _STARTS) and self.hold is not None:
             return self._start_during_hold(self.hold, msg)
         if isinstance(msg, FirstRequest):
@@ -174,6 +196,8 @@ class CoordinatorState:
     def due_broadcasts(self, now: float) -> list[ToEngines]:
         """What to (re)send to engines at ``now``: the running wave, an unanswered Hold or Regroup."""
         out: list[ToEngines] = []
+        if self.resync is not None and self.resync.ask_due(now):
+            out.append(Resync())
         wave = self.due_rebroadcast(now)
         if wave is not None:
             out.append(wave)
@@ -231,6 +255,24 @@ class CoordinatorState:
             self.counts[msg.rank] = new
             self.changed = True
 
+    def _on_report(self, msg: EngineReport) -> StartDPWave | None:
+        """A rank's whole state, for a restarted coordinator: its load, and its wave position.
+
+        A stepping rank may be waiting in the collective for peers that are
+        paused: it is treated as a ``StartWave``, which wakes them. A paused
+        rank waits for ``wave``, so every wave before it is complete.
+        """
+        if self._bad_rank(msg.rank, msg):
+            return None
+        if self.resync is not None:
+            self.resync.answered(msg.rank)
+        self._on_stats(EngineStats(rank=msg.rank, waiting=msg.waiting, running=msg.running))
+        if msg.stepping:
+            return self._on_start_wave(StartWave(rank=msg.rank, wave=msg.wave))
+        if msg.wave > self.wave:
+            self.wave, self.running, self.changed = msg.wave, False, True
+        return None
+
     def _on_first_request(self, msg: FirstRequest) -> StartDPWave | None:
         if self._bad_rank(msg.rank, msg) or self.running:
             return None
@@ -281,6 +323,8 @@ class CoordinatorState:
 
     def due_snapshot(self, now: float) -> StatsSnapshot | None:
         """The snapshot to publish at ``now``, or None if it is not time yet."""
+        if self.resync is not None and self.resync.withholding(now):
+            return None
         since = now - self._last_publish
         if not ((self.changed and since >= self.stats_interval_s) or since >= self.heartbeat_interval_s):
             return None
@@ -300,5 +344,7 @@ class CoordinatorState:
 
     def next_deadline(self, now: float) -> float:
         """Seconds until :meth:`due_snapshot` may return something."""
+        if self.resync is not None and self.resync.withholding(now):
+            return min(self.stats_interval_s, WITHHOLD_S)  # also when to ask the silent ranks again
         wait = self.stats_interval_s if self.changed else self.heartbeat_interval_s
         return max(0.0, self._last_publish + wait - now)

@@ -43,11 +43,13 @@ from raydp.errors import ProtocolError
 from raydp.wire.protocol import (
     BROADCAST_TOPIC,
     Abort,
+    EngineReport,
     EngineStats,
     Output,
     OutputBatch,
     Request,
     RequestBatch,
+    Resync,
     Shutdown,
     UtilityCall,
     UtilityResult,
@@ -282,6 +284,8 @@ class EngineLoop:
             return self._drop(str(exc))
         if isinstance(msg, Shutdown):
             self._stopping = True
+        elif isinstance(msg, Resync):
+            self._report_state()
         elif self.lockstep is not None:
             self.lockstep.on_broadcast(msg)
         return None
@@ -363,6 +367,15 @@ class EngineLoop:
             return
         self._last_load, self._last_load_sent = load, now
         self._to_coordinator(EngineStats(rank=self.rank, waiting=load[0], running=load[1]))
+
+    def _report_state(self) -> None:
+        """Answer a restarted coordinator's ``Resync`` with this rank's load and wave position."""
+        load = self.engine.load()
+        self._last_load, self._last_load_sent = load, time.monotonic()
+        wave, stepping = self.lockstep.waves.position() if self.lockstep is not None else (0, False)
+        self._to_coordinator(
+            EngineReport(rank=self.rank, waiting=load[0], running=load[1], wave=wave, stepping=stepping)
+        )
 
     def _to_coordinator(self, msg: Any) -> None:
         self.sockets.to_coordinator(msg)

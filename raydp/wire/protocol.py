@@ -201,9 +201,24 @@ class ReleaseCluster(_Msg, tag=12):
     epoch: int
 
 
+class EngineReport(_Msg, tag=13):
+    """An engine's whole state, in answer to ``Resync`` from a restarted coordinator.
+
+    ``wave`` and ``stepping`` are the rank's wave position (lockstep; a dense
+    rank reports 0 and False): a stepping rank is running ``wave``, a paused
+    one waits to start it.
+    """
+
+    rank: int
+    waiting: int
+    running: int
+    wave: int
+    stepping: bool
+
+
 ToCoordinator = Union[
     EngineStats, WaveComplete, StartWave, FirstRequest, ScaleEngines, EngineDead, EngineRevived,
-    HoldCluster, HoldAck, RegroupCluster, Regrouped, ReleaseCluster,
+    HoldCluster, HoldAck, RegroupCluster, Regrouped, ReleaseCluster, EngineReport,
 ]
 
 # ---- coordinator -> clients / engines ---------------------------------------------------
@@ -260,7 +275,11 @@ class Release(_Msg, tag=5):
     epoch: int
 
 
-ToEngines = Union[StartDPWave, Shutdown, Hold, Regroup, Release]
+class Resync(_Msg, tag=6):
+    """A restarted coordinator asks every engine for an ``EngineReport``."""
+
+
+ToEngines = Union[StartDPWave, Shutdown, Hold, Regroup, Release, Resync]
 BROADCAST_TOPIC: Final = b"all"
 
 

@@ -99,6 +99,22 @@ class IpcDir:
         self.path = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=root))
         os.chmod(self.path, 0o700)
 
+    @classmethod
+    def reuse(cls, address: str) -> IpcDir:
+        """The directory of ``address`` (an ``ipc://`` path in it), made again if it is gone.
+
+        A successor binding its predecessor's addresses (a restarted
+        coordinator) must use the same directory: peers reconnect to the path.
+        """
+        path = Path(address.removeprefix("ipc://")).parent
+        if path.parent != cls.root():
+            raise ConfigError(f"address={address!r}: not inside a raydp IPC directory under {cls.root()}")
+        self = cls.__new__(cls)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path, 0o700)
+        self.path = path
+        return self
+
     @staticmethod
     def root() -> Path:
         """The per-user parent of every raydp IPC directory on this node."""

@@ -106,6 +106,8 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
     (p.Hold(epoch=2), p.engine_broadcast_decoder),
     (p.Regroup(epoch=2, dp_size=6, dp_master="10.0.0.1:29502", wave=9), p.engine_broadcast_decoder),
     (p.Release(epoch=2), p.engine_broadcast_decoder),
+    (p.Resync(), p.engine_broadcast_decoder),
+    (p.EngineReport(rank=1, waiting=2, running=3, wave=4, stepping=True), p.coordinator_decoder),
     (
         p.Init(
             addresses=p.EngineAddresses(coordinator_collect="tcp://10.0.0.1:5000", coordinator_broadcast="tcp://10.0.0.1:5001"),
@@ -203,10 +205,11 @@ def test_union_decoders_return_the_encoded_member() -> None:
                 p.StartWave(rank=0, wave=0), p.FirstRequest(rank=0, wave=0), p.ScaleEngines(engine_count=0),
                 p.ScaleEngines(engine_count=0, size=0), p.HoldCluster(epoch=0, gang=0),
                 p.HoldAck(rank=0, epoch=0, wave=0, running=False), p.RegroupCluster(epoch=0, dp_size=0, dp_master=""),
-                p.Regrouped(rank=0, epoch=0), p.ReleaseCluster(epoch=0)):
+                p.Regrouped(rank=0, epoch=0), p.ReleaseCluster(epoch=0),
+                p.EngineReport(rank=0, waiting=0, running=0, wave=0, stepping=False)):
         assert type(p.coordinator_decoder(p.encode(msg))) is type(msg)
     for msg in (p.StartDPWave(wave=0), p.Shutdown(), p.Hold(epoch=0),
-                p.Regroup(epoch=0, dp_size=0, dp_master="", wave=0), p.Release(epoch=0)):
+                p.Regroup(epoch=0, dp_size=0, dp_master="", wave=0), p.Release(epoch=0), p.Resync()):
         assert type(p.engine_broadcast_decoder(p.encode(msg))) is type(msg)
     ready = p.Ready(capacity=0, config_hash="", input_addresses=[])
     for msg in (p.Hello(local=True), p.Reject(reason=""), ready):
@@ -306,11 +309,12 @@ def test_every_truncation_raises_protocol_error(case: tuple[msgspec.Struct, Deco
 # Pairs where another message happens to have the same positional shape as a
 # valid one (untagged array_like structs): Shutdown is [2] == OutputBatch(rank=2),
 # Reject("r") is [4, "r"] == UtilityCall(4, "r"), Release(e) is [5, e] ==
-# ScaleEngines(engine_count=e). They travel on different sockets, so they
+# ScaleEngines(engine_count=e), Resync() is [6] == OutputBatch(rank=6). They travel on different sockets, so they
 # cannot meet in practice.
 # Abort([]) is [[]] == RequestBatch([]) on the same socket, but the frame's tag tells them apart.
 AMBIGUOUS = {
     ("Shutdown", "output_decoder"), ("Reject", "utility_decoder"), ("Release", "coordinator_decoder"),
+    ("Resync", "output_decoder"),
     ("Abort", "request_batch_decoder"), ("RequestBatch", "abort_decoder"),
 }
 
