@@ -169,13 +169,18 @@ class CoordinatorDeadError(ComponentDeadError):
 
 
 class ProcessDeadError(ComponentDeadError):
-    """A local process (mp-backend engine or API server) exited."""
+    """A local process (mp-backend engine or API server) exited; ``restarting``: a new one is being spawned."""
 
     component = "process"
 
-    def __init__(self, name: str, exitcode: int | None, node_id: str | None = None) -> None:
+    def __init__(
+        self, name: str, exitcode: int | None, node_id: str | None = None, restarting: bool = False
+    ) -> None:
         super().__init__(name, node_id, DeathCause.of_exit(exitcode), describe_exit(exitcode))
+        if restarting:
+            self.args = (f"{self.args[0]}; restarting it",)
         self.exitcode = exitcode
+        self.restarting = restarting
 
 
 def describe_exit(code: int | None) -> str:

@@ -70,17 +70,21 @@ class APIServerProcessManager:
             raise ConfigError(f"api_servers={count}: must be >= 1")
         self._sock = socket.create_server((host, port), reuse_port=False, backlog=1024)
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
-        ctx = mp.get_context("spawn")
+        self._settings = settings or ServerSettings()
+        self._args = (endpoints, count, node_id, list(ranks) if ranks is not None else None, self._settings)
         self.procs: list[Proc] = []
         self._listeners: list[DeathListener] = []
         self._stop = threading.Event()
-        for index in range(count):
-            self.procs.append(
-                spawn(ctx, f"{endpoints.name}-api{index}", _api_main, self._sock, endpoints, index, count, node_id,
-                      list(ranks) if ranks is not None else None, settings or ServerSettings())
-            )
-        self._finalizer = weakref.finalize(self, _release, self.procs, self._sock, self._stop)
+        self._lock = threading.Lock()  # a respawn and close() never interleave
+        self._restarts_left = [self._settings.max_restarts] * count
+        self.procs.extend(self._spawn(index) for index in range(count))
+        self._finalizer = weakref.finalize(self, _release, self.procs, self._sock, self._stop, self._lock)
         watch_processes(self.procs, self._stop, self._report, "raydp-api-watcher")
+
+    def _spawn(self, index: int) -> Proc:
+        endpoints, count, node_id, ranks, settings = self._args
+        return spawn(mp.get_context("spawn"), f"{endpoints.name}-api{index}", _api_main, self._sock, endpoints,
+                     index, count, node_id, ranks, settings)
 
     @property
     def url(self) -> str:
@@ -90,15 +94,37 @@ class APIServerProcessManager:
         self._listeners.append(listener)
 
     def _report(self, proc: Proc) -> None:
+        """A server died: the others keep accepting on the shared socket; spawn it again while the policy allows.
+
+        Its in-flight requests die with it (their connections close); a new
+        process takes its index and its share of new connections.
+        """
         proc.process.join(timeout=1)
-        notify(self._listeners, ProcessDeadError(f"API server {proc.name} (pid {proc.process.pid})",
-                                                 proc.process.exitcode))
+        with self._lock:
+            index = self.procs.index(proc) if proc in self.procs else -1
+            restarting = index >= 0 and not self._stop.is_set() and self._restarts_left[index] > 0
+            if restarting:
+                self._restarts_left[index] -= 1
+        notify(self._listeners, ProcessDeadError(
+            f"API server {proc.name} (pid {proc.process.pid})", proc.process.exitcode, restarting=restarting,
+        ))
+        if not restarting:
+            return
+        with self._lock:
+            if self._stop.is_set():  # closed meanwhile
+                return
+            self.procs[index] = successor = self._spawn(index)
+        if proc.death_pipe is not None:
+            proc.death_pipe.close()
+        logger.warning("API server %s respawned as pid %s", proc.name, successor.process.pid)
+        watch_processes([successor], self._stop, self._report, f"raydp-api-watcher-{index}")
 
     def close(self) -> None:
         self._finalizer()
 
 
-def _release(procs: list[Proc], sock: socket.socket, stop: threading.Event) -> None:
-    stop.set()
+def _release(procs: list[Proc], sock: socket.socket, stop: threading.Event, lock: threading.Lock) -> None:
+    with lock:  # after this no respawn starts, and ``procs`` holds every process there is
+        stop.set()
     shutdown(procs)
     sock.close()

@@ -35,6 +35,7 @@ class ServerSettings(BaseModel):
     max_connections: int = Field(2048, ge=1, description="open connections per process before requests get a 503")
     graceful_shutdown_s: float = Field(3.0, ge=0, description="on shutdown, running requests get this long")
     balancer: Policy = Field("least-loaded", description="how the server's client picks a rank for a request")
+    max_restarts: int = Field(3, ge=0, description="times a dead server process is spawned again on the socket")
 
     def __init__(self, **data: Any) -> None:
         try:

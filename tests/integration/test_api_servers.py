@@ -14,6 +14,7 @@ import pytest
 
 import raydp
 from raydp.errors import ProcessDeadError
+from raydp.serve.settings import ServerSettings
 
 
 def post(url: str, payload: dict[str, object]) -> tuple[int, dict[str, Any]]:
@@ -30,17 +31,24 @@ def get(url: str) -> dict[str, object]:
         return dict(json.loads(resp.read()))
 
 
+def indexes_served(url: str, want: int, timeout_s: float = 60) -> set[object]:
+    indexes: set[object] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(indexes) < want and time.monotonic() < deadline:
+        try:
+            health = get(f"{url}/health")
+        except (urllib.error.URLError, ConnectionError):
+            continue  # a connection the dead server had accepted but never answered
+        assert health["status"] == "ok" and health["client_count"] == want
+        indexes.add(health["client_index"])
+    return indexes
+
+
 @pytest.mark.timeout(120)
-def test_three_api_servers_share_a_port_and_death_is_reported() -> None:
+def test_three_api_servers_share_a_port_and_a_dead_one_is_respawned() -> None:
     with raydp.launch(name="apis", dp_size=2, backend="mp", progress=False) as cluster:
-        servers = cluster.serve_api(3)
-        indexes: set[object] = set()
-        deadline = time.monotonic() + 60
-        while len(indexes) < 3 and time.monotonic() < deadline:
-            health = get(f"{servers.url}/health")
-            assert health["status"] == "ok" and health["client_count"] == 3
-            indexes.add(health["client_index"])
-        assert indexes == {0, 1, 2}, "every process accepts on the one shared socket"
+        servers = cluster.serve_api(3, settings=ServerSettings(max_restarts=1))
+        assert indexes_served(servers.url, 3) == {0, 1, 2}, "every process accepts on the one shared socket"
         status, body = post(f"{servers.url}/v1/generate", {"prompt_token_ids": [5, 6], "max_tokens": 4})
         assert (status, body) == (200, {"token_ids": [5, 6, 5, 6]})
         status, body = post(f"{servers.url}/v1/generate", {"prompt_token_ids": [1], "max_tokens": 0})
@@ -49,6 +57,17 @@ def test_three_api_servers_share_a_port_and_death_is_reported() -> None:
         assert error["param"] == "max_tokens" and str(error["message"]).startswith("max_tokens=0:")
         status, body = post(f"{servers.url}/v1/generate", {"prompt_token_ids": "x"})
         assert status == 400 and body["error"]["param"] == "prompt_token_ids"
+        victim = servers.procs[1]
+        os.kill(victim.process.pid, signal.SIGKILL)
+        # The others keep serving on the shared socket while index 1 is spawned again.
+        assert post(f"{servers.url}/v1/generate", {"prompt_token_ids": [7], "max_tokens": 2}) == (
+            200, {"token_ids": [7, 7]})
+        assert cluster.wait(timeout=2) is None, "a respawned server does not end wait()"
+        death = cluster.deaths[0]
+        assert isinstance(death, ProcessDeadError) and death.restarting and victim.name in str(death)
+        assert servers.procs[1].process.pid != victim.process.pid
+        assert indexes_served(servers.url, 3) == {0, 1, 2}, "the successor took index 1"
+        # The policy allowed one respawn: the next death is final.
         victim = servers.procs[1]
         os.kill(victim.process.pid, signal.SIGKILL)
         with pytest.raises(ProcessDeadError, match=f"{victim.name}.*SIGKILL|{victim.name}.*-9"):
