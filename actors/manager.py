@@ -454,7 +454,12 @@ class ActorManager:
                     return
                 self._start_engines(self._startup, [rank])
             result, refs = self._handshake(self._startup, [rank], {})
-            self._wait_coordinator(refs, len(self.slots))
+            try:
+                self._wait_coordinator(refs, len(self.slots))
+            except ray.exceptions.RayActorError:
+                # The coordinator died meanwhile: a successor resyncs this rank itself, and
+                # without one a dense rank serves the launcher's clients all the same.
+                logger.warning("engine rank %d rejoined while the coordinator is down", rank)
         except Exception as exc:
             kill_and_wait(self._owned.engines[rank])  # never leave a half-started successor
             if not self._owned.stop.is_set():

@@ -26,6 +26,7 @@ from raydp.placement.groups import (
     validate_user_groups,
     wait_ready,
 )
+from raydp.placement.inventory import Inventory
 from raydp.placement.live import read_inventory
 from raydp.placement.planner import plan_placement
 
@@ -91,15 +92,21 @@ def replace_slot(
     return slot
 
 
+def _alive_master(inventory: Inventory, wanted: str) -> str | None:
+    """The master node to plan more ranks around, or None (the head) if it died: its ranks are being re-placed."""
+    return wanted if any(n.node_id.startswith(wanted) for n in inventory.nodes) else None
+
+
 def _place(
     config: RaydpConfig, ranks: range, existing: Sequence[RankSlot], driver_node_id: str, owned: Owned, why: str
 ) -> tuple[RankSlot, ...]:
     cfg = config
     lifetime = "detached" if cfg.detached else None
+    inventory = read_inventory(cfg.accelerator)
     try:
         plan = plan_placement(
-            read_inventory(cfg.accelerator), dp_size=len(ranks), world_size=cfg.world_size,
-            strategy=cfg.placement_strategy, master_node_id=cfg.master_node_id or driver_node_id,
+            inventory, dp_size=len(ranks), world_size=cfg.world_size, strategy=cfg.placement_strategy,
+            master_node_id=_alive_master(inventory, cfg.master_node_id or driver_node_id),
             node_allowlist=cfg.node_allowlist,
         )
     except PlacementError as exc:

@@ -73,8 +73,8 @@ def test_engine_constructor_error_fails_launch_with_its_traceback(two_nodes) -> 
 
 @pytest.mark.timeout(180)
 def test_a_killed_coordinator_ends_wait_while_dense_ranks_keep_serving(two_nodes) -> None:  # type: ignore[no-untyped-def]
-    """Dense engines do not need the coordinator to serve, but the operator must hear it is gone."""
-    cluster = raydp.launch(name="coorddead", dp_size=2, progress=False)
+    """With no restarts left, dense engines serve on without it, but the operator must hear it is gone."""
+    cluster = raydp.launch(name="coorddead", dp_size=2, coordinator_max_restarts=0, progress=False)
     try:
         client = cluster.client()
         killed_at = time.monotonic()
@@ -85,6 +85,7 @@ def test_a_killed_coordinator_ends_wait_while_dense_ranks_keep_serving(two_nodes
         assert info.value.cause is DeathCause.KILLED
         assert info.value.node_id == cluster.endpoints.coordinator.node_id
         assert "coordinator of cluster 'coorddead'" in str(info.value) and "killed" in str(info.value)
+        assert not info.value.restarting
         handles = [client.submit([5], max_tokens=3, rank=r) for r in (0, 1)]
         assert [h.result(timeout=30) for h in handles] == [[5, 5, 5]] * 2
     finally:
@@ -95,9 +96,10 @@ def test_a_killed_coordinator_ends_wait_while_dense_ranks_keep_serving(two_nodes
 
 @pytest.mark.timeout(180)
 def test_a_killed_coordinator_fails_lockstep_work_loudly(two_nodes) -> None:  # type: ignore[no-untyped-def]
-    """Lockstep ranks cannot wake each other without it: the gang stops and in-flight work fails."""
+    """With no restarts left, lockstep ranks cannot wake each other: the gang stops and in-flight work fails."""
     cluster = raydp.launch(
-        name="coordgang", dp_size=2, lockstep=True, engine_kwargs={"step_delay_s": 0.01}, progress=False
+        name="coordgang", dp_size=2, lockstep=True, engine_kwargs={"step_delay_s": 0.01}, progress=False,
+        coordinator_max_restarts=0,
     )
     try:
         client = cluster.client()

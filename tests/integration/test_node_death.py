@@ -7,7 +7,7 @@ import time
 import pytest
 
 import raydp
-from raydp.errors import DeathCause, EngineDeadError
+from raydp.errors import CoordinatorDeadError, DeathCause, EngineDeadError
 from tests.integration.conftest import ClusterPool
 from tests.integration.helpers import live_groups, wait_until
 
@@ -74,3 +74,37 @@ def test_ranks_of_a_dead_node_are_re_placed_on_the_nodes_that_remain(cluster_poo
         cluster.close()
         cluster_pool.shape = None  # this cluster lost a node: nobody else may reuse it
     assert wait_until(lambda: not live_groups("replace"), timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_the_coordinators_node_dying_ends_it_for_good_while_every_rank_serves_on(cluster_pool: ClusterPool) -> None:
+    """Stated behaviour: a coordinator cannot come back at addresses on a dead node.
+
+    Its death is final (``CoordinatorDeadError``, not restarting); the dense ranks of that
+    node are re-placed and, with the others, serve the launching process's clients, which
+    route on their own in-flight counts from then on.
+    """
+    ray_cluster = cluster_pool.get((4, 4), fresh=True)
+    worker = next(n for n in ray_cluster.worker_nodes)
+    cluster = raydp.launch(name="coordnode", dp_size=4, dp_size_local=2, master_node_id=worker.node_id,
+                           max_restarts=1, progress=False)
+    try:
+        client = cluster.client()
+        assert cluster.endpoints.coordinator.node_id == worker.node_id, "the coordinator lives beside rank 0"
+        ray_cluster.remove_node(worker)
+        with pytest.raises(CoordinatorDeadError) as info:
+            cluster.wait(timeout=60)
+        assert info.value.cause is DeathCause.NODE_DIED and not info.value.restarting
+
+        def serving() -> bool:
+            try:
+                return all(client.generate([r + 1], max_tokens=2, rank=r, timeout=5) == [r + 1] * 2 for r in range(4))
+            except raydp.RaydpError:
+                return False
+
+        assert wait_until(serving, timeout=120), cluster.deaths
+        assert {e.rank for e in cluster.deaths if isinstance(e, EngineDeadError)} == {0, 1}
+    finally:
+        cluster.close()
+        cluster_pool.shape = None
+    assert wait_until(lambda: not live_groups("coordnode"), timeout=30)
