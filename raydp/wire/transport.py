@@ -90,14 +90,22 @@ def node_ip() -> str:
 
 
 class IpcDir:
-    """A private (0700) directory for one component's IPC socket files."""
+    """A private (0700) directory for one component's IPC socket files.
+
+    It records the process that binds in it (``.owner``: pid and start
+    time). A process killed outright (SIGKILL, its node's or its owner's
+    death) cannot remove its directory, so every new one first sweeps the
+    directories whose owner is gone (:func:`sweep_stale_ipc_dirs`).
+    """
 
     def __init__(self, prefix: str) -> None:
         root = self.root()
         root.mkdir(mode=0o700, exist_ok=True)
         os.chmod(root, 0o700)
+        sweep_stale_ipc_dirs()
         self.path = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=root))
         os.chmod(self.path, 0o700)
+        _claim(self.path)
 
     @classmethod
     def reuse(cls, address: str) -> IpcDir:
@@ -112,6 +120,7 @@ class IpcDir:
         self = cls.__new__(cls)
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(path, 0o700)
+        _claim(path)  # the predecessor is dead: a sweep must not take the directory from its successor
         self.path = path
         return self
 
@@ -125,6 +134,38 @@ class IpcDir:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+_OWNER = ".owner"
+
+
+def _process_identity(pid: int) -> str | None:
+    """``pid`` and its start time (pids are reused), or None if no such process runs."""
+    import psutil
+
+    try:
+        return f"{pid} {psutil.Process(pid).create_time():.3f}"
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _claim(path: Path) -> None:
+    (path / _OWNER).write_text(_process_identity(os.getpid()) or "")
+
+
+def sweep_stale_ipc_dirs() -> list[Path]:
+    """Remove this node's raydp IPC directories whose owning process is gone; return them."""
+    removed = []
+    root = IpcDir.root()
+    for path in root.glob("*") if root.is_dir() else ():
+        try:
+            owner = (path / _OWNER).read_text().split()
+        except OSError:
+            continue  # being made, or not ours to judge
+        if len(owner) == 2 and owner[0].isdigit() and _process_identity(int(owner[0])) != " ".join(owner):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def ipc_prefix(cluster_name: str) -> str:
