@@ -7,8 +7,8 @@ GPUs) and needs no cluster.
 
 Only the RATIOS mean anything: every system runs in the same process, on the
 same machine, minutes apart, so a shared or slow machine moves all of them
-together. Eight benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
-``workers``, ``scale``, ``startup``, ``coordinator``):
+together. Nine benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
+``workers``, ``scale``, ``startup``, ``coordinator``, ``routing``, ``faults``):
 
 1. request round trips (tiny prompt, ``max_tokens=1``), pipelined (a window
    of requests in flight) and sequential (one at a time: p50 latency), for
@@ -42,7 +42,11 @@ together. Eight benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
 8. routing under skew (:mod:`bench_routing`): p50/p99 latency and each
    rank's share for raydp's balancer, round robin and power-of-two choices,
    with arrivals from 2 API server processes and a driver client, on a
-   skewed (10% long requests) and a uniform workload.
+   skewed (10% long requests) and a uniform workload;
+9. failures (:mod:`bench_faults`, its own 2-node Ray in a process of its
+   own): per fault (kill a rank, a worker, the coordinator, an API server;
+   remove a node; kill a lockstep rank), the time until it is detected and
+   until the cluster serves again, and the requests lost under a light load.
 
 It prints the environment, the exact command and markdown tables, and exits
 0 when every measurement ran (1 if one failed; the tables say which).
@@ -71,6 +75,7 @@ from bench_coordinator import (
     coordinator_failed,
     coordinator_table,
 )
+from bench_faults import FaultRow, faults_benchmark, faults_failed, faults_table
 from bench_http import HttpResult, http_benchmark, http_failed, http_table
 from bench_http_load import HTTP_FULL, HTTP_QUICK, HttpSizes
 from bench_lockstep import StepRate, lockstep_benchmark, lockstep_table
@@ -94,8 +99,8 @@ from bench_workers import (
     workers_table,
 )
 
-SECTIONS = ("round-trips", "lockstep", "http", "workers", "scale", "startup", "coordinator", "routing")
-NO_RAY = ("coordinator",)  # sections that need no Ray: run alone, they start none
+SECTIONS = ("round-trips", "lockstep", "http", "workers", "scale", "startup", "coordinator", "routing", "faults")
+NO_RAY = ("coordinator", "faults")  # sections that need no Ray of the bench's (faults starts its own, elsewhere)
 
 
 def environment(sizes: Sizes, quick: bool) -> dict[str, Any]:
@@ -143,6 +148,7 @@ class Report:
     startup: list[ScaleTiming] | None = None
     routing: list[RoutingResult] | None = None
     coordinator: list[CoordinatorResult] | None = None
+    faults: list[FaultRow] | None = None
 
     def failed(self) -> bool:
         return (
@@ -155,6 +161,7 @@ class Report:
             or (self.startup is not None and scale_failed(self.startup))
             or (self.routing is not None and routing_failed(self.routing))
             or (self.coordinator is not None and coordinator_failed(self.coordinator))
+            or (self.faults is not None and faults_failed(self.faults))
         )
 
     def as_json(self, env: dict[str, Any], http_sizes: HttpSizes, worker_sizes: WorkerSizes) -> dict[str, Any]:
@@ -179,6 +186,8 @@ class Report:
             payload["routing"] = [asdict(r) for r in self.routing]
         if self.coordinator is not None:
             payload["coordinator"] = [asdict(r) for r in self.coordinator]
+        if self.faults is not None:
+            payload["faults"] = [asdict(r) for r in self.faults]
         return payload
 
 
@@ -200,6 +209,8 @@ def run_sections(sections: list[str], sizes: Sizes, http_sizes: HttpSizes, worke
         report.startup = startup_benchmark(reps=1 if worker_sizes is WORKERS_QUICK else 3)
     if "coordinator" in sections:
         report.coordinator = coordinator_benchmark(COORDINATOR_QUICK if sizes is QUICK else COORDINATOR_FULL)
+    if "faults" in sections:
+        report.faults = faults_benchmark(trials=2 if sizes is QUICK else 5)
     return report
 
 
@@ -245,6 +256,8 @@ def report_tables(
         out["routing"] = routing_table(report.routing, sizes_r)
     if report.coordinator is not None:
         out["coordinator"] = coordinator_table(report.coordinator)
+    if report.faults is not None:
+        out["faults"] = faults_table(report.faults)
     return out
 
 

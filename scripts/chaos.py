@@ -1,0 +1,236 @@
+"""Seeded chaos soak: steady load while random faults hit a raydp cluster; then every request is accounted for.
+
+Run as ``.venv/bin/python scripts/chaos.py --seed S --minutes M [--json]`` (under
+``flock /tmp/raydp-ray.lock`` on a shared machine). It starts its own local Ray
+(a head and one worker node, 2 logical GPUs each), launches DP=4 ranks of
+``WorkerEchoEngine`` (one device worker per rank) with restarts allowed, and two
+API server processes. Load: a driver client (``retryable`` requests) and HTTP
+clients, each bounded in concurrency and rate. Faults (``faults.KINDS``): every
+kind once, in a seeded order, then seeded random kinds, at seeded random gaps;
+after each, the soak times the death report and waits until what it hit serves
+again.
+
+Checks, each a violation (exit code 1, named on stderr) when broken: no request
+lost (hung or never answered), wrong or answered twice, none failed untyped;
+every fault detected and recovered from; the driver's RSS and open fds bounded
+(the last sample at most 1.5x the first after warm-up, plus a slack); after
+``close()`` no raydp actor, placement group, socket directory or API server
+process left. ``--json`` prints the summary as JSON on stdout (the table goes
+to stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.integration.helpers
+
+from fault_load import DriverLoad, HttpLoad, Ledger, LoadShape, ResourceSampler
+from faults import KINDS, Fault, Injector, LocalRay, wait_for
+
+import raydp
+from raydp.serve.settings import ServerSettings
+
+ENGINE = "raydp.engine.echo_workers:WorkerEchoEngine"
+WARMUP_S = 8.0
+DETECT_TIMEOUT_S = {"node-remove": 60.0}  # Ray's node death; a process death is seen within 0.1 s
+RECOVER_TIMEOUT_S = 120.0
+GAP_S = (1.0, 4.0)  # between one fault's recovery and the next fault
+RSS_SLACK, FD_SLACK = 64 << 20, 48
+GROWTH = 1.5
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    target: str
+    detect_s: float | None
+    back_s: float | None
+
+
+@dataclass
+class Summary:
+    seed: int
+    minutes: float
+    faults: list[FaultRecord] = field(default_factory=list)
+    requests: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)
+    leftovers: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def by_kind(self) -> dict[str, int]:
+        return dict(collections.Counter(f.kind for f in self.faults))
+
+
+def schedule(rng: random.Random) -> Any:
+    """Every kind once (a seeded order), then seeded random kinds, forever."""
+    first = list(KINDS)
+    rng.shuffle(first)
+    yield from first
+    while True:
+        yield rng.choice(KINDS)
+
+
+def soak(seed: int, minutes: float) -> Summary:
+    rng = random.Random(seed)
+    summary = Summary(seed, minutes)
+    started = time.monotonic()
+    local = LocalRay((2, 2))
+    name = f"chaos{seed}"
+    try:
+        cluster = raydp.launch(name=name, engine=ENGINE, dp_size=4, dp_size_local=2, progress=False,
+                               engine_kwargs={"step_delay_s": 0.01}, max_restarts=10_000,
+                               coordinator_max_restarts=10_000)
+        try:
+            servers = cluster.serve_api(2, settings=ServerSettings(max_restarts=10_000, request_timeout_s=60))
+            run_faults(cluster, local, servers, rng, seed, minutes, summary)
+        finally:
+            cluster.close()
+        summary.leftovers = leftovers(name, servers.procs)
+    finally:
+        local.shutdown()
+    summary.wall_s = round(time.monotonic() - started, 1)
+    return summary
+
+
+def run_faults(cluster: raydp.Cluster, local: LocalRay, servers: Any, rng: random.Random, seed: int,
+               minutes: float, summary: Summary) -> None:
+    injector = Injector(cluster, local, servers)
+    ledger = Ledger()
+    loads = [DriverLoad(cluster.client(), ledger, LoadShape(rate=20, concurrency=8), seed),
+             HttpLoad(servers.url, ledger, LoadShape(rate=6, concurrency=3), seed + 1, injector.server_killed_between)]
+    sampler = ResourceSampler()
+    for load in loads:
+        load.start()
+    sampler.start()
+    time.sleep(WARMUP_S)
+    baseline = sampler.take()
+    deadline = time.monotonic() + minutes * 60
+    kinds = schedule(rng)
+    while time.monotonic() < deadline or len(summary.by_kind()) < len(KINDS):
+        time.sleep(rng.uniform(*GAP_S))
+        kind = next(kinds)
+        if kind == "node-remove" and not injector.node_with_ranks():
+            kind = "rank-sigkill"
+        rank = rng.randrange(cluster.dp_size)
+        fault = injector.inject(kind, rank=rank, api_index=rng.randrange(len(servers.procs)))
+        summary.faults.append(record := measure(injector, fault))
+        log(f"{record.kind:20} {record.target:40} detected {fmt(record.detect_s)}  back {fmt(record.back_s)}")
+        if record.detect_s is None or record.back_s is None:
+            summary.violations.append(f"{fault.kind} on {fault.target}: "
+                                      f"{'not detected' if record.detect_s is None else 'not recovered'}")
+            break
+    stuck = sum(load.stop() for load in loads)
+    sampler.stop()
+    final = sampler.take()
+    summary.requests = ledger.summary()
+    summary.requests["stuck_threads"] = stuck
+    summary.resources = {"driver_rss_mb": [round(baseline.rss / 2**20, 1), round(final.rss / 2**20, 1)],
+                         "driver_fds": [baseline.fds, final.fds],
+                         "driver_rss_max_mb": round(max(s.rss for s in sampler.samples) / 2**20, 1),
+                         "driver_fds_max": max(s.fds for s in sampler.samples)}
+    check(summary, ledger, baseline.rss, final.rss, baseline.fds, final.fds)
+
+
+def measure(injector: Injector, fault: Fault) -> FaultRecord:
+    detect = wait_for(lambda: injector.detected(fault), fault.at, DETECT_TIMEOUT_S.get(fault.kind, 10.0), 0.005)
+    back = wait_for(lambda: injector.serving(fault), fault.at, RECOVER_TIMEOUT_S, 0.02)
+    if back is not None and wait_for(injector.all_serving, fault.at, RECOVER_TIMEOUT_S, 0.1) is None:
+        back = None  # what it hit is back, but something else is not
+    return FaultRecord(fault.kind, fault.target, detect, back)
+
+
+def check(summary: Summary, ledger: Ledger, rss0: int, rss1: int, fds0: int, fds1: int) -> None:
+    v = summary.violations
+    for outcome in ("wrong", "duplicate", "untyped"):
+        if ledger.total(outcome):
+            v.append(f"{ledger.total(outcome)} requests {outcome}")
+    if ledger.lost():
+        v.append(f"{ledger.lost()} requests lost (hung or never answered)")
+    if summary.requests["stuck_threads"]:
+        v.append(f"{summary.requests['stuck_threads']} load threads never returned")
+    if not sum(ledger.submitted.values()):
+        v.append("no request was sent")
+    if rss1 > GROWTH * rss0 + RSS_SLACK:
+        v.append(f"driver RSS grew from {rss0 >> 20} MiB to {rss1 >> 20} MiB")
+    if fds1 > GROWTH * fds0 + FD_SLACK:
+        v.append(f"driver open fds grew from {fds0} to {fds1}")
+    v.extend(f"example: {e}" for e in ledger.examples)
+
+
+def leftovers(name: str, procs: list[Any]) -> list[str]:
+    """What a closed cluster left behind: actors, groups, socket directories, API server processes."""
+    from tests.integration.helpers import live_actors, live_groups, socket_dirs, wait_until
+
+    wait_until(lambda: not live_actors(name) and not socket_dirs(name), timeout=30)
+    left = [f"actor {a}" for a in live_actors(name)] + [f"placement group {g}" for g in live_groups(name)]
+    left += [f"socket directory {d}" for d in socket_dirs(name)]
+    left += [f"API server pid {p.process.pid}" for p in procs if p.process.is_alive()]
+    return left
+
+
+def fmt(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.3f}s"
+
+
+def median(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.3f} s" if xs else "-"
+
+
+def log(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def table(summary: Summary) -> list[str]:
+    lines = [f"## chaos soak: seed {summary.seed}, {summary.minutes} min ({summary.wall_s} s with setup)", "",
+             "| fault | injected | detect median | back median | back max |", "|---|---:|---:|---:|---:|"]
+    for kind in KINDS:
+        recs = [f for f in summary.faults if f.kind == kind]
+        detects = [f.detect_s for f in recs if f.detect_s is not None]
+        backs = [f.back_s for f in recs if f.back_s is not None]
+        lines.append(f"| {kind} | {len(recs)} | {median(detects)} | {median(backs)} | "
+                     f"{f'{max(backs):.3f} s' if backs else '-'} |")
+    lines += ["", "| source | submitted | ok | typed | wrong | duplicate | hung | untyped |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for source, outcomes in summary.requests["outcomes"].items():
+        lines.append(f"| {source} | {summary.requests['submitted'][source]} | "
+                     + " | ".join(str(outcomes[o]) for o in ("ok", "typed", "wrong", "duplicate", "hung", "untyped"))
+                     + " |")
+    res = summary.resources
+    lines += ["", f"lost: {summary.requests['lost']}; driver RSS {res['driver_rss_mb'][0]} -> "
+              f"{res['driver_rss_mb'][1]} MiB (max {res['driver_rss_max_mb']}), fds {res['driver_fds'][0]} -> "
+              f"{res['driver_fds'][1]} (max {res['driver_fds_max']}); "
+              f"left after close: {summary.leftovers or 'nothing'}"]
+    lines.append("verdict: " + ("PASS" if not summary.violations else "FAIL: " + "; ".join(summary.violations)))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--minutes", type=float, required=True, help="soak length (setup and checks come on top)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    args = parser.parse_args(argv)
+    summary = soak(args.seed, args.minutes)
+    if summary.leftovers:
+        summary.violations.append(f"left after close: {summary.leftovers}")
+    print("\n".join(table(summary)), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps({**asdict(summary), "faults_by_kind": summary.by_kind()}))
+    for violation in summary.violations:
+        print(f"chaos: VIOLATION: {violation}", file=sys.stderr)
+    return 1 if summary.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

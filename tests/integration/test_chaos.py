@@ -1,0 +1,45 @@
+"""The seeded chaos soak, 2 minutes: every request is accounted for while every kind of fault hits the cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import ClusterPool
+
+ROOT = Path(__file__).resolve().parents[2]
+KINDS = {"rank-sigkill", "rank-ray-kill", "worker-sigkill", "coordinator-sigkill", "coordinator-ray-kill",
+         "api-server-sigkill", "node-remove"}
+
+
+@pytest.mark.timeout(420)
+def test_a_two_minute_seeded_chaos_soak_loses_no_request_and_leaves_nothing(cluster_pool: ClusterPool) -> None:
+    cluster_pool.shutdown()  # the soak starts a Ray of its own; on 2 cores the shared one would only slow it down
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, never an ambient one
+    env |= {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.run([sys.executable, "scripts/chaos.py", "--seed", "7", "--minutes", "2", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, check=False)
+    tail = proc.stderr[-6000:]
+    assert proc.stdout.strip(), f"no summary (exit code {proc.returncode}):\n{tail}"
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["violations"] == [], f"{summary['violations']}\n{tail}"
+    assert proc.returncode == 0, tail
+    assert set(summary["faults_by_kind"]) == KINDS, summary["faults_by_kind"]
+    assert all(f["detect_s"] is not None and f["back_s"] is not None for f in summary["faults"])
+    requests = summary["requests"]
+    outcomes = requests["outcomes"]
+    assert set(outcomes) == {"driver", "http"}
+    for source, counts in outcomes.items():
+        assert sum(counts.values()) == requests["submitted"][source], f"{source}: every request accounted for"
+        assert counts["ok"] > 100, f"{source}: the load kept flowing"
+        assert counts["wrong"] == counts["duplicate"] == counts["hung"] == counts["untyped"] == 0, counts
+    assert requests["lost"] == 0 and requests["stuck_threads"] == 0
+    rss0, rss1 = summary["resources"]["driver_rss_mb"]
+    fds0, fds1 = summary["resources"]["driver_fds"]
+    assert rss1 <= 1.5 * rss0 + 64 and fds1 <= 1.5 * fds0 + 48, summary["resources"]
+    assert summary["leftovers"] == [], "nothing left after close"
