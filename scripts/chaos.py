@@ -12,8 +12,9 @@ again.
 
 Checks, each a violation (exit code 1, named on stderr) when broken: no request
 lost (hung or never answered), wrong or answered twice, none failed untyped;
-every fault detected and recovered from; the driver's RSS and open fds bounded
-(the last sample at most 1.5x the first after warm-up, plus a slack); after
+every fault detected and recovered from; the driver's RSS and open fds, and
+the largest of the cluster's actor processes', bounded (the last sample at
+most 1.5x the first after warm-up, plus a slack); after
 ``close()`` no raydp actor, placement group, socket directory or API server
 process left. ``--json`` prints the summary as JSON on stdout (the table goes
 to stderr).
@@ -35,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.integration.helpers
 
 from fault_load import DriverLoad, HttpLoad, Ledger, LoadShape, ResourceSampler
-from faults import KINDS, Fault, Injector, LocalRay, wait_for
+from faults import KINDS, Fault, Injector, LocalRay, actor_processes, wait_for
 
 import raydp
 from raydp.serve.settings import ServerSettings
@@ -115,6 +116,7 @@ def run_faults(cluster: raydp.Cluster, local: LocalRay, servers: Any, rng: rando
     sampler.start()
     time.sleep(WARMUP_S)
     baseline = sampler.take()
+    actors0 = actor_processes(cluster.name)
     deadline = time.monotonic() + minutes * 60
     kinds = schedule(rng)
     while time.monotonic() < deadline or len(summary.by_kind()) < len(KINDS):
@@ -133,13 +135,19 @@ def run_faults(cluster: raydp.Cluster, local: LocalRay, servers: Any, rng: rando
     stuck = sum(load.stop() for load in loads)
     sampler.stop()
     final = sampler.take()
+    actors1 = actor_processes(cluster.name)
     summary.requests = ledger.summary()
     summary.requests["stuck_threads"] = stuck
     summary.resources = {"driver_rss_mb": [round(baseline.rss / 2**20, 1), round(final.rss / 2**20, 1)],
                          "driver_fds": [baseline.fds, final.fds],
                          "driver_rss_max_mb": round(max(s.rss for s in sampler.samples) / 2**20, 1),
-                         "driver_fds_max": max(s.fds for s in sampler.samples)}
+                         "driver_fds_max": max(s.fds for s in sampler.samples),
+                         "actor_rss_max_mb": [round(actors0[0] / 2**20, 1), round(actors1[0] / 2**20, 1)],
+                         "actor_fds_max": [actors0[1], actors1[1]]}
     check(summary, ledger, baseline.rss, final.rss, baseline.fds, final.fds)
+    if actors1[0] > GROWTH * actors0[0] + RSS_SLACK or actors1[1] > GROWTH * actors0[1] + FD_SLACK:
+        summary.violations.append(f"an actor process grew: largest RSS {actors0[0] >> 20} -> {actors1[0] >> 20} MiB, "
+                                  f"most fds {actors0[1]} -> {actors1[1]}")
 
 
 def measure(injector: Injector, fault: Fault) -> FaultRecord:
@@ -209,7 +217,9 @@ def table(summary: Summary) -> list[str]:
     res = summary.resources
     lines += ["", f"lost: {summary.requests['lost']}; driver RSS {res['driver_rss_mb'][0]} -> "
               f"{res['driver_rss_mb'][1]} MiB (max {res['driver_rss_max_mb']}), fds {res['driver_fds'][0]} -> "
-              f"{res['driver_fds'][1]} (max {res['driver_fds_max']}); "
+              f"{res['driver_fds'][1]} (max {res['driver_fds_max']}); largest actor RSS "
+              f"{res['actor_rss_max_mb'][0]} -> {res['actor_rss_max_mb'][1]} MiB, most actor fds "
+              f"{res['actor_fds_max'][0]} -> {res['actor_fds_max'][1]}; "
               f"left after close: {summary.leftovers or 'nothing'}"]
     lines.append("verdict: " + ("PASS" if not summary.violations else "FAIL: " + "; ".join(summary.violations)))
     return lines

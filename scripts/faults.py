@@ -241,6 +241,28 @@ class Injector:
                                         and http_serves(self.servers.url))
 
 
+def actor_processes(name: str) -> tuple[int, int]:
+    """The largest RSS (bytes) and open-fd count among cluster ``name``'s live actor processes on this host."""
+    import psutil
+    from ray.util.state import list_actors
+
+    try:
+        actors = list_actors(address=str(ray.get_runtime_context().gcs_address),
+                             filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)
+    except ConnectionError:  # the dashboard lags on a busy box: no sample this time
+        return 0, 0
+    rss = fds = 0
+    for actor in actors:
+        if not (actor.name or "").startswith(f"{name}-") or not actor.pid:
+            continue
+        try:
+            proc = psutil.Process(int(actor.pid))
+            rss, fds = max(rss, proc.memory_info().rss), max(fds, proc.num_fds())
+        except psutil.Error:  # died meanwhile (a fault)
+            continue
+    return rss, fds
+
+
 def http_serves(url: str, timeout: float = 5.0) -> bool:
     parts = urlsplit(url)
     assert parts.hostname is not None and parts.port is not None
