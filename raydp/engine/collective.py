@@ -10,6 +10,9 @@ import datetime
 import socket
 from typing import Any, Protocol
 
+from raydp.engine.gloo_interface import use_interface_of
+from raydp.wire.transport import node_ip
+
 
 class DPCollective(Protocol):
     group: Any
@@ -78,6 +81,7 @@ class GlooDPGroup:
         if store is None:
             host, _, port = master.rpartition(":")
             store = dist.TCPStore(host, int(port), dp_size, is_master=False, timeout=timeout)
+        use_interface_of(node_ip())  # else gloo may bind where the hostname resolves: loopback, often
         dist.init_process_group("gloo", store=store, rank=rank, world_size=dp_size, timeout=timeout)
         self.group = dist.group.WORLD
         self.master, self.dp_size = master, dp_size

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from raydp.engine.executor import WORKER_DESCRIBE, Worker, WorkerContext
+from raydp.engine.gloo_interface import use_interface_of
 from raydp.errors import ConfigError
+from raydp.wire.transport import node_ip
 from raydp.workers.channel import RPC, STEP, STOP, Call, Link, LinkClosedError, Reply, call_decoder, call_encoder
 
 logger = logging.getLogger("raydp.worker")
@@ -160,6 +162,7 @@ def _join_group(context: WorkerContext, store_address: str, timeout_s: float) ->
     timeout = datetime.timedelta(seconds=timeout_s)
     started = time.monotonic()
     store = dist.TCPStore(host, int(port), context.world_size, is_master=False, timeout=timeout)
+    use_interface_of(node_ip())  # gloo: this node's own interface, not where the hostname resolves
     dist.init_process_group(backend, store=store, rank=context.tp_rank, world_size=context.world_size,
                             timeout=timeout)
     logger.info("worker %s joined its %s group of %d in %.2fs", context.tag, backend, context.world_size,
