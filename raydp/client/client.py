@@ -392,14 +392,16 @@ class Client:
             logger.warning("client: dropped malformed output message: %s", exc)
             return
         for out in batch.outputs:
-            self._deliver(out)
+            self._deliver(out, batch.rank)
         if batch.utility is not None:
             self._calls.resolve(batch.utility)
 
-    def _deliver(self, out: Output) -> None:
+    def _deliver(self, out: Output, rank: int) -> None:
         state = self._requests.get(out.request_id)
-        if state is None:
-            return  # aborted, or failed over; late outputs are expected
+        if state is None or state.rank != rank:
+            # Aborted, or moved to another rank (failed over, or off a draining one):
+            # a late output of the rank it left must not join its answer there.
+            return
         if out.finished:
             del self._requests[out.request_id]
             self._balancer.on_finished(state.rank)
