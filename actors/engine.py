@@ -62,7 +62,8 @@ class EngineCoreActor:
 
     def __repr__(self) -> str:
         # Ray prefixes this actor's log lines with its repr: name the rank and node.
-        return f"EngineCoreActor({self.host.tag})"
+        host = getattr(self, "host", None)  # None while (or because) the constructor failed
+        return f"EngineCoreActor({host.tag if host is not None else '?'})"
 
     def wait_for_init(self) -> dict[str, Any]:
         return {"rank": self.host.rank, "node_id": self.host.node_id, "pid": os.getpid()}

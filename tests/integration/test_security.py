@@ -18,8 +18,13 @@ def _outsider_gets_an_answer(engine_input: str) -> bool:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         sock = ctx.socket(zmq.DEALER)
+        # A refused CURVE handshake drops the connection; a blocking send would then wait forever.
+        sock.setsockopt(zmq.SNDTIMEO, 2000)
         sock.connect(engine_input)
-        sock.send_multipart([RequestType.ADD.value, encode(Request("intruder-1", [9], 2))])
+        try:
+            sock.send_multipart([RequestType.ADD.value, encode(Request("intruder-1", [9], 2))])
+        except zmq.Again:
+            return False
         return bool(sock.poll(5000))
     finally:
         ctx.destroy(linger=0)
