@@ -76,7 +76,9 @@ class GangRestarts:
                 ray.kill(actor, no_restart=True)
             for actor in engines:
                 kill_and_wait(actor)
-            self._start_again(ranks)
+            phases = _Phases(started)
+            phases.mark("stopped")
+            self._start_again(ranks, phases)
         except Exception as exc:
             if not m._owned.stop.is_set():
                 logger.error("lockstep gang restart failed: %r", exc)
@@ -84,19 +86,24 @@ class GangRestarts:
                     self.left, self.restarting = 0, False
                 m._report(first, DeathCause.INIT_FAILED, f"gang restart failed: {exc}")
             return
-        logger.warning("lockstep gang of %d ranks restarted in %.2fs", len(ranks), time.monotonic() - started)
+        logger.warning("lockstep gang of %d ranks restarted in %.2fs (%s)", len(ranks), time.monotonic() - started,
+                       phases)
 
-    def _start_again(self, ranks: list[int]) -> None:
+    def _start_again(self, ranks: list[int], phases: _Phases) -> None:
         m, startup = self.m, self.m._startup
         with m._owned.lock:
             if m._owned.released:
                 return
             startup.wave = int(m.coordinator_state()["wave"])
             m._start_engines(startup, ranks)
+        phases.mark("created")
         coordinator = {ref: r for ref, r in startup.run_refs.items() if r < 0}  # the old ranks' refs ended
         startup.dp_master = m._dp_master(startup, coordinator)
+        phases.mark("rendezvous")
         result, refs = m._handshake(startup, ranks, {})
+        phases.mark("handshake")
         m._wait_coordinator(refs, len(ranks))
+        phases.mark("subscribed")
         with m._owned.lock:
             if m._owned.released:
                 return
@@ -105,3 +112,17 @@ class GangRestarts:
             for rank in ranks:
                 rank_refs = {ref: r for ref, r in refs.items() if r == rank}
                 m._publish_restart(rank, result, rank_refs)
+
+
+class _Phases:
+    """When each step of a restart ended, from its start: its log line shows where the time went."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.ends: list[tuple[str, float]] = []
+
+    def mark(self, phase: str) -> None:
+        self.ends.append((phase, time.monotonic() - self.started))
+
+    def __str__(self) -> str:
+        return ", ".join(f"{phase} at {end:.2f}s" for phase, end in self.ends)

@@ -129,3 +129,43 @@ def test_a_lockstep_death_restarts_the_whole_gang_and_it_serves_again(two_nodes:
     finally:
         cluster.close()
     assert_nothing_left("gang", timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_a_gang_restarts_twice_into_new_processes_that_step_together(two_nodes: Any) -> None:
+    cluster = raydp.launch(name="gang2", dp_size=3, lockstep=True, max_restarts=2, progress=False,
+                           allreduce_interval=INTERVAL, engine_kwargs={"collective": True})
+    try:
+        client = cluster.client()
+        seen_pids = set(_pids(cluster))
+        for restart, victim in enumerate((2, 1), start=1):  # never rank 0: its successor hosts the rendezvous
+            ray.kill(ray.get_actor(f"gang2-dp{victim}", namespace="raydp"))
+
+            def serving() -> bool:
+                try:
+                    return all(client.generate([r], max_tokens=2, rank=r, timeout=5) == [r, r] for r in range(3))
+                except raydp.RaydpError:
+                    return False
+
+            assert wait_until(serving, timeout=60), cluster.deaths
+            pids = _pids(cluster)
+            assert not seen_pids & set(pids), "every rank of the gang runs in a new process"
+            seen_pids |= set(pids)
+            assert cluster.coordinator_state()["restarts"] == [restart] * 3
+            # A request on rank 2 alone wakes the others: the new DP group steps together.
+            assert client.generate([9], max_tokens=20, rank=2, timeout=60) == [9] * 20
+            assert wait_until(lambda: cluster.coordinator_state()["running"] is False, timeout=30)
+            per_rank = stats(client)
+            assert per_rank[0]["dummy_steps"] > 0 and per_rank[1]["dummy_steps"] > 0
+            assert per_rank[0]["collectives"] == per_rank[1]["collectives"] == per_rank[2]["collectives"] > 0
+            assert [s["dp_group_size"] for s in per_rank] == [3, 3, 3]
+        deaths = [e for e in cluster.deaths if isinstance(e, EngineDeadError)]
+        assert len(deaths) == 6 and all(e.restarting for e in deaths), deaths
+        assert cluster.wait(timeout=0.1) is None, "both restarts were within max_restarts"
+    finally:
+        cluster.close()
+    assert_nothing_left("gang2", timeout=30)
+
+
+def _pids(cluster: Any) -> list[int]:
+    return [ray.get(a.wait_for_init.remote(), timeout=30)["pid"] for a in cluster._manager.engines]

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Lockstep gang restart: from one rank's death until every rank serves again.
+
+Run as ``flock /tmp/raydp-ray.lock .venv/bin/python scripts/bench_gang.py [--reps 5] [--sizes 2 3]``.
+It starts its own local ``ray.cluster_utils.Cluster`` (one node, 4 CPUs,
+4 logical GPUs) and, per DP size, launches one lockstep cluster of
+``EchoEngine(collective=True)`` ranks with enough ``max_restarts`` for every
+repetition. Each repetition kills one rank (a different one each time) with
+``ray.kill`` and times:
+
+* detection: the death until ``cluster.deaths`` lists it;
+* back: the death until a request to every rank is answered again.
+
+It prints the medians (and min/max), next to the floor of any restart that
+replaces the gang's processes: as many bare torch-importing Ray actors,
+started together in new STRICT_PACK groups, until each answers a call
+(``bench_scale``'s startup baseline). The target: a gang back within 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+TARGET_BACK_S = 5.0
+DETECT_POLL_S = 0.005  # reads a list
+SERVE_POLL_S = 0.05  # sends requests: on 2 cores a tighter loop slows the restart it waits for
+
+
+def _serving(client: Any, ranks: int) -> bool:
+    import raydp
+
+    try:
+        return all(client.generate([r], max_tokens=2, rank=r, timeout=2) == [r, r] for r in range(ranks))
+    except raydp.RaydpError:
+        return False
+
+
+def _one_restart(cluster: Any, client: Any, ranks: int, victim: int, name: str) -> tuple[float, float]:
+    import ray
+
+    seen = len(cluster.deaths)
+    actor = ray.get_actor(f"{name}-dp{victim}", namespace="raydp")
+    killed_at = time.perf_counter()
+    ray.kill(actor)
+    while len(cluster.deaths) <= seen:
+        if time.perf_counter() - killed_at > 60:
+            raise TimeoutError(f"rank {victim}'s death was not reported in 60 s")
+        time.sleep(DETECT_POLL_S)
+    detected = time.perf_counter() - killed_at
+    while not _serving(client, ranks):
+        if time.perf_counter() - killed_at > 120:
+            raise TimeoutError(f"the gang did not serve again within 120 s of rank {victim}'s death")
+        time.sleep(SERVE_POLL_S)
+    return detected, time.perf_counter() - killed_at
+
+
+def gang_times(ranks: int, reps: int) -> tuple[list[float], list[float]]:
+    import raydp
+
+    name = f"bench-gang{ranks}"
+    detections, backs = [], []
+    with raydp.launch(name=name, dp_size=ranks, lockstep=True, max_restarts=reps, progress=False,
+                      engine_kwargs={"collective": True}) as cluster:
+        client = cluster.client()
+        assert _serving(client, ranks), "the fresh gang does not serve"
+        for rep in range(reps):
+            detected, back = _one_restart(cluster, client, ranks, rep % ranks, name)
+            print(f"[bench-gang] DP={ranks} rep {rep}: killed rank {rep % ranks}, detected in {detected:.3f}s, "
+                  f"serving again in {back:.2f}s", file=sys.stderr, flush=True)
+            detections.append(detected)
+            backs.append(back)
+            time.sleep(0.5)  # let the killed actors' processes go before the next death
+    return detections, backs
+
+
+def floor_times(ranks: int, reps: int) -> list[float]:
+    from bench_scale import _bare_gang_start
+
+    return [_bare_gang_start(ranks) for _ in range(reps)]
+
+
+def _fmt(times: list[float]) -> str:
+    return f"{statistics.median(times):.2f} s ({min(times):.2f}-{max(times):.2f})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 3])
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 4})
+    ray.init(address=cluster.address, log_to_driver=False)
+    rows = []
+    try:
+        for ranks in args.sizes:
+            detections, backs = gang_times(ranks, args.reps)
+            rows.append((ranks, detections, backs, floor_times(ranks, args.reps)))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    print(f"\ncommand: flock /tmp/raydp-ray.lock .venv/bin/python scripts/bench_gang.py --reps {args.reps} "
+          f"--sizes {' '.join(map(str, args.sizes))}  ({os.cpu_count()} cores, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    print("| DP ranks | death -> detected | death -> every rank serves | floor: bare torch actors start | target |")
+    print("|---|---|---|---|---|")
+    for ranks, detections, backs, floor in rows:
+        verdict = "met" if statistics.median(backs) <= TARGET_BACK_S else "missed"
+        print(f"| {ranks} | {_fmt(detections)} | {_fmt(backs)} | {_fmt(floor)} | <= {TARGET_BACK_S:.0f} s: {verdict} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
