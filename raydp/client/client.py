@@ -43,6 +43,7 @@ from raydp.errors import (
     RaydpError,
     ScaleDownError,
 )
+from raydp.wire.dropped import DropLog
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.wire.protocol import (
     MAX_TOKEN_ID,
@@ -103,6 +104,7 @@ class Client:
         self._last_snapshot: StatsSnapshot | None = None
         self._last_heard = time.monotonic()
         self._silence_limit = max(SILENCE_MIN_S, SILENCE_HEARTBEATS * endpoints.heartbeat_interval_s)
+        self._drops = DropLog(logger, "client")
         self._io = ClientSockets(endpoints, node_id, options or SocketOptions())
         self._id_prefix = self._io.identity.hex()  # request ids: unique per client, then a counter
         self._thread = threading.Thread(target=self._io_loop, name="raydp-client-io", daemon=True)
@@ -341,7 +343,7 @@ class Client:
             io.drain_wake()
         elif sock is io.stats:
             while frames := io.recv_nowait(sock):
-                self._on_snapshot(frames[-1])
+                self._on_snapshot(frames)
         else:
             # A budget per turn: one flooding rank must not starve the others,
             # nor the commands (submits, aborts) waiting behind it.
@@ -349,13 +351,21 @@ class Client:
                 frames = io.recv_nowait(sock)
                 if frames is None:
                     break
-                self._on_output_batch(frames[-1])
+                self._on_output_batch(frames, sock)
 
-    def _on_snapshot(self, body: bytes) -> None:
+    def _sender(self, sock: zmq.Socket[bytes]) -> str:
+        """Who sent on ``sock``, as a dropped message names it: its role and the address it connects to."""
+        address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if sock is self._io.stats:
+            return f"coordinator publish {address}"
+        rank = next((r for r, s in enumerate(self._io.engines) if s is sock), "?")
+        return f"rank {rank} {address}"
+
+    def _on_snapshot(self, frames: list[bytes]) -> None:
         try:
-            snap = snapshot_decoder(body)
+            snap = snapshot_decoder(_one_frame(frames))
         except ProtocolError as exc:
-            logger.warning("client: dropped malformed stats message: %s", exc)
+            self._drops.drop(self._sender(self._io.stats), str(exc))
             return
         self._last_snapshot = snap
         self._last_heard = time.monotonic()
@@ -385,11 +395,11 @@ class Client:
                 node = snap.nodes.get(ep.rank, ep.node_id)  # a rank re-added may sit on another node
                 self._do_revive(EngineEndpoint(ep.rank, node, addresses))
 
-    def _on_output_batch(self, body: bytes) -> None:
+    def _on_output_batch(self, frames: list[bytes], sock: zmq.Socket[bytes]) -> None:
         try:
-            batch = output_decoder(body)
+            batch = output_decoder(_one_frame(frames))
         except ProtocolError as exc:
-            logger.warning("client: dropped malformed output message: %s", exc)
+            self._drops.drop(self._sender(sock), str(exc))
             return
         for out in batch.outputs:
             self._deliver(out, batch.rank)
@@ -588,3 +598,10 @@ def _cause(text: str) -> DeathCause:
         return DeathCause(text)
     except ValueError:
         return DeathCause.UNKNOWN
+
+
+def _one_frame(frames: list[bytes]) -> bytes:
+    """The body of a message to a client: every one is a single frame."""
+    if len(frames) != 1:
+        raise ProtocolError(f"a message of {len(frames)} frames (want 1)")
+    return frames[0]

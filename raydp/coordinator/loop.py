@@ -29,6 +29,7 @@ import zmq
 from raydp.config import TransportKind
 from raydp.coordinator.state import CoordinatorState
 from raydp.errors import ProtocolError
+from raydp.wire.dropped import DropLog, frame_sender
 from raydp.wire.endpoints import CoordinatorEndpoints
 from raydp.wire.protocol import (
     BROADCAST_TOPIC,
@@ -95,6 +96,7 @@ class CoordinatorLoop:
         self._closed = False
         self._finished = threading.Event()
         self.dropped = 0
+        self._drops = DropLog(logger, "coordinator")
         self.broadcasts = 0
 
     def _bind(
@@ -176,10 +178,10 @@ class CoordinatorLoop:
         look_at_subscriptions = 0.0
         while not self._stop.is_set():
             try:
-                body = self.collect.recv()  # blocks up to _BUSY_WAIT_MS (RCVTIMEO)
+                frame = self.collect.recv(copy=False)  # blocks up to _BUSY_WAIT_MS (RCVTIMEO)
             except zmq.Again:
                 return
-            self._handle(body)
+            self._handle(frame)
             now = time.monotonic()
             if now >= look_at_subscriptions:  # at most every _BUSY_WAIT_MS: getsockopt(EVENTS) is a syscall
                 look_at_subscriptions = now + _BUSY_WAIT_MS / 1000
@@ -187,11 +189,14 @@ class CoordinatorLoop:
                     self._drain_subscriptions()
             self._send_due(now)
 
-    def _handle(self, body: bytes) -> None:
+    def _handle(self, frame: zmq.Frame) -> None:
+        if frame.more:  # every message here is one frame: a multipart one is dropped whole, once
+            self._drop(frame_sender("collect", frame), f"a message of {1 + self._discard_rest()} frames (want 1)")
+            return
         try:
-            msg = coordinator_decoder(body)
+            msg = coordinator_decoder(frame.buffer)
         except ProtocolError as exc:
-            self._drop(str(exc))
+            self._drop(frame_sender("collect", frame), str(exc))
             return
         with self._state_lock:
             out = self.state.handle(msg)
@@ -212,7 +217,7 @@ class CoordinatorLoop:
                 continue  # the broadcast-topic subscription, or noise
             rank = int.from_bytes(frame[-2:], "little")
             if rank >= self.state.engine_count:
-                self._drop(f"subscription for unknown rank {rank}")
+                self._drop("broadcast subscriber", f"subscription for unknown rank {rank}")
                 continue
             with self._subscribed_changed:
                 (self.subscribed.add if frame[0] == 1 else self.subscribed.discard)(rank)
@@ -225,9 +230,17 @@ class CoordinatorLoop:
                 self.state.note_broadcast(time.monotonic())
         self.broadcast.send_multipart([BROADCAST_TOPIC, encode(msg)])
 
-    def _drop(self, why: str) -> None:
+    def _discard_rest(self) -> int:
+        """Read the remaining parts of a multipart message (all there already); return how many."""
+        count = 0
+        while self.collect.getsockopt(zmq.RCVMORE):
+            self.collect.recv(copy=False)
+            count += 1
+        return count
+
+    def _drop(self, sender: str, why: str) -> None:
         self.dropped += 1
-        logger.warning("coordinator: dropped malformed message: %s", why)
+        self._drops.drop(sender, why)
 
     def describe(self) -> dict[str, Any]:
         """Wave, running flag, counts and counters, for operators and tests (any thread)."""

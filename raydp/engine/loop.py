@@ -40,6 +40,7 @@ from raydp.engine.core import EngineCore
 from raydp.engine.executor import WORKER_DESCRIBE, Executor
 from raydp.engine.lockstep import LockstepRank
 from raydp.errors import ProtocolError
+from raydp.wire.dropped import DropLog, identity_sender
 from raydp.wire.protocol import (
     BROADCAST_TOPIC,
     Abort,
@@ -147,6 +148,7 @@ class EngineLoop:
         self._failure: BaseException | None = None
         self._backlog: dict[bytes, collections.deque[bytes]] = {}
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self._drops = DropLog(logger, f"rank {rank}")
 
     # ---- the loop ---------------------------------------------------------------
 
@@ -212,13 +214,13 @@ class EngineLoop:
     # ---- inputs ----------------------------------------------------------------
 
     def _on_input(self, frames: list[bytes]) -> None:
-        if len(frames) != 3:
-            return self._drop(f"input with {len(frames)} frames (want 3)")
+        if len(frames) != 3:  # a ROUTER puts the identity first: frames[0] is always there
+            return self._drop(identity_sender("client", frames[0]), f"input with {len(frames)} frames (want 3)")
         client, tag, body = frames
         try:
             msg = decode_input(tag, body)
         except ProtocolError as exc:
-            return self._drop(str(exc))
+            return self._drop(identity_sender("client", client), str(exc))
         if isinstance(msg, Request):
             self._add(client, msg)
         elif isinstance(msg, RequestBatch):
@@ -277,11 +279,11 @@ class EngineLoop:
 
     def _on_broadcast(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
-            return self._drop(f"broadcast with {len(frames)} frames (want 2)")
+            return self._drop("coordinator broadcast", f"broadcast with {len(frames)} frames (want 2)")
         try:
             msg = engine_broadcast_decoder(frames[1])
         except ProtocolError as exc:
-            return self._drop(str(exc))
+            return self._drop("coordinator broadcast", str(exc))
         if isinstance(msg, Shutdown):
             self._stopping = True
         elif isinstance(msg, Resync):
@@ -380,8 +382,8 @@ class EngineLoop:
     def _to_coordinator(self, msg: Any) -> None:
         self.sockets.to_coordinator(msg)
 
-    def _drop(self, why: str) -> None:
-        logger.warning("rank %d: dropped malformed message: %s", self.rank, why)
+    def _drop(self, sender: str, why: str) -> None:
+        self._drops.drop(sender, why)
 
 
 def _drain(sock: zmq.Socket[bytes], budget: int) -> Iterator[list[bytes]]:

@@ -13,7 +13,12 @@ up. :class:`GuardedH11Protocol` adds:
 * **a read deadline**: from a request's first byte, its head and its body
   must arrive within ``read_timeout_s``, or the connection is closed. The
   deadline stops once the request is in; generating the answer is the app's
-  time (``request_timeout_s``), never cut by it.
+  time (``request_timeout_s``), never cut by it;
+* **malformed requests in the API's shape**: a request line, header or body
+  framing that h11 cannot parse gets a 400 in OpenAI's JSON error shape
+  (uvicorn's is plain text), and the connection closes. It is logged once,
+  naming the client's address, at most once a second per address
+  (:class:`~raydp.wire.dropped.DropLog`) instead of uvicorn's line per request.
 
 A guarded class is made per setting by :func:`guarded_protocol` (uvicorn
 builds protocols from a class and its config only).
@@ -23,18 +28,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import h11
+import msgspec
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from raydp.serve.api_errors import ApiError
+from raydp.wire.dropped import DropLog
+
 logger = logging.getLogger("raydp.serve")
+UVICORN_MALFORMED = "Invalid HTTP request received."  # uvicorn's message (and log line) for what h11 refuses
+MALFORMED_BODY = msgspec.json.encode(ApiError(
+    400, "malformed HTTP request: the request line, a header or the body framing is not valid HTTP/1.1",
+    code="malformed_request",
+).body())
+
+
+class _NotUvicornsMalformedLine(logging.Filter):
+    """uvicorn logs every malformed request with no sender; :meth:`GuardedH11Protocol.send_400_response` does."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != UVICORN_MALFORMED
+
+
+QUIET_MALFORMED: Final = _NotUvicornsMalformedLine()
 
 
 class GuardedH11Protocol(H11Protocol):
     """See the module docstring; ``read_timeout_s`` is set by :func:`guarded_protocol`."""
 
     read_timeout_s: ClassVar[float] = 10.0
+    drops: ClassVar[DropLog] = DropLog(logger, "api server", what="malformed HTTP request")
     _read_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -48,6 +73,17 @@ class GuardedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()  # may start a pipelined request already buffered
         self._update_read_deadline()
+
+    def send_400_response(self, msg: str) -> None:
+        """What h11 refused (``msg`` is uvicorn's): the API's 400, unless an answer is under way; then close."""
+        self.drops.drop(f"HTTP client {self.client[0] if self.client else 'unknown'}", msg)
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(MALFORMED_BODY)),
+                       (b"connection", b"close")]
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                          h11.Data(data=MALFORMED_BODY), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_read_deadline()
@@ -75,5 +111,9 @@ class GuardedH11Protocol(H11Protocol):
 
 
 def guarded_protocol(read_timeout_s: float) -> type[GuardedH11Protocol]:
-    """A :class:`GuardedH11Protocol` class whose requests must arrive within ``read_timeout_s``."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"read_timeout_s": read_timeout_s})
+    """A :class:`GuardedH11Protocol` class whose requests must arrive within ``read_timeout_s``.
+
+    Each class counts its own dropped requests (one server's, on its event loop's thread).
+    """
+    drops = DropLog(logger, "api server", what="malformed HTTP request")
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"read_timeout_s": read_timeout_s, "drops": drops})

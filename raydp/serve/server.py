@@ -20,6 +20,7 @@ returns. Connection limits, all per process:
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import socket
 import threading
@@ -30,7 +31,7 @@ from starlette.types import ASGIApp
 
 from raydp.client.client import Client
 from raydp.serve.app import build_app
-from raydp.serve.protocol import guarded_protocol
+from raydp.serve.protocol import QUIET_MALFORMED, guarded_protocol
 from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
 
@@ -78,6 +79,7 @@ def serve_on_socket(
     """Serve ``app`` on the listening ``sock`` until a stop signal or ``stop``; see the module docstring."""
     ServerSettings(idle_timeout_s=idle_timeout_s, read_timeout_s=read_timeout_s, max_connections=max_connections,
                    graceful_shutdown_s=graceful_shutdown_s)  # raises ConfigError
+    logging.getLogger("uvicorn.error").addFilter(QUIET_MALFORMED)  # the protocol logs those, with their sender
     config = uvicorn.Config(
         app,
         http=guarded_protocol(read_timeout_s),

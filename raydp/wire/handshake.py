@@ -9,7 +9,9 @@ DEALER whose identity is its rank, 2 bytes little endian
     engine -> READY{capacity, config_hash, input_addresses}
 
 The server rejects, naming the rank, an unknown rank, a duplicate rank, a
-message out of order, a local/remote mismatch and a config hash mismatch. While
+message out of order, a local/remote mismatch and a config hash mismatch; it
+drops, logging the sender (:mod:`raydp.wire.dropped`), what is not a handshake
+message from a 2-byte identity at all. While
 it waits it calls ``liveness()`` every poll so a dead engine fails the startup
 at once instead of after the timeout.
 """
@@ -26,6 +28,7 @@ import zmq
 
 from raydp.config import RaydpConfig, TransportKind
 from raydp.errors import HandshakeError, ProtocolError, StartupError
+from raydp.wire.dropped import DropLog, identity_sender
 from raydp.wire.protocol import (
     Hello,
     Init,
@@ -83,6 +86,7 @@ class HandshakeServer:
     ) -> None:
         self._sock = make_socket(ctx, zmq.ROUTER, opts, serves=True)
         self.addresses = bind_endpoints(self._sock, "handshake", transport=transport, ipc_dir=ipc_dir, ip=ip)
+        self.drops = DropLog(logger, "handshake")
 
     def run(
         self,
@@ -114,15 +118,16 @@ class HandshakeServer:
     ) -> int | None:
         """Handle one message; return the rank that just became READY, if any."""
         frames = self._sock.recv_multipart()
+        sender = identity_sender("peer", frames[0])  # a ROUTER puts the identity first: it is always there
         if len(frames) != 2:
-            logger.warning("handshake: dropped a message with %d frames", len(frames))
+            self.drops.drop(sender, f"a message of {len(frames) - 1} frames (want 1)")
             return None
         identity, body = frames
         try:
             rank = identity_rank(identity)
             msg = handshake_decoder(body)
         except ProtocolError as exc:
-            logger.warning("handshake: dropped malformed message from %r: %s", identity, exc)
+            self.drops.drop(sender, str(exc))
             return None
         slot = slots.get(rank)
         if slot is None:

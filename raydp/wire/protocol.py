@@ -19,7 +19,7 @@ Only msgpack crosses a socket, never pickle. Decoding anything else raises
 from __future__ import annotations
 
 import enum
-from typing import Any, Final, Generic, TypeVar, Union
+from typing import Annotated, Any, Final, Generic, TypeVar, Union
 
 import msgspec
 
@@ -43,6 +43,13 @@ class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, forbid_unknown_f
 
 
 MAX_TOKEN_ID: Final = 2**31 - 1  # token ids and max_tokens fit an int32 on every engine
+# What a peer may claim, so that acting on it can neither overflow an encoder nor
+# allocate per rank without end: a wave fits an int64 (it counts up by one, so the
+# next one still encodes), and a rank count fits the 2-byte engine identity.
+MAX_WAVE: Final = 2**63 - 1
+MAX_RANKS: Final = 1 << 16
+PeerWave = Annotated[int, msgspec.Meta(le=MAX_WAVE)]
+RankCount = Annotated[int, msgspec.Meta(le=MAX_RANKS)]
 
 
 class Request(_Msg, gc=False):
@@ -51,7 +58,7 @@ class Request(_Msg, gc=False):
     request_id: str
     prompt_token_ids: list[int]
     max_tokens: int = 16
-    wave: int = 0
+    wave: PeerWave = 0
     arrival_time: float = 0.0
 
 
@@ -115,21 +122,21 @@ class WaveComplete(_Msg, tag=2):
     """Rank 0: every rank paused at the end of ``wave``."""
 
     rank: int
-    wave: int
+    wave: PeerWave
 
 
 class StartWave(_Msg, tag=3):
     """An engine got a request for a finished wave while paused and started ``wave``."""
 
     rank: int
-    wave: int
+    wave: PeerWave
 
 
 class FirstRequest(_Msg, tag=4):
     """A client sent the first request of a paused cluster to ``rank`` at ``wave``."""
 
     rank: int
-    wave: int
+    wave: PeerWave
 
 
 class ScaleEngines(_Msg, tag=5):
@@ -142,8 +149,8 @@ class ScaleEngines(_Msg, tag=5):
     then ``engine_count`` once they are gone.
     """
 
-    engine_count: int
-    size: int = -1
+    engine_count: RankCount
+    size: RankCount = -1
 
 
 class EngineDead(_Msg, tag=6):
@@ -176,7 +183,7 @@ class HoldAck(_Msg, tag=9):
 
     rank: int
     epoch: int
-    wave: int
+    wave: PeerWave
     running: bool
 
 
@@ -212,7 +219,7 @@ class EngineReport(_Msg, tag=13):
     rank: int
     waiting: int
     running: int
-    wave: int
+    wave: PeerWave
     stepping: bool
 
 
@@ -383,7 +390,8 @@ def decode_input(tag: bytes, body: bytes) -> Request | RequestBatch | Abort | Ut
         return abort_decoder(body)
     if tag == RequestType.UTILITY.value:
         return utility_decoder(body)
-    raise ProtocolError(f"unknown request type tag {tag!r}; allowed: 0x00, 0x01, 0x02, 0x03")
+    shown = f"{tag[:4]!r}... ({len(tag)} bytes)" if len(tag) > 4 else repr(tag)  # a tag frame may be megabytes
+    raise ProtocolError(f"unknown request type tag {shown}; allowed: 0x00, 0x01, 0x02, 0x03")
 
 
 def rank_identity(rank: int) -> bytes:

@@ -22,6 +22,8 @@ import msgspec
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
+from raydp.wire.dropped import DropLog
+
 ZAP_DOMAIN = "raydp"
 logger = logging.getLogger("raydp.wire.security")
 
@@ -67,13 +69,17 @@ def secure_client(sock: zmq.Socket[bytes], keys: CurveKeys) -> None:
 
 
 class _MembersOnly:
+    """The ZAP decision. A refused peer retries every reconnect interval (100 ms), so refusals
+    are logged at most once a second per key (:class:`~raydp.wire.dropped.DropLog`)."""
+
     def __init__(self, member_public: bytes) -> None:
         self._member = member_public
+        self._refusals = DropLog(logger, "gatekeeper", what="connection")
 
     def callback(self, domain: str, key: bytes) -> bool:
         allowed = key == self._member
         if not allowed:
-            logger.warning("refused a connection with an unknown CURVE key %s", key.decode(errors="replace"))
+            self._refusals.drop(f"CURVE key {key.decode(errors='replace')}", "an unknown CURVE key is refused")
         return allowed
 
 
