@@ -5,10 +5,10 @@ Sockets (all bound by the coordinator):
 * ``publish`` PUB -> clients' SUB: a :class:`~raydp.wire.protocol.StatsSnapshot`
   at most every stats interval when something changed, a heartbeat otherwise;
 * ``collect`` PULL <- engines' and clients' PUSH: ``EngineStats``,
-  ``WaveComplete``, ``StartWave``, ``FirstRequest``, ``HoldAck``,
+  ``WaveComplete``, ``StartWave``, ``FirstRequest``, ``HoldAck``, ``EngineReport``,
   ``Regrouped``; and from the launcher ``EngineDead``, ``EngineRevived``,
   ``ScaleEngines``, ``HoldCluster``, ``RegroupCluster``, ``ReleaseCluster``;
-* ``broadcast`` XPUB -> engines' SUB: ``[topic, StartDPWave | Hold | Regroup | Release | Shutdown]``.
+* ``broadcast`` XPUB -> engines' SUB: ``[topic, StartDPWave | Hold | Regroup | Release | Resync | Shutdown]``.
   Verbose, so every engine's subscription to its presence topic is seen and
   :meth:`CoordinatorLoop.wait_for_engines` knows who is listening.
 
