@@ -2,8 +2,11 @@
 
 Shared by the multiprocessing backend (:mod:`raydp.local`) and the HTTP API
 servers (:mod:`raydp.serve`). Children are spawned (no forked Ray or ZMQ
-state) as daemons. Each holds the read end of a parent-death pipe: when the
-parent dies, however it died, the pipe closes and the child shuts down.
+state) as daemons, each in a process group of its own: a terminal's Ctrl-C
+reaches the launcher alone, which stops them in order (API servers answer
+their running requests before the engines go). Each holds the read end of a
+parent-death pipe: when the parent dies, however it died, the pipe closes and
+the child shuts down.
 :func:`shutdown` terminates, waits out a grace period, then kills the whole
 process tree. No Ray here.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import os
 import signal
 import sys
 import threading
@@ -46,10 +50,15 @@ def spawn(mp_ctx: Any, name: str, target: Callable[..., None], *args: Any, rank:
     """
     # Duplex, so that the child can leave its last words (why it failed) before it exits.
     reader, writer = mp_ctx.Pipe(duplex=True)
-    process = mp_ctx.Process(target=target, args=(*args, reader), name=name, daemon=True)
+    process = mp_ctx.Process(target=_in_own_group, args=(target, *args, reader), name=name, daemon=True)
     process.start()
     reader.close()
     return Proc(name, process, rank, writer)
+
+
+def _in_own_group(target: Callable[..., None], *args: Any) -> None:
+    os.setpgid(0, 0)  # out of the terminal's foreground group: see the module docstring
+    target(*args)
 
 
 def shutdown(procs: Sequence[Proc], grace_s: float = GRACE_S) -> None:

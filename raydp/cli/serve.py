@@ -7,6 +7,8 @@ from typing import Any
 
 from raydp.cli.options import ENGINES, SERVING_PRESETS, add_config_flags, config_from_args
 from raydp.cli.signals import install_stop_handlers
+from raydp.errors import ConfigError
+from raydp.serve.settings import ServerSettings
 
 PRESETS = SERVING_PRESETS
 CONFIG_FLAGS = ("name", "dp_size", "dp_size_local", "tensor_parallel_size", "pipeline_parallel_size", "engine",
@@ -37,6 +39,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--backend", choices=["ray", "mp"], default="ray",
                    help="ray (default): actors on the Ray cluster; mp: local processes, no Ray")
     p.add_argument("--address", default=None, help="Ray address (default: ambient cluster or a local one)")
+    p.add_argument("--graceful-shutdown-s", type=float, default=None, metavar="S",
+                   help="on SIGTERM or Ctrl-C, running requests get S seconds to finish, then a 503 "
+                   "(default 3; internal mode only)")
     p.set_defaults(run=run)
 
 
@@ -44,19 +49,29 @@ def run(args: argparse.Namespace) -> int:
     from raydp.cluster import launch
 
     config = config_from_args(args, CONFIG_FLAGS, PRESETS)
+    settings = _server_settings(args)
     cluster = launch(config, backend=args.backend, address=args.address)
     install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
     with cluster:
-        urls = _start_api_servers(cluster, args)
+        urls = _start_api_servers(cluster, args, settings)
         print(f"raydp {cluster.name}: {cluster.dp_size} ranks, {args.lb_mode} API servers at "
               f"{' '.join(urls)} (POST /v1/completions); Ctrl-C to stop", flush=True)
         cluster.wait()  # a stop signal raises here, and the with-block closes everything
     return 0
 
 
-def _start_api_servers(cluster: Any, args: argparse.Namespace) -> list[str]:
+def _server_settings(args: argparse.Namespace) -> ServerSettings:
+    """Checked before anything is launched."""
+    if args.graceful_shutdown_s is None:
+        return ServerSettings()
+    if args.lb_mode != "internal":  # the other modes' servers run under a host actor, with its defaults
+        raise ConfigError(f"--graceful-shutdown-s applies to --lb-mode internal only, not {args.lb_mode}")
+    return ServerSettings(graceful_shutdown_s=args.graceful_shutdown_s)
+
+
+def _start_api_servers(cluster: Any, args: argparse.Namespace, settings: ServerSettings) -> list[str]:
     if args.lb_mode == "hybrid":
         return [s.url for s in cluster.serve_api_per_node(args.api_servers, port=args.port)]
     if args.lb_mode == "external":
         return [s.url for s in cluster.serve_api_per_rank(port=args.port)]
-    return [cluster.serve_api(args.api_servers, host=args.host, port=args.port).url]
+    return [cluster.serve_api(args.api_servers, host=args.host, port=args.port, settings=settings).url]

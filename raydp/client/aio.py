@@ -28,7 +28,9 @@ class AsyncRequest:
         self._queue: asyncio.Queue[Output | RaydpError] = asyncio.Queue()
 
         def listener(item: Output | RaydpError) -> None:
-            loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            # A closed loop has nobody waiting: a server that stopped, whose aborts the engine now confirms.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
         self._client = client
         request = client._make_request(prompt_token_ids, max_tokens, kw.get("rank"), kw.get("request_id"))
@@ -61,6 +63,15 @@ class AsyncRequest:
             if item.token_ids:
                 return list(item.token_ids)
         raise StopAsyncIteration
+
+    def fail(self, error: RaydpError) -> None:
+        """End the iteration with ``error``, after the chunks already received, and abort the request on its
+        engine; nothing if it has finished. Call it on the event loop (a server that stops waiting)."""
+        if self._finished:
+            return
+        self._queue.put_nowait(error)
+        with contextlib.suppress(ClusterClosedError):
+            self._client.abort(self.request_id)
 
     def close(self) -> None:
         """Abort the request on its engine if it has not finished (idempotent)."""

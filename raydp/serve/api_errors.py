@@ -13,7 +13,8 @@ status type                    when
 413    invalid_request_error   a body over ``max_body_bytes`` (``request_too_large``);
                                the connection is closed after the answer
 500    server_error            the request failed inside its engine, or a bug
-503    service_unavailable     the chosen rank, or every rank, is dead
+503    service_unavailable     the chosen rank, or every rank, is dead (``engine_unavailable``),
+                               or the server is stopping (``shutting_down``, :mod:`.draining`)
 504    timeout                 the request ran past ``request_timeout_s``
 ====== ======================= ====================================================
 """
@@ -29,6 +30,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from raydp.errors import ClusterClosedError, ComponentDeadError, ConfigError, RaydpError
+from raydp.serve.draining import ShuttingDownError
 from raydp.serve.responses import JSON
 
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
@@ -58,6 +60,8 @@ def from_raydp_error(exc: RaydpError) -> ApiError:
     """The answer to a request the client could not serve."""
     if isinstance(exc, ConfigError):
         return ApiError(400, str(exc))
+    if isinstance(exc, ShuttingDownError):
+        return ApiError(503, str(exc), code="shutting_down")
     if isinstance(exc, (ComponentDeadError, ClusterClosedError)):
         return ApiError(503, str(exc), code="engine_unavailable")
     return ApiError(500, str(exc), code="engine_error")

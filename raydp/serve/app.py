@@ -31,6 +31,7 @@ from raydp.client.client import Client
 from raydp.serve.api_errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
 from raydp.serve.bodies import Limits
 from raydp.serve.completions import GenerationRoutes
+from raydp.serve.draining import InFlight
 from raydp.serve.generation import ClientGoneError
 from raydp.serve.metrics import CLIENT_GONE, ApiMetrics, RequestMetrics
 from raydp.serve.responses import JSON
@@ -46,14 +47,17 @@ def build_app(
     metrics: ApiMetrics | None = None,
     max_tokens_limit: int = MAX_TOKENS_LIMIT,
     vocab_size: int | None = None,
+    in_flight: InFlight | None = None,
 ) -> Starlette:
     """The API app: ``model`` is the id it serves; token ids must be below ``vocab_size``
-    (default: any id < 2**31); ``metrics`` defaults to a fresh :class:`ApiMetrics` of ``client``."""
+    (default: any id < 2**31); ``metrics`` defaults to a fresh :class:`ApiMetrics` of ``client``;
+    ``in_flight`` tracks its running requests, for a server that stops (:mod:`.draining`)."""
     ServerSettings(model=model, max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s,
                    max_tokens_limit=max_tokens_limit, vocab_size=vocab_size)  # raises ConfigError
     metrics = metrics if metrics is not None else ApiMetrics(client)
     limits = Limits(model, max_tokens_limit, lambda: client.dp_size, vocab_size)
-    generation = GenerationRoutes(AsyncClient(client), limits, max_body_bytes, request_timeout_s, metrics)
+    generation = GenerationRoutes(AsyncClient(client), limits, max_body_bytes, request_timeout_s, metrics,
+                                  in_flight if in_flight is not None else InFlight())
     created = int(time.time())
 
     async def health(request: Request) -> Response:

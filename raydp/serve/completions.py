@@ -31,6 +31,7 @@ from raydp.client.aio import AsyncClient
 from raydp.serve import tokenizer
 from raydp.serve.api_errors import ApiError
 from raydp.serve.bodies import CompletionBody, GenerateBody, Limits, parse, read_body
+from raydp.serve.draining import InFlight
 from raydp.serve.generation import Generation, until_disconnect
 from raydp.serve.metrics import ApiMetrics
 from raydp.serve.responses import JSON, SSE_DONE, sse_event
@@ -57,15 +58,16 @@ class GenerationRoutes:
     """The handlers of both routes over one :class:`AsyncClient`."""
 
     def __init__(
-        self, aclient: AsyncClient, limits: Limits, max_body_bytes: int, timeout_s: float, metrics: ApiMetrics
+        self, aclient: AsyncClient, limits: Limits, max_body_bytes: int, timeout_s: float, metrics: ApiMetrics,
+        in_flight: InFlight,
     ) -> None:
         self.aclient, self.limits, self.max_body_bytes = aclient, limits, max_body_bytes
-        self.timeout_s, self.metrics = timeout_s, metrics
+        self.timeout_s, self.metrics, self.in_flight = timeout_s, metrics, in_flight
 
     def _start(self, prompt: list[int], max_tokens: int, rank: int | None) -> Generation:
         self.limits.check_max_tokens(max_tokens)
         self.limits.check_rank(rank)
-        return Generation(self.aclient, prompt, max_tokens, rank, self.timeout_s, self.metrics)
+        return Generation(self.aclient, prompt, max_tokens, rank, self.timeout_s, self.metrics, self.in_flight)
 
     async def generate(self, request: Request) -> Response:
         body = parse(GenerateBody, await read_body(request, self.max_body_bytes))

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from raydp.client.aio import AsyncClient
 from raydp.errors import RaydpError
 from raydp.serve.api_errors import ApiError, from_raydp_error
+from raydp.serve.draining import InFlight
 from raydp.serve.metrics import ApiMetrics
 
 T = TypeVar("T")
@@ -36,17 +37,20 @@ class Generation:
 
     def __init__(
         self, aclient: AsyncClient, prompt: Sequence[int], max_tokens: int, rank: int | None,
-        timeout_s: float, metrics: ApiMetrics,
+        timeout_s: float, metrics: ApiMetrics, in_flight: InFlight,
     ) -> None:
         self.started = time.perf_counter()
         self._deadline = time.monotonic() + timeout_s
         self._timeout_s = timeout_s
         self._metrics = metrics
         self._got_first = False
+        self._in_flight = in_flight
         try:
+            in_flight.check_open()
             self.request = aclient.submit(prompt, max_tokens, rank=rank)
         except RaydpError as exc:
             raise from_raydp_error(exc) from None
+        in_flight.add(self.request)  # a stopping server ends it with a 503 (shutting_down)
 
     @property
     def rank(self) -> int | None:
@@ -83,6 +87,7 @@ class Generation:
 
     def close(self) -> None:
         self.request.close()
+        self._in_flight.discard(self.request)
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing as mp
-import os
-import signal
 import socket
 import threading
 import weakref
@@ -15,7 +12,8 @@ from multiprocessing.connection import Connection
 
 from raydp.backend import DeathListener, notify
 from raydp.errors import ConfigError, ProcessDeadError
-from raydp.processes import Proc, shutdown, spawn, watch_parent, watch_processes
+from raydp.processes import Proc, on_stop_signals, shutdown, spawn, watch_parent, watch_processes
+from raydp.serve.draining import stop_bound_s
 from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
 
@@ -36,15 +34,12 @@ def _api_main(
     from raydp.serve.server import serve_forever
 
     configure_component_logging(f"{endpoints.name} api{index}/{count}")
-    pid = os.getpid()
-
-    def stop(*_: object) -> None:
-        os.kill(pid, signal.SIGINT)  # the server shuts down gracefully on SIGINT
-
-    signal.signal(signal.SIGTERM, stop)
-    watch_parent(death_pipe, stop)
-    with contextlib.suppress(KeyboardInterrupt):
-        serve_forever(sock, endpoints, index, count, node_id, ranks=ranks, settings=settings)
+    # Every stop (SIGTERM, SIGINT, the parent gone, however many) is one
+    # bounded drain (:mod:`.draining`); uvicorn takes the signals over while it serves.
+    stop = threading.Event()
+    on_stop_signals(stop.set)
+    watch_parent(death_pipe, stop.set)
+    serve_forever(sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop)
 
 
 class APIServerProcessManager:
@@ -78,7 +73,9 @@ class APIServerProcessManager:
         self._lock = threading.Lock()  # a respawn and close() never interleave
         self._restarts_left = [self._settings.max_restarts] * count
         self.procs.extend(self._spawn(index) for index in range(count))
-        self._finalizer = weakref.finalize(self, _release, self.procs, self._sock, self._stop, self._lock)
+        # A stopping server answers its running requests before it exits: wait that long before killing it.
+        self._finalizer = weakref.finalize(self, _release, self.procs, self._sock, self._stop, self._lock,
+                                           stop_bound_s(self._settings.graceful_shutdown_s))
         watch_processes(self.procs, self._stop, self._report, "raydp-api-watcher")
 
     def _spawn(self, index: int) -> Proc:
@@ -123,8 +120,10 @@ class APIServerProcessManager:
         self._finalizer()
 
 
-def _release(procs: list[Proc], sock: socket.socket, stop: threading.Event, lock: threading.Lock) -> None:
+def _release(
+    procs: list[Proc], sock: socket.socket, stop: threading.Event, lock: threading.Lock, grace_s: float
+) -> None:
     with lock:  # after this no respawn starts, and ``procs`` holds every process there is
         stop.set()
-    shutdown(procs)
+    shutdown(procs, grace_s)
     sock.close()

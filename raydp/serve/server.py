@@ -2,7 +2,10 @@
 
 :func:`serve_on_socket` blocks until SIGINT or SIGTERM (in the main thread)
 or ``stop`` is set, lets running requests finish for a grace period, and
-returns. Connection limits, all per process:
+returns; with ``on_grace_over`` it then calls it to end the requests still
+running, gives their answers ``FLUSH_S`` to go out, and returns (any number
+of signals means one such stop: :mod:`.draining`). Connection limits, all
+per process:
 
 * a connection idle (no request in progress) for ``idle_timeout_s`` is closed,
   a new one that never sends a byte included;
@@ -19,18 +22,21 @@ returns. Connection limits, all per process:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
 
 import uvicorn
 from starlette.types import ASGIApp
 
 from raydp.client.client import Client
 from raydp.serve.app import build_app
+from raydp.serve.draining import FLUSH_S, InFlight
 from raydp.serve.protocol import QUIET_MALFORMED, guarded_protocol
 from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
@@ -40,11 +46,32 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, stoppable by an event, returning (not re-raising) after a signal."""
+    """uvicorn's server, stoppable by an event, returning (not re-raising) after a signal.
 
-    def __init__(self, config: uvicorn.Config, stop: threading.Event | None) -> None:
+    ``on_grace_over`` is called ``grace_s`` into the shutdown if it is still waiting for requests.
+    """
+
+    def __init__(self, config: uvicorn.Config, stop: threading.Event | None,
+                 on_grace_over: Callable[[], None] | None = None, grace_s: float = 0.0) -> None:
         super().__init__(config)
         self._stop = stop
+        self._on_grace_over, self._grace_s = on_grace_over, grace_s
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # A repeated signal must not force an exit that cuts answers off: a
+        # terminal's Ctrl-C reaches the whole process group, and the launcher's
+        # SIGTERM follows it; ``ray job stop`` signals every process of the job.
+        self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        timer = None
+        if self._on_grace_over is not None:
+            timer = asyncio.get_running_loop().call_later(self._grace_s, self._on_grace_over)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     async def on_tick(self, counter: int) -> bool:
         if self._stop is not None and self._stop.is_set():
@@ -75,11 +102,13 @@ def serve_on_socket(
     max_connections: int = 2048,
     graceful_shutdown_s: float = 3.0,
     stop: threading.Event | None = None,
+    on_grace_over: Callable[[], None] | None = None,
 ) -> None:
     """Serve ``app`` on the listening ``sock`` until a stop signal or ``stop``; see the module docstring."""
     ServerSettings(idle_timeout_s=idle_timeout_s, read_timeout_s=read_timeout_s, max_connections=max_connections,
                    graceful_shutdown_s=graceful_shutdown_s)  # raises ConfigError
     logging.getLogger("uvicorn.error").addFilter(QUIET_MALFORMED)  # the protocol logs those, with their sender
+    wait_s = graceful_shutdown_s + (FLUSH_S if on_grace_over else 0.0)  # then uvicorn cancels what is left
     config = uvicorn.Config(
         app,
         http=guarded_protocol(read_timeout_s),
@@ -91,11 +120,11 @@ def serve_on_socket(
         server_header=False,
         # uvicorn annotates these int, but only hands them to loop.call_later / asyncio.wait_for.
         timeout_keep_alive=idle_timeout_s,  # type: ignore[arg-type]
-        timeout_graceful_shutdown=graceful_shutdown_s,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=wait_s,  # type: ignore[arg-type]
         limit_concurrency=max_connections,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
     )
-    _Server(config, stop).run(sockets=[sock])
+    _Server(config, stop, on_grace_over, graceful_shutdown_s).run(sockets=[sock])
 
 
 def serve_forever(
@@ -107,16 +136,24 @@ def serve_forever(
     *,
     ranks: list[int] | None = None,
     settings: ServerSettings | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
-    """Run one API server on ``sock`` until the process is told to stop; it routes only to ``ranks`` if given."""
+    """Run one API server on ``sock`` until a stop signal or ``stop``; it routes only to ``ranks`` if given.
+
+    Requests still running ``graceful_shutdown_s`` into the stop get a 503 (:mod:`.draining`).
+    """
     s = settings or ServerSettings()
     client = Client(endpoints, node_id=node_id, client_index=client_index, client_count=client_count, ranks=ranks,
                     balancer=s.balancer)
+    in_flight = InFlight()
+    reason = (f"API server {client_index} of {endpoints.name!r} is shutting down: the request was still running "
+              f"after graceful_shutdown_s={s.graceful_shutdown_s:g}")
     try:
         app = build_app(client, model=s.model or endpoints.name, max_body_bytes=s.max_body_bytes,
                         request_timeout_s=s.request_timeout_s, max_tokens_limit=s.max_tokens_limit,
-                        vocab_size=s.vocab_size)
+                        vocab_size=s.vocab_size, in_flight=in_flight)
         serve_on_socket(sock, app, idle_timeout_s=s.idle_timeout_s, read_timeout_s=s.read_timeout_s,
-                        max_connections=s.max_connections, graceful_shutdown_s=s.graceful_shutdown_s)
+                        max_connections=s.max_connections, graceful_shutdown_s=s.graceful_shutdown_s, stop=stop,
+                        on_grace_over=lambda: in_flight.fail_all(reason))
     finally:
         client.close()

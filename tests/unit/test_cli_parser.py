@@ -113,3 +113,16 @@ def test_the_preset_engine_shards_over_devices_when_tensor_parallel_size_is_abov
     assert config_from_args(chosen, demo.CONFIG_FLAGS, demo.PRESETS, env={}).engine == "raydp.engine:EchoEngine"
     assert config_from_args(parser.parse_args([]), demo.CONFIG_FLAGS, demo.PRESETS, env={}).engine.endswith(
         "TinyLMEngine")
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--graceful-shutdown-s", "-1"), "graceful_shutdown_s=-1"),
+    (("--graceful-shutdown-s", "1", "--lb-mode", "hybrid"), "internal only, not hybrid"),
+])
+def test_a_bad_grace_period_is_refused_before_anything_is_launched(
+    flags: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from raydp.cli import main
+
+    assert main(["serve", *flags]) == 2  # before launch: the unit tests forbid ray.init
+    assert message in capsys.readouterr().err
