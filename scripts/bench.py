@@ -46,7 +46,10 @@ together. Nine benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
 9. failures (:mod:`bench_faults`, its own 2-node Ray in a process of its
    own): per fault (kill a rank, a worker, the coordinator, an API server;
    remove a node; kill a lockstep rank), the time until it is detected and
-   until the cluster serves again, and the requests lost under a light load.
+   until the cluster serves again, and the requests lost under a light load;
+   ``faults-extra`` (:mod:`bench_faults_extra`, not in the default run: it
+   needs root for network namespaces) adds a partitioned node, SIGTERM on
+   ``raydp serve`` and ``ray job stop``.
 
 It prints the environment, the exact command and markdown tables, and exits
 0 when every measurement ran (1 if one failed; the tables say which).
@@ -76,6 +79,7 @@ from bench_coordinator import (
     coordinator_table,
 )
 from bench_faults import FaultRow, faults_benchmark, faults_failed, faults_table
+from bench_faults_extra import extra_benchmark, extra_table
 from bench_http import HttpResult, http_benchmark, http_failed, http_table
 from bench_http_load import HTTP_FULL, HTTP_QUICK, HttpSizes
 from bench_lockstep import StepRate, lockstep_benchmark, lockstep_table
@@ -99,8 +103,10 @@ from bench_workers import (
     workers_table,
 )
 
-SECTIONS = ("round-trips", "lockstep", "http", "workers", "scale", "startup", "coordinator", "routing", "faults")
-NO_RAY = ("coordinator", "faults")  # sections that need no Ray of the bench's (faults starts its own, elsewhere)
+SECTIONS = ("round-trips", "lockstep", "http", "workers", "scale", "startup", "coordinator", "routing", "faults",
+            "faults-extra")
+NO_RAY = ("coordinator", "faults", "faults-extra")  # need no Ray of the bench's (faults start their own, elsewhere)
+OPT_IN = ("faults-extra",)  # run only when named with --only
 
 
 def environment(sizes: Sizes, quick: bool) -> dict[str, Any]:
@@ -149,6 +155,7 @@ class Report:
     routing: list[RoutingResult] | None = None
     coordinator: list[CoordinatorResult] | None = None
     faults: list[FaultRow] | None = None
+    faults_extra: list[FaultRow] | None = None
 
     def failed(self) -> bool:
         return (
@@ -162,6 +169,7 @@ class Report:
             or (self.routing is not None and routing_failed(self.routing))
             or (self.coordinator is not None and coordinator_failed(self.coordinator))
             or (self.faults is not None and faults_failed(self.faults))
+            or (self.faults_extra is not None and faults_failed(self.faults_extra))
         )
 
     def as_json(self, env: dict[str, Any], http_sizes: HttpSizes, worker_sizes: WorkerSizes) -> dict[str, Any]:
@@ -188,6 +196,8 @@ class Report:
             payload["coordinator"] = [asdict(r) for r in self.coordinator]
         if self.faults is not None:
             payload["faults"] = [asdict(r) for r in self.faults]
+        if self.faults_extra is not None:
+            payload["faults_extra"] = [asdict(r) for r in self.faults_extra]
         return payload
 
 
@@ -211,6 +221,8 @@ def run_sections(sections: list[str], sizes: Sizes, http_sizes: HttpSizes, worke
         report.coordinator = coordinator_benchmark(COORDINATOR_QUICK if sizes is QUICK else COORDINATOR_FULL)
     if "faults" in sections:
         report.faults = faults_benchmark(trials=2 if sizes is QUICK else 5)
+    if "faults-extra" in sections:
+        report.faults_extra = extra_benchmark(trials=2 if sizes is QUICK else 5)
     return report
 
 
@@ -258,6 +270,8 @@ def report_tables(
         out["coordinator"] = coordinator_table(report.coordinator)
     if report.faults is not None:
         out["faults"] = faults_table(report.faults)
+    if report.faults_extra is not None:
+        out["faults-extra"] = extra_table(report.faults_extra)
     return out
 
 
@@ -277,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write every number to this JSON file")
     parser.add_argument("--plot", metavar="DIR", help="also draw every table as PNG charts in DIR (matplotlib)")
     args = parser.parse_args(argv)
-    sections = [s for s in SECTIONS if s in (args.only or SECTIONS) and s not in (args.skip or [])]
+    default = [s for s in SECTIONS if s not in OPT_IN]
+    sections = [s for s in SECTIONS if s in (args.only or default) and s not in (args.skip or [])]
     if not sections:
         parser.error("--only and --skip leave no section to run")
     sizes = QUICK if args.quick else FULL
