@@ -97,6 +97,16 @@ def _alive_master(inventory: Inventory, wanted: str) -> str | None:
     return wanted if any(n.node_id.startswith(wanted) for n in inventory.nodes) else None
 
 
+def _alive_allowlist(inventory: Inventory, allowlist: Sequence[str] | None) -> list[str] | None:
+    """The allowlisted nodes still alive (a dead one's ranks are being re-placed on the others)."""
+    if not allowlist:
+        return None
+    alive = [n for n in allowlist if any(node.node_id.startswith(n) for node in inventory.nodes)]
+    if not alive:
+        raise PlacementError(f"node_allowlist={list(allowlist)!r}: no allowlisted node is alive")
+    return alive
+
+
 def _place(
     config: RaydpConfig, ranks: range, existing: Sequence[RankSlot], driver_node_id: str, owned: Owned, why: str
 ) -> tuple[RankSlot, ...]:
@@ -107,7 +117,7 @@ def _place(
         plan = plan_placement(
             inventory, dp_size=len(ranks), world_size=cfg.world_size, strategy=cfg.placement_strategy,
             master_node_id=_alive_master(inventory, cfg.master_node_id or driver_node_id),
-            node_allowlist=cfg.node_allowlist,
+            node_allowlist=_alive_allowlist(inventory, cfg.node_allowlist),
         )
     except PlacementError as exc:
         if cfg.node_allowlist:
