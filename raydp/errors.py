@@ -19,6 +19,7 @@ Every error raydp raises on purpose derives from :class:`RaydpError`, so
     ├── RequestError           one request failed on its engine
     ├── ScaleDownError         a request outlived the drain of a rank that a scale-down removed
     └── ClusterClosedError     the cluster handle was used after ``close()``
+        └── ShuttingDownError  an API server is stopping (HTTP 503 ``shutting_down``)
 
 Errors that describe a component death carry structured fields (``rank``,
 ``node_id``, ``cause``) so callers can react without parsing messages.
@@ -223,3 +224,7 @@ class ScaleDownError(RaydpError):
 
 class ClusterClosedError(RaydpError):
     """The cluster or client was used after ``close()``."""
+
+
+class ShuttingDownError(ClusterClosedError):
+    """The API server is stopping: the request was still running after its grace period, or came after it."""

@@ -348,7 +348,7 @@ def sigterm_row(trials: int, backend: str) -> Any:
     from tests.integration.helpers import socket_dirs
 
     label = f"SIGTERM raydp serve ({backend})"
-    happens = (f"stops accepting (a new connection waits in the backlog, reset at exit); running requests get "
+    happens = (f"stops accepting (a new connection is refused at once); running requests get "
                f"graceful_shutdown_s={GRACE_S:g} to finish, the rest a 503 or a stream error event; API servers, "
                "engines and IPC dirs go; exit 143")
     tally = Tally()

@@ -29,8 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from raydp.errors import ClusterClosedError, ComponentDeadError, ConfigError, RaydpError
-from raydp.serve.draining import ShuttingDownError
+from raydp.errors import ClusterClosedError, ComponentDeadError, ConfigError, RaydpError, ShuttingDownError
 from raydp.serve.responses import JSON
 
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",

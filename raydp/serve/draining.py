@@ -23,7 +23,7 @@ import logging
 import weakref
 from typing import TYPE_CHECKING
 
-from raydp.errors import ClusterClosedError
+from raydp.errors import ShuttingDownError
 
 if TYPE_CHECKING:
     from raydp.client.aio import AsyncRequest
@@ -36,10 +36,6 @@ CLOSE_S = 3.0  # then: the app's shutdown and the server's client closing
 def stop_bound_s(graceful_shutdown_s: float) -> float:
     """The longest an API server takes from a stop signal to its exit."""
     return graceful_shutdown_s + FLUSH_S + CLOSE_S
-
-
-class ShuttingDownError(ClusterClosedError):
-    """The API server is stopping: the request was still running after its grace period, or came after it."""
 
 
 class InFlight:

@@ -125,5 +125,7 @@ def _release(
 ) -> None:
     with lock:  # after this no respawn starts, and ``procs`` holds every process there is
         stop.set()
-    shutdown(procs, grace_s)
+    # This process's copy first: once the draining servers close theirs, the listening socket
+    # is gone, so a new connection is refused at once instead of waiting in the backlog for a reset.
     sock.close()
+    shutdown(procs, grace_s)
