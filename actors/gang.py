@@ -94,7 +94,11 @@ class GangRestarts:
         with m._owned.lock:
             if m._owned.released:
                 return
-            startup.wave = int(m.coordinator_state()["wave"])
+            state = m.coordinator_state()
+            # A wave the old gang was running can never complete: the new one starts in the next,
+            # so its first request's StartWave (for a later wave) wakes every rank at once. In the
+            # running wave it would step alone until the coordinator's heartbeat repeats the wave.
+            startup.wave = int(state["wave"]) + (1 if state["running"] else 0)
             m._start_engines(startup, ranks)
         phases.mark("created")
         coordinator = {ref: r for ref, r in startup.run_refs.items() if r < 0}  # the old ranks' refs ended

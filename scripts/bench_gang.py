@@ -6,7 +6,8 @@ It starts its own local ``ray.cluster_utils.Cluster`` (one node, 4 CPUs,
 4 logical GPUs) and, per DP size, launches one lockstep cluster of
 ``EchoEngine(collective=True)`` ranks with enough ``max_restarts`` for every
 repetition. Each repetition kills one rank (a different one each time) with
-``ray.kill`` and times:
+``ray.kill`` while the gang is busy (a long request runs on another rank, so
+a wave is running; ``step_delay_s=0.01`` stands in for device time) and times:
 
 * detection: the death until ``cluster.deaths`` lists it;
 * back: the death until a request to every rank is answered again.
@@ -43,8 +44,12 @@ def _serving(client: Any, ranks: int) -> bool:
 def _one_restart(cluster: Any, client: Any, ranks: int, victim: int, name: str) -> tuple[float, float]:
     import ray
 
+    import raydp
+
     seen = len(cluster.deaths)
     actor = ray.get_actor(f"{name}-dp{victim}", namespace="raydp")
+    busy = client.submit([7], max_tokens=10_000_000, rank=(victim + 1) % ranks)
+    time.sleep(0.2)  # in its wave
     killed_at = time.perf_counter()
     ray.kill(actor)
     while len(cluster.deaths) <= seen:
@@ -56,7 +61,14 @@ def _one_restart(cluster: Any, client: Any, ranks: int, victim: int, name: str) 
         if time.perf_counter() - killed_at > 120:
             raise TimeoutError(f"the gang did not serve again within 120 s of rank {victim}'s death")
         time.sleep(SERVE_POLL_S)
-    return detected, time.perf_counter() - killed_at
+    back = time.perf_counter() - killed_at
+    try:
+        busy.result(timeout=30)
+    except raydp.RaydpError:
+        pass  # stopped with its gang, typed (EngineDeadError, or the engine's error if its step failed first)
+    else:
+        raise AssertionError("a request in flight on the stopped gang finished")
+    return detected, back
 
 
 def gang_times(ranks: int, reps: int) -> tuple[list[float], list[float]]:
@@ -65,7 +77,7 @@ def gang_times(ranks: int, reps: int) -> tuple[list[float], list[float]]:
     name = f"bench-gang{ranks}"
     detections, backs = [], []
     with raydp.launch(name=name, dp_size=ranks, lockstep=True, max_restarts=reps, progress=False,
-                      engine_kwargs={"collective": True}) as cluster:
+                      engine_kwargs={"collective": True, "step_delay_s": 0.01}) as cluster:
         client = cluster.client()
         assert _serving(client, ranks), "the fresh gang does not serve"
         for rep in range(reps):
