@@ -18,6 +18,18 @@ most 1.5x the first after warm-up, plus a slack); after
 ``close()`` no raydp actor, placement group, socket directory or API server
 process left. ``--json`` prints the summary as JSON on stdout (the table goes
 to stderr).
+
+``--hosts netns`` (root and ``ip netns`` needed) runs the same soak on real
+hosts instead: network namespaces with their own IPs on 10.213.7.0/24
+(``netns_ray.NetnsRay``: the head, driver and API servers in the root
+namespace, 3 namespace hosts of 1 logical GPU, Ray's health check at 500 ms /
+1 s / 3 failures), DP=2 with one host spare. Its kinds
+(``faults.NETNS_KINDS``) add ``partition``: the veth of a host holding a rank
+(never rank 0's, whose node the coordinator is pinned to) goes down, the rank
+must be reported dead ("node died") and serve again from the spare host, and
+a fresh namespace host is started so the next partition finds capacity.
+``node-remove`` is left out there (the partition is that mode's node loss).
+After ``close()`` no process it started, namespace or link may be left either.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import argparse
 import collections
 import json
 import random
+import signal
 import statistics
 import sys
 import time
@@ -36,14 +49,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.integration.helpers
 
 from fault_load import DriverLoad, HttpLoad, Ledger, LoadShape, ResourceSampler
-from faults import KINDS, Fault, Injector, LocalRay, actor_processes, wait_for
+from faults import KINDS, NETNS_KINDS, Fault, Injector, LocalRay, actor_processes, wait_for
 
 import raydp
 from raydp.serve.settings import ServerSettings
 
 ENGINE = "raydp.engine.echo_workers:WorkerEchoEngine"
 WARMUP_S = 8.0
-DETECT_TIMEOUT_S = {"node-remove": 60.0}  # Ray's node death; a process death is seen within 0.1 s
+# Ray's node death (a partition: the health check's 3 failed 500 ms probes, and then some on a busy box);
+# a process death is seen within 0.1 s
+DETECT_TIMEOUT_S = {"node-remove": 60.0, "partition": 60.0}
 RECOVER_TIMEOUT_S = 120.0
 GAP_S = (1.0, 4.0)  # between one fault's recovery and the next fault
 RSS_SLACK, FD_SLACK = 64 << 20, 48
@@ -62,6 +77,8 @@ class FaultRecord:
 class Summary:
     seed: int
     minutes: float
+    hosts: str = "local"
+    kinds: tuple[str, ...] = KINDS
     faults: list[FaultRecord] = field(default_factory=list)
     requests: dict[str, Any] = field(default_factory=dict)
     resources: dict[str, Any] = field(default_factory=dict)
@@ -73,42 +90,72 @@ class Summary:
         return dict(collections.Counter(f.kind for f in self.faults))
 
 
-def schedule(rng: random.Random) -> Any:
+@dataclass(frozen=True)
+class Mode:
+    """Where the soak runs: the Ray, the cluster's size, the fault kinds, the driver client's load."""
+
+    kinds: tuple[str, ...]
+    dp_size: int
+    dp_size_local: int
+    driver_load: LoadShape
+
+
+MODES = {
+    "local": Mode(KINDS, 4, 2, LoadShape(rate=20, concurrency=8)),
+    # Three namespace hosts (two ranks and a spare) is what 2 cores carry beside the load.
+    "netns": Mode(NETNS_KINDS, 2, 1, LoadShape(rate=12, concurrency=6)),
+}
+NETNS_HOSTS = 3
+
+
+def schedule(rng: random.Random, kinds: tuple[str, ...]) -> Any:
     """Every kind once (a seeded order), then seeded random kinds, forever."""
-    first = list(KINDS)
+    first = list(kinds)
     rng.shuffle(first)
     yield from first
     while True:
-        yield rng.choice(KINDS)
+        yield rng.choice(kinds)
 
 
-def soak(seed: int, minutes: float) -> Summary:
+def soak(seed: int, minutes: float, hosts: str = "local") -> Summary:
     rng = random.Random(seed)
-    summary = Summary(seed, minutes)
+    summary = Summary(seed, minutes, hosts, MODES[hosts].kinds)
     started = time.monotonic()
-    local = LocalRay((2, 2))
+    mode = MODES[hosts]
+    local: Any = LocalRay((2, 2)) if hosts == "local" else netns_ray().NetnsRay(NETNS_HOSTS)
     name = f"chaos{seed}"
     try:
-        cluster = raydp.launch(name=name, engine=ENGINE, dp_size=4, dp_size_local=2, progress=False,
-                               engine_kwargs={"step_delay_s": 0.01}, max_restarts=10_000,
-                               coordinator_max_restarts=10_000)
+        # The netns head holds no GPU: rank 0 (and the coordinator beside it) go to the first namespace host.
+        master = {} if hosts == "local" else {"master_node_id": local.first_host()}
+        cluster = raydp.launch(name=name, engine=ENGINE, dp_size=mode.dp_size, dp_size_local=mode.dp_size_local,
+                               progress=False, engine_kwargs={"step_delay_s": 0.01}, max_restarts=10_000,
+                               coordinator_max_restarts=10_000, **master)
         try:
             servers = cluster.serve_api(2, settings=ServerSettings(max_restarts=10_000, request_timeout_s=60))
-            run_faults(cluster, local, servers, rng, seed, minutes, summary)
+            run_faults(cluster, local, servers, rng, seed, minutes, summary, mode)
         finally:
             cluster.close()
-        summary.leftovers = leftovers(name, servers.procs)
+        summary.leftovers = leftovers(name, servers.procs, gcs=hosts == "netns")
     finally:
         local.shutdown()
+    if hosts == "netns":
+        summary.leftovers += local.leftovers()
     summary.wall_s = round(time.monotonic() - started, 1)
     return summary
 
 
-def run_faults(cluster: raydp.Cluster, local: LocalRay, servers: Any, rng: random.Random, seed: int,
-               minutes: float, summary: Summary) -> None:
+def netns_ray() -> Any:
+    """The namespace-host Ray's module, imported only in that mode (it needs tests.integration)."""
+    import netns_ray as module
+
+    return module
+
+
+def run_faults(cluster: raydp.Cluster, local: Any, servers: Any, rng: random.Random, seed: int,
+               minutes: float, summary: Summary, mode: Mode) -> None:
     injector = Injector(cluster, local, servers)
     ledger = Ledger()
-    loads = [DriverLoad(cluster.client(), ledger, LoadShape(rate=20, concurrency=8), seed),
+    loads = [DriverLoad(cluster.client(), ledger, mode.driver_load, seed),
              HttpLoad(servers.url, ledger, LoadShape(rate=6, concurrency=3), seed + 1, injector.server_killed_between)]
     sampler = ResourceSampler()
     for load in loads:
@@ -118,8 +165,8 @@ def run_faults(cluster: raydp.Cluster, local: LocalRay, servers: Any, rng: rando
     baseline = sampler.take()
     actors0 = actor_processes(cluster.name)
     deadline = time.monotonic() + minutes * 60
-    kinds = schedule(rng)
-    while time.monotonic() < deadline or len(summary.by_kind()) < len(KINDS):
+    kinds = schedule(rng, mode.kinds)
+    while time.monotonic() < deadline or len(summary.by_kind()) < len(mode.kinds):
         time.sleep(rng.uniform(*GAP_S))
         kind = next(kinds)
         if kind == "node-remove" and not injector.node_with_ranks():
@@ -127,6 +174,7 @@ def run_faults(cluster: raydp.Cluster, local: LocalRay, servers: Any, rng: rando
         rank = rng.randrange(cluster.dp_size)
         fault = injector.inject(kind, rank=rank, api_index=rng.randrange(len(servers.procs)))
         summary.faults.append(record := measure(injector, fault))
+        injector.settle(fault)
         log(f"{record.kind:20} {record.target:40} detected {fmt(record.detect_s)}  back {fmt(record.back_s)}")
         if record.detect_s is None or record.back_s is None:
             summary.violations.append(f"{fault.kind} on {fault.target}: "
@@ -176,12 +224,20 @@ def check(summary: Summary, ledger: Ledger, rss0: int, rss1: int, fds0: int, fds
     v.extend(f"example: {e}" for e in ledger.examples)
 
 
-def leftovers(name: str, procs: list[Any]) -> list[str]:
-    """What a closed cluster left behind: actors, groups, socket directories, API server processes."""
+def leftovers(name: str, procs: list[Any], gcs: bool = False) -> list[str]:
+    """What a closed cluster left behind: actors, groups, socket directories, API server processes.
+
+    ``gcs`` reads actors and groups from the GCS (a namespace-host Ray runs no dashboard for the state API).
+    """
     from tests.integration.helpers import live_actors, live_groups, socket_dirs, wait_until
 
-    wait_until(lambda: not live_actors(name) and not socket_dirs(name), timeout=30)
-    left = [f"actor {a}" for a in live_actors(name)] + [f"placement group {g}" for g in live_groups(name)]
+    def in_ray() -> list[str]:
+        if gcs:
+            return list(netns_ray().gcs_leftovers(name))
+        return [f"actor {a}" for a in live_actors(name)] + [f"placement group {g}" for g in live_groups(name)]
+
+    wait_until(lambda: not in_ray() and not socket_dirs(name), timeout=30)
+    left = in_ray()
     left += [f"socket directory {d}" for d in socket_dirs(name)]
     left += [f"API server pid {p.process.pid}" for p in procs if p.process.is_alive()]
     return left
@@ -200,10 +256,13 @@ def log(message: str) -> None:
 
 
 def table(summary: Summary) -> list[str]:
-    lines = [f"## chaos soak: seed {summary.seed}, {summary.minutes} min ({summary.wall_s} s with setup)", "",
+    lines = [f"## chaos soak: seed {summary.seed}, {summary.minutes} min, {summary.hosts} hosts "
+             f"({summary.wall_s} s with setup)", "",
              "| fault | injected | detect median | back median | back max |", "|---|---:|---:|---:|---:|"]
-    for kind in KINDS:
+    for kind in dict.fromkeys((*KINDS, *NETNS_KINDS)):
         recs = [f for f in summary.faults if f.kind == kind]
+        if not recs and kind not in summary.kinds:
+            continue
         detects = [f.detect_s for f in recs if f.detect_s is not None]
         backs = [f.back_s for f in recs if f.back_s is not None]
         lines.append(f"| {kind} | {len(recs)} | {median(detects)} | {median(backs)} | "
@@ -230,8 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--minutes", type=float, required=True, help="soak length (setup and checks come on top)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    parser.add_argument("--hosts", choices=sorted(MODES), default="local",
+                        help="local: a local 2-node Ray; netns: namespace hosts with their own IPs, and partitions "
+                             "(needs root and ip netns)")
     args = parser.parse_args(argv)
-    summary = soak(args.seed, args.minutes)
+    # A SIGTERM (a test's timeout, say) unwinds through the finally blocks: namespaces and Ray nodes go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    summary = soak(args.seed, args.minutes, args.hosts)
     if summary.leftovers:
         summary.violations.append(f"left after close: {summary.leftovers}")
     print("\n".join(table(summary)), file=sys.stderr if args.json else sys.stdout)

@@ -9,7 +9,10 @@ cluster is made of, the way it dies in production:
 * the coordinator: ``SIGKILL`` or ``ray.kill``;
 * an API server process (``cluster.serve_api``): ``SIGKILL``;
 * a non-head node holding ranks: ``remove_node``, then a like node is added
-  so the capacity comes back for its ranks to be re-placed on.
+  so the capacity comes back for its ranks to be re-placed on;
+* on namespace hosts (``netns_ray.NetnsRay``, :data:`NETNS_KINDS`): a network
+  partition of a host holding ranks (its veth goes down), then a fresh host
+  is started so the capacity comes back.
 
 Each returns a :class:`Fault` (what, which, when). :meth:`Injector.detected`
 times the fault until the cluster's death report (``cluster.deaths`` grows);
@@ -42,6 +45,8 @@ KINDS = (
     "rank-sigkill", "rank-ray-kill", "worker-sigkill", "coordinator-sigkill", "coordinator-ray-kill",
     "api-server-sigkill", "node-remove",
 )
+# On namespace hosts a partition takes the place of node removal (the test cluster's remove_node has no hosts there).
+NETNS_KINDS = (*KINDS[:-1], "partition")
 
 
 class LocalRay:
@@ -89,12 +94,13 @@ class Fault:
     deaths_before: int = 0
     api_index: int = -1
     old_pid: int = 0
+    node: str = ""  # a partition's cut-off node: its ranks must come back elsewhere
 
 
 class Injector:
     """Faults against ``cluster`` (launched by this driver) on ``local``; probes use a client of their own."""
 
-    def __init__(self, cluster: raydp.Cluster, local: LocalRay, servers: APIServerProcessManager | None = None) -> None:
+    def __init__(self, cluster: raydp.Cluster, local: Any, servers: APIServerProcessManager | None = None) -> None:
         self.cluster, self.local, self.servers = cluster, local, servers
         self.control = cluster.client()
         self.api_kills: list[float] = []
@@ -117,7 +123,9 @@ class Injector:
             return self.kill_api_server(api_index)
         if kind == "node-remove":
             return self.remove_node()
-        raise ValueError(f"kind={kind!r}: not one of {KINDS}")
+        if kind == "partition":
+            return self.partition_host(rank)
+        raise ValueError(f"kind={kind!r}: not one of {(*KINDS, 'partition')}")
 
     def _fault(self, kind: str, target: str, **kw: Any) -> Fault:
         return Fault(kind, target, time.monotonic(), deaths_before=len(self.cluster.deaths), **kw)
@@ -174,6 +182,30 @@ class Injector:
         self.local.replace(node)
         return fault
 
+    def partition_host(self, pick: int) -> Fault:
+        """Cut off a namespace host holding ranks, never rank 0's.
+
+        The coordinator is pinned beside rank 0 and a restarted one goes back to
+        its predecessor's node, which a partition takes away for good: that
+        fault is outside what the cluster recovers from.
+        """
+        by_node: dict[str, list[int]] = {}
+        for ep in self.cluster.endpoints.engines:
+            by_node.setdefault(ep.node_id, []).append(ep.rank)
+        first = next(ep.node_id for ep in self.cluster.endpoints.engines if ep.rank == 0)
+        nodes = sorted((n for n in by_node if n != first and n in self.local.hosts), key=lambda n: by_node[n])
+        node = nodes[pick % len(nodes)]
+        ranks = tuple(by_node[node])
+        fault = self._fault("partition", f"host {self.local.hosts[node].ip} (ranks {list(ranks)})", ranks=ranks,
+                            node=node)
+        self.local.partition(node)
+        return fault
+
+    def settle(self, fault: Fault) -> None:
+        """After ``fault`` was measured: a partition's replacement host joins and the cut-off host goes."""
+        if fault.kind == "partition":
+            self.local.reap()
+
     def node_with_ranks(self) -> bool:
         """Whether some worker node holds ranks (else ``node-remove`` has nothing to remove)."""
         held = {ep.node_id for ep in self.cluster.endpoints.engines}
@@ -186,22 +218,21 @@ class Injector:
 
     @staticmethod
     def _actor_pid(actor: Any) -> int:
-        from ray.util.state import list_actors
+        from ray._private.state import actors
 
-        address = str(ray.get_runtime_context().gcs_address)
-        for attempt in range(5):  # the state API goes through the dashboard, which lags on a busy box
-            try:
-                found = list_actors(address=address, filters=[("actor_id", "=", actor._actor_id.hex())])
-                if found and found[0].pid:
-                    return int(found[0].pid)
-            except ConnectionError:
-                pass
+        for attempt in range(5):  # the GCS's actor table (no dashboard needed), until the pid is in
+            found = actors(actor._actor_id.hex())
+            if found and found.get("Pid"):
+                return int(found["Pid"])
             time.sleep(0.5 + attempt)
         raise RuntimeError(f"no pid for actor {actor}")
 
     # ---- probes ------------------------------------------------------------------------------
 
     def detected(self, fault: Fault) -> bool:
+        if fault.kind == "partition":  # each cut-off rank reported dead because its node died
+            told = {getattr(e, "rank", -1) for e in self.cluster.deaths[fault.deaths_before:] if "node died" in str(e)}
+            return set(fault.ranks) <= told
         return len(self.cluster.deaths) > fault.deaths_before
 
     def serving(self, fault: Fault) -> bool:
@@ -210,6 +241,9 @@ class Injector:
             return self.coordinator_back() and self.rank_serves(0)
         if fault.kind.startswith("api-server"):
             return self.api_server_back(fault)
+        if fault.kind == "partition" and any(self.cluster.endpoints.engines[r].node_id == fault.node
+                                             for r in fault.ranks):
+            return False  # not re-placed yet
         return all(self.rank_serves(rank) for rank in fault.ranks)
 
     def rank_serves(self, rank: int, timeout: float = 5.0) -> bool:
@@ -244,19 +278,14 @@ class Injector:
 def actor_processes(name: str) -> tuple[int, int]:
     """The largest RSS (bytes) and open-fd count among cluster ``name``'s live actor processes on this host."""
     import psutil
-    from ray.util.state import list_actors
+    from ray._private.state import actors
 
-    try:
-        actors = list_actors(address=str(ray.get_runtime_context().gcs_address),
-                             filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)
-    except ConnectionError:  # the dashboard lags on a busy box: no sample this time
-        return 0, 0
     rss = fds = 0
-    for actor in actors:
-        if not (actor.name or "").startswith(f"{name}-") or not actor.pid:
+    for actor in actors(actor_state_name="ALIVE").values():  # the GCS's table: no dashboard needed
+        if not str(actor["Name"] or "").startswith(f"{name}-") or not actor["Pid"]:
             continue
         try:
-            proc = psutil.Process(int(actor.pid))
+            proc = psutil.Process(int(actor["Pid"]))
             rss, fds = max(rss, proc.memory_info().rss), max(fds, proc.num_fds())
         except psutil.Error:  # died meanwhile (a fault)
             continue

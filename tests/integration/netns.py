@@ -117,6 +117,11 @@ def _add_host(index: int) -> Host:
     return host
 
 
+def add_host(index: int) -> Host:
+    """One more host at ``SUBNET.(10 + index)`` on the bridge :func:`create` made (e.g. replacing a cut-off one)."""
+    return _add_host(index)
+
+
 def partition(host: Host) -> None:
     """Cut ``host`` off: its veth goes down, so nothing reaches it or leaves it."""
     ip("link", "set", host.link, "down")
