@@ -123,6 +123,7 @@ def soak(seed: int, minutes: float, hosts: str = "local") -> Summary:
     started = time.monotonic()
     mode = MODES[hosts]
     local: Any = LocalRay((2, 2)) if hosts == "local" else netns_ray().NetnsRay(NETNS_HOSTS)
+    exit_on_sigterm()  # again: ray.init put its own (aborting) SIGTERM handler in place
     name = f"chaos{seed}"
     try:
         # The netns head holds no GPU: rank 0 (and the coordinator beside it) go to the first namespace host.
@@ -142,6 +143,11 @@ def soak(seed: int, minutes: float, hosts: str = "local") -> Summary:
         summary.leftovers += local.leftovers()
     summary.wall_s = round(time.monotonic() - started, 1)
     return summary
+
+
+def exit_on_sigterm() -> None:
+    """A SIGTERM (a test's timeout, say) unwinds through the finally blocks: Ray nodes and namespaces go too."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def netns_ray() -> Any:
@@ -293,8 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="local: a local 2-node Ray; netns: namespace hosts with their own IPs, and partitions "
                              "(needs root and ip netns)")
     args = parser.parse_args(argv)
-    # A SIGTERM (a test's timeout, say) unwinds through the finally blocks: namespaces and Ray nodes go too.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    exit_on_sigterm()
     summary = soak(args.seed, args.minutes, args.hosts)
     if summary.leftovers:
         summary.violations.append(f"left after close: {summary.leftovers}")
