@@ -30,6 +30,8 @@ def test_status_shows_ranks_devices_load_restarts_and_api_servers(two_nodes: Any
         servers = cluster.serve_api(2, port=0)
         ray.kill(cluster._manager.engines[2], no_restart=True)
         assert wait_until(lambda: _serves(client, 2), timeout=60), "rank 2 came back"
+        # The launcher's own clients follow a restart at once; the coordinator hears of it over a socket.
+        assert wait_until(lambda: cluster.coordinator_state()["restarts"] == [0, 0, 1], timeout=10)
         result = status("stat", "--json", address=two_nodes.address)
         assert result.returncode == 0, result.stderr
         (report,) = json.loads(result.stdout)
@@ -57,7 +59,8 @@ def test_status_without_a_cluster_says_what_it_looked_for(two_nodes: Any) -> Non
 
 @pytest.mark.timeout(180)
 def test_the_coordinator_and_engines_export_ray_metrics(two_nodes: Any) -> None:
-    with raydp.launch(name="metr", dp_size=2, progress=False) as cluster:
+    # Slow steps, so the long request is still running while the metrics are scraped.
+    with raydp.launch(name="metr", dp_size=2, progress=False, engine_kwargs={"step_delay_s": 0.01}) as cluster:
         client = cluster.client()
         for _ in range(3):
             assert client.generate([5], max_tokens=2, rank=0) == [5, 5]
