@@ -101,12 +101,14 @@ class RayExecutor(ChannelExecutor):
             raise ConfigError(f"engine rank {spec.dp_rank}: device workers need the rank's placement group")
         self.spec = spec
         self._incarnation = secrets.token_hex(3)
-        self._rendezvous = Rendezvous(node_ip(), spec.world_size)
+        # The workers start (and import torch) while this process starts the store.
+        self._rendezvous = Rendezvous(node_ip(), spec.world_size, serve=False)
         self.actors = [self._create(group, tp) for tp in range(spec.world_size)]
         self._refs: dict[Any, int] = {}
         self._zmq: zmq.Context[zmq.Socket[bytes]] | None = None
         self._gate: Any = None
         try:
+            self._rendezvous.serve()
             infos = self._wait_ready()
             super().__init__(_contexts(spec, infos), on_death)
             self._connect(any(i["node_id"] != spec.node_id for i in infos))
