@@ -139,12 +139,20 @@ class IpcDir:
 _OWNER = ".owner"
 
 
+def _pid_namespace() -> str:
+    """This process's pid namespace: pids mean something only inside it (containers may share /tmp)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "?"
+
+
 def _process_identity(pid: int) -> str | None:
-    """``pid`` and its start time (pids are reused), or None if no such process runs."""
+    """``pid``, its start time (pids are reused) and our pid namespace, or None if no such process runs."""
     import psutil
 
     try:
-        return f"{pid} {psutil.Process(pid).create_time():.3f}"
+        return f"{pid} {psutil.Process(pid).create_time():.3f} {_pid_namespace()}"
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
@@ -154,15 +162,22 @@ def _claim(path: Path) -> None:
 
 
 def sweep_stale_ipc_dirs() -> list[Path]:
-    """Remove this node's raydp IPC directories whose owning process is gone; return them."""
+    """Remove this node's raydp IPC directories whose owning process is gone; return them.
+
+    Only directories claimed in this pid namespace are judged: a process of another
+    container sharing the directory cannot be seen from here, dead or alive.
+    """
     removed = []
     root = IpcDir.root()
+    ours = _pid_namespace()
     for path in root.glob("*") if root.is_dir() else ():
         try:
             owner = (path / _OWNER).read_text().split()
         except OSError:
             continue  # being made, or not ours to judge
-        if len(owner) == 2 and owner[0].isdigit() and _process_identity(int(owner[0])) != " ".join(owner):
+        if len(owner) != 3 or not owner[0].isdigit() or owner[2] != ours or ours == "?":
+            continue
+        if _process_identity(int(owner[0])) != " ".join(owner):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -40,3 +40,26 @@ def test_a_killed_owners_directory_is_swept_and_a_live_ones_kept() -> None:
     finally:
         if proc.is_alive():
             proc.kill()
+
+
+@pytest.mark.timeout(30)
+def test_a_directory_claimed_in_another_pid_namespace_is_never_judged() -> None:
+    from raydp.wire.transport import _pid_namespace
+
+    root = IpcDir.root()
+    root.mkdir(mode=0o700, exist_ok=True)
+    other = root / "test-sweep-other-ns"
+    dead_here = root / "test-sweep-dead-here"
+    for path, ns in ((other, "pid:[1]" if _pid_namespace() != "pid:[1]" else "pid:[2]"), (dead_here, _pid_namespace())):
+        path.mkdir(mode=0o700, exist_ok=True)
+        (path / ".owner").write_text(f"{2**22 + 17} 1.000 {ns}")  # a pid no process here has
+    try:
+        swept = sweep_stale_ipc_dirs()
+        assert other.is_dir() and other not in swept, "another container's process may well be alive"
+        assert dead_here in swept and not dead_here.exists()
+    finally:
+        for path in (other, dead_here):
+            if path.exists():
+                import shutil
+
+                shutil.rmtree(path)
