@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from raydp.actors.terminate import kill_and_wait
 from raydp.coordinator.resync import Restored
 from raydp.errors import CoordinatorDeadError, DeathCause
+from raydp.wire.endpoints import CoordinatorEndpoints
 
 if TYPE_CHECKING:
     from raydp.actors.manager import ActorManager
@@ -40,7 +42,6 @@ class CoordinatorRestarts:
     def __init__(self, manager: ActorManager, max_restarts: int) -> None:
         self.m = manager
         self.left = max_restarts
-        self.count = 0
 
     def on_death(self, cause: DeathCause, detail: str) -> None:
         m = self.m
@@ -63,12 +64,13 @@ class CoordinatorRestarts:
     def _restart(self) -> None:
         m, started = self.m, time.monotonic()
         try:
-            _wait_gone(m._owned.coordinator)
+            kill_and_wait(m._owned.coordinator)  # it may be wedged rather than dead; its name must be free
+            endpoints, restored = self._successor_of()
             with m._owned.lock:
                 if m._owned.released:
                     return
-                actor = m._create_coordinator(successor_of=self._successor_of())
-            self._serve(actor)
+                actor = m._create_coordinator(successor_of=(endpoints, restored))
+            self._serve(actor, restored.engine_count - len(restored.dead))
         except Exception as exc:
             if m._owned.stop.is_set():
                 return
@@ -77,10 +79,9 @@ class CoordinatorRestarts:
                 self.left = 0
             m._report(-1, DeathCause.INIT_FAILED, f"restart failed: {exc!r}")
             return
-        self.count += 1
         logger.warning("coordinator of cluster %r restarted in %.2fs", m.config.name, time.monotonic() - started)
 
-    def _successor_of(self) -> tuple[Any, Restored]:
+    def _successor_of(self) -> tuple[CoordinatorEndpoints, Restored]:
         m = self.m
         assert m.endpoints is not None and m._startup.coordinator_endpoints is not None
         reports, n = m._reports, len(m.slots)
@@ -97,7 +98,7 @@ class CoordinatorRestarts:
             )
         return m._startup.coordinator_endpoints, restored
 
-    def _serve(self, actor: Any) -> None:
+    def _serve(self, actor: Any, live: int) -> None:
         """Check the successor's addresses, watch it, wait for the engines, hand it the cluster."""
         m, cfg = self.m, self.m.config
         old = m._startup.coordinator_endpoints
@@ -107,24 +108,9 @@ class CoordinatorRestarts:
         ref = actor.run.remote()
         m._owned.run_refs.append(ref)
         m._watch_queue.put((ref, -1))
-        live = len(m.slots) - len([r for r in m._reports.dead if r < len(m.slots)])
         waited = actor.wait_for_engines.remote(live, cfg.handshake_timeout_s)
         if not ray.get(waited, timeout=cfg.handshake_timeout_s + 5):
             logger.warning("restarted coordinator: not every live engine resubscribed within %.0fs",
                            cfg.handshake_timeout_s)
-        assert m.endpoints is not None
-        actor.set_cluster.remote(m.endpoints, m._status_info(m._startup), {"config": cfg, "engine_cls": m._engine_cls})
-        for record in m._api_server_records:
-            actor.add_api_servers.remote(record)
+        m._hand_cluster(actor)
 
-
-def _wait_gone(actor: Any, timeout_s: float = 10.0) -> None:
-    """Kill ``actor`` (it may be wedged rather than dead) and wait until Ray has freed its name."""
-    ray.kill(actor, no_restart=True)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
-        except Exception:  # RayActorError: gone
-            return
-        time.sleep(0.02)

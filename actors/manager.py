@@ -199,9 +199,7 @@ class ActorManager:
             self.close()
             raise
         self.endpoints = self._cluster_endpoints(startup, result)
-        self._owned.coordinator.set_cluster.remote(
-            self.endpoints, self._status_info(startup), {"config": self.config, "engine_cls": self._engine_cls}
-        )
+        self._hand_cluster(self._owned.coordinator)
         self._reports.coordinator = CoordinatorClient(
             self.endpoints.coordinator, self.driver_node_id, self._sock_opts
         )
@@ -377,6 +375,14 @@ class ActorManager:
             self.config.name, engines, startup.coordinator_endpoints, self.config.lockstep, result.capacity,
             self.ipc_prefix, self.config.heartbeat_interval_s, self._curve,
         )
+
+    def _hand_cluster(self, coordinator: Any) -> None:
+        """What ``attach``, ``raydp status`` and ``raydp scale`` read from the coordinator."""
+        coordinator.set_cluster.remote(
+            self.endpoints, self._status_info(self._startup), {"config": self.config, "engine_cls": self._engine_cls}
+        )
+        for record in self._api_server_records:
+            coordinator.add_api_servers.remote(record)
 
     def _status_info(self, startup: _Startup) -> dict[str, Any]:
         cfg = self.config

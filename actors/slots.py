@@ -92,16 +92,21 @@ def replace_slot(
     return slot
 
 
+def _is_alive(inventory: Inventory, node: str) -> bool:
+    """Whether ``node`` (an id or a unique prefix) names an alive node."""
+    return any(n.node_id.startswith(node) for n in inventory.nodes)
+
+
 def _alive_master(inventory: Inventory, wanted: str) -> str | None:
     """The master node to plan more ranks around, or None (the head) if it died: its ranks are being re-placed."""
-    return wanted if any(n.node_id.startswith(wanted) for n in inventory.nodes) else None
+    return wanted if _is_alive(inventory, wanted) else None
 
 
 def _alive_allowlist(inventory: Inventory, allowlist: Sequence[str] | None) -> list[str] | None:
     """The allowlisted nodes still alive (a dead one's ranks are being re-placed on the others)."""
     if not allowlist:
         return None
-    alive = [n for n in allowlist if any(node.node_id.startswith(n) for node in inventory.nodes)]
+    alive = [n for n in allowlist if _is_alive(inventory, n)]
     if not alive:
         raise PlacementError(f"node_allowlist={list(allowlist)!r}: no allowlisted node is alive")
     return alive

@@ -53,7 +53,7 @@ def kill_and_wait(actor: Any, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            ray.get(actor.wait_for_init.remote(), timeout=timeout_s)
+            ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)  # every actor has it
         except Exception:  # RayActorError: gone; a get timeout: wedged, and Ray will reap it
             return
         time.sleep(0.05)
