@@ -186,15 +186,20 @@ def _ms(row: FaultRow, xs: list[float]) -> str:
     return f"{med * 1000:.0f} ms ({min(xs) * 1000:.0f}-{max(xs) * 1000:.0f})"
 
 
-def faults_benchmark(trials: int = TRIALS, run: Callable[..., Any] = subprocess.run) -> list[FaultRow]:
-    """The rows, measured in a process of its own (it starts its own multi-node Ray)."""
+def rows_from_process(script: Path, trials: int, run: Callable[..., Any], timeout: float) -> list[FaultRow]:
+    """``script --trials N --json PATH --quiet`` run as a process of its own; its rows, or one row naming its exit."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        proc = run([sys.executable, str(Path(__file__)), "--trials", str(trials), "--json", out.name,
-                    "--quiet"], check=False, timeout=1800)
+        proc = run([sys.executable, str(script), "--trials", str(trials), "--json", out.name, "--quiet"],
+                   check=False, timeout=timeout)
         text = Path(out.name).read_text()
     if proc.returncode not in (0, 1) or not text:
-        return [FaultRow("all", "", [], [], error=f"bench_faults exited {proc.returncode}")]
+        return [FaultRow("all", "", [], [], error=f"{script.stem} exited {proc.returncode}")]
     return [FaultRow(**row) for row in json.loads(text)]
+
+
+def faults_benchmark(trials: int = TRIALS, run: Callable[..., Any] = subprocess.run) -> list[FaultRow]:
+    """The rows, measured in a process of its own (it starts its own multi-node Ray)."""
+    return rows_from_process(Path(__file__), trials, run, timeout=1800)
 
 
 def main(argv: list[str] | None = None) -> int:

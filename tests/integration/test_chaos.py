@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.chaos_checks import assert_requests_accounted
 from tests.integration.conftest import ClusterPool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,14 +32,7 @@ def test_a_two_minute_seeded_chaos_soak_loses_no_request_and_leaves_nothing(clus
     assert proc.returncode == 0, tail
     assert set(summary["faults_by_kind"]) == KINDS, summary["faults_by_kind"]
     assert all(f["detect_s"] is not None and f["back_s"] is not None for f in summary["faults"])
-    requests = summary["requests"]
-    outcomes = requests["outcomes"]
-    assert set(outcomes) == {"driver", "http"}
-    for source, counts in outcomes.items():
-        assert sum(counts.values()) == requests["submitted"][source], f"{source}: every request accounted for"
-        assert counts["ok"] > 100, f"{source}: the load kept flowing"
-        assert counts["wrong"] == counts["duplicate"] == counts["hung"] == counts["untyped"] == 0, counts
-    assert requests["lost"] == 0 and requests["stuck_threads"] == 0
+    assert_requests_accounted(summary)
     rss0, rss1 = summary["resources"]["driver_rss_mb"]
     fds0, fds1 = summary["resources"]["driver_fds"]
     assert rss1 <= 1.5 * rss0 + 64 and fds1 <= 1.5 * fds0 + 48, summary["resources"]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration import netns
+from tests.integration.chaos_checks import assert_requests_accounted
 from tests.integration.conftest import ClusterPool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,14 +55,7 @@ def test_a_one_minute_chaos_soak_on_namespace_hosts_survives_partitions_and_leav
     assert all(f["detect_s"] is not None and f["back_s"] is not None for f in summary["faults"])
     partitions = [f for f in summary["faults"] if f["kind"] == "partition"]
     assert partitions and all(f["detect_s"] < 30 for f in partitions), partitions
-    requests = summary["requests"]
-    outcomes = requests["outcomes"]
-    assert set(outcomes) == {"driver", "http"}
-    for source, counts in outcomes.items():
-        assert sum(counts.values()) == requests["submitted"][source], f"{source}: every request accounted for"
-        assert counts["ok"] > 100, f"{source}: the load kept flowing"
-        assert counts["wrong"] == counts["duplicate"] == counts["hung"] == counts["untyped"] == 0, counts
-    assert requests["lost"] == 0 and requests["stuck_threads"] == 0
+    assert_requests_accounted(summary)
     rss0, rss1 = summary["resources"]["driver_rss_mb"]
     fds0, fds1 = summary["resources"]["driver_fds"]
     assert rss1 <= 1.5 * rss0 + 64 and fds1 <= 1.5 * fds0 + 48, summary["resources"]

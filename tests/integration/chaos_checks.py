@@ -1,0 +1,17 @@
+"""Checks shared by the chaos soaks' tests: what a soak's JSON summary must show about its requests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def assert_requests_accounted(summary: dict[str, Any]) -> None:
+    """Every driver and HTTP request ended in a known outcome, the load kept flowing, none lost or hung."""
+    requests = summary["requests"]
+    outcomes = requests["outcomes"]
+    assert set(outcomes) == {"driver", "http"}
+    for source, counts in outcomes.items():
+        assert sum(counts.values()) == requests["submitted"][source], f"{source}: every request accounted for"
+        assert counts["ok"] > 100, f"{source}: the load kept flowing"
+        assert counts["wrong"] == counts["duplicate"] == counts["hung"] == counts["untyped"] == 0, counts
+    assert requests["lost"] == 0 and requests["stuck_threads"] == 0
