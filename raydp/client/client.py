@@ -1,16 +1,21 @@
 """The front-end client: spreads requests over the ranks and demultiplexes outputs.
 
 A :class:`Client` is usable from a driver, a notebook, a Ray Job or an API
-server process. It owns one IO thread, which alone touches its ZMQ sockets:
+server process. Its sockets (:mod:`raydp.client.sockets`):
 
 * one DEALER per engine (connected to the engine's input ROUTER; the engine
   answers on the same socket);
 * a SUB on the coordinator's publish socket (load snapshots, wave, running);
 * a PUSH to the coordinator's collect socket (``FirstRequest`` when the
-  cluster is paused);
-* an inproc PAIR that user threads ring after queueing a command.
+  cluster is paused).
 
-The rank for a request is picked on the IO thread at send time
+Threads take turns on them under one lock: a user thread sends its request
+itself (no hand-off to another thread on the way out), and the client's IO
+thread waits for input outside the lock, then takes it to read outputs,
+snapshots and liveness notices. Every table (requests, calls, dead ranks,
+the balancer) belongs to whoever holds the lock.
+
+The rank for a request is picked at send time
 (:class:`~raydp.client.balancer.LoadBalancer`); an explicit ``rank`` pins it.
 """
 
@@ -62,7 +67,9 @@ from raydp.wire.protocol import (
 from raydp.wire.transport import SocketOptions
 
 logger = logging.getLogger("raydp.client.client")
-RECV_BUDGET = 256  # output batches taken from one engine per IO-thread turn
+# Up to this many of its requests in flight, a client sends from the caller's thread.
+INLINE_MAX_IN_FLIGHT = 4
+RECV_BUDGET = 256  # output batches taken from one engine per turn under the lock
 SILENCE_HEARTBEATS, SILENCE_MIN_S = 5, 5.0  # when a silent coordinator counts as dead
 Command = Callable[[], None]
 _NONE: frozenset[str] = frozenset()  # a single submit has no batch to clash with
@@ -95,16 +102,22 @@ class Client:
         self._calls = PendingCalls()
         self._call_ids = itertools.count(1)
         self._dead: dict[int, EngineDeadError] = {}
-        self._commands: collections.deque[Command] = collections.deque()
-        self._lock = threading.Lock()
+        # Whoever holds it owns the sockets and every table. Re-entrant: a listener
+        # or a future's callback, run under it, may call back into the client.
+        self._lock = threading.RLock()
         self._closed = False
-        self._armed = True
         self._fatal: RaydpError = ClusterClosedError("the client is closed")
         self._ids = itertools.count()
         self._last_snapshot: StatsSnapshot | None = None
         self._last_heard = time.monotonic()
         self._silence_limit = max(SILENCE_MIN_S, SILENCE_HEARTBEATS * endpoints.heartbeat_interval_s)
         self._drops = DropLog(logger, "client")
+        self._backlogged: set[zmq.Socket[bytes]] = set()  # readable sockets left over a budget
+        self._io_waiting = False  # the IO thread is (about to be) in poll, on signals a send may take
+        self._rung = False  # the IO thread was woken for queued commands since its last turn
+        self._commands: collections.deque[Command] = collections.deque()  # queued under load
+        # Guards the three fields above and the writes of _closed; taken inside _lock, never around it.
+        self._queue_lock = threading.Lock()
         self._io = ClientSockets(endpoints, node_id, options or SocketOptions())
         self._id_prefix = self._io.identity.hex()  # request ids: unique per client, then a counter
         self._thread = threading.Thread(target=self._io_loop, name="raydp-client-io", daemon=True)
@@ -130,7 +143,7 @@ class Client:
     def submit_many(
         self, prompts: Sequence[Sequence[int]], max_tokens: int = 16, *, retryable: bool = False
     ) -> list[RequestHandle]:
-        """Send many requests at once: one hand-off to the IO thread and one message per rank.
+        """Send many requests at once: one turn of the client's lock and one message per rank.
 
         Each request still goes to the least-loaded rank at send time (the
         choices spread, as for single submits). Returns one handle per prompt,
@@ -157,7 +170,7 @@ class Client:
     def abort(self, request_id: str) -> None:
         """Abort an in-flight request: its handle finishes with ``finish_reason='abort'``
         and the tokens produced so far; the engine drops it."""
-        self._enqueue(lambda: self._do_abort(request_id))
+        self._locked(lambda: self._do_abort(request_id))
 
     def call_utility(self, rank: int, method: str, *args: Any, timeout: float = 30.0) -> Any:
         """Call ``method(*args)`` on rank ``rank``'s engine core; msgpack-native args only."""
@@ -168,14 +181,14 @@ class Client:
             body = encode(UtilityCall(call_id, method, list(args)))
         except TypeError as exc:
             raise ConfigError(f"args={args!r}: not msgpack-encodable ({exc})") from None
-        self._enqueue(lambda: self._do_call(rank, call_id, method, future, body))
+        self._locked(lambda: self._do_call(rank, call_id, method, future, body))
         try:
             return future.result(timeout)
         except BaseException:
-            # Timed out or interrupted: nobody waits for this answer any more, so the
-            # IO thread (the table's only user) drops the entry; a late answer is ignored.
+            # Timed out or interrupted: nobody waits for this answer any more, so
+            # the entry goes; a late answer is ignored.
             if not future.done():
-                self._enqueue(lambda: self._calls.forget(call_id), allow_closed=True)
+                self._locked(lambda: self._calls.forget(call_id), allow_closed=True)
             raise
 
     def snapshot(self) -> StatsSnapshot | None:
@@ -184,11 +197,11 @@ class Client:
 
     def mark_dead(self, error: EngineDeadError) -> None:
         """Fail (or retry elsewhere) the requests on a dead rank; stop routing to it."""
-        self._enqueue(lambda: self._do_mark_dead(error), allow_closed=True)
+        self._locked(lambda: self._do_mark_dead(error), allow_closed=True)
 
     def revive(self, endpoint: EngineEndpoint) -> None:
         """A restarted rank is back at ``endpoint``: reconnect and route to it again."""
-        self._enqueue(lambda: self._do_revive(endpoint), allow_closed=True)
+        self._locked(lambda: self._do_revive(endpoint), allow_closed=True)
 
     def rescale(self, endpoints: ClusterEndpoints, size: int, drain_timeout_s: float | None = None) -> None:
         """Follow a scale change: hold ``endpoints.engines``, send new requests to the first ``size``.
@@ -199,18 +212,8 @@ class Client:
         :class:`~raydp.errors.ScaleDownError`. Clients in other processes do
         this on their own, from the coordinator's snapshots.
         """
-        applied = threading.Event()
-
-        def command() -> None:
-            try:
-                self._do_rescale(list(endpoints.engines), size, drain_timeout_s)
-            finally:
-                applied.set()
-
-        self._enqueue(command, allow_closed=True)
         # Back in the caller, the change is in effect: a request sent next sees the new ranks.
-        if not self._closed and not applied.wait(timeout=10):
-            logger.warning("client: the IO thread took over 10s to apply a scale change")
+        self._locked(lambda: self._do_rescale(list(endpoints.engines), size, drain_timeout_s), True, now=True)
 
     @property
     def dp_size(self) -> int:
@@ -219,9 +222,9 @@ class Client:
 
     def close(self) -> None:
         """Fail what is in flight with ClusterClosedError, stop the IO thread, close sockets."""
-        with self._lock:
+        with self._lock, self._queue_lock:
             self._closed = True
-            self._io.ring()
+        self._io.ring()
         self._thread.join(timeout=5)
         if self._thread.is_alive():  # never close sockets under a live IO thread
             logger.error("client IO thread did not stop; leaving its sockets open")
@@ -269,54 +272,100 @@ class Client:
         retryable: bool,
         handle: RequestHandle | None = None,
     ) -> None:
-        def command() -> None:
-            self._do_submit(request, rank, listener, retryable, handle)
-
-        self._enqueue(command)
+        self._locked(lambda: self._do_submit(request, rank, listener, retryable, handle))
 
     def _submit_batch(self, items: list[Submission]) -> None:
-        """Many submissions in one command (one lock, one wake-up of the IO thread)."""
+        """Many submissions under one turn of the lock, one message per rank."""
         if items:
-            self._enqueue(lambda: self._do_submit_many(items))
+            self._locked(lambda: self._do_submit_many(items))
 
-    def _enqueue(self, command: Command, allow_closed: bool = False) -> None:
+    def _locked(self, command: Command, allow_closed: bool = False, now: bool = False) -> None:
+        """Run ``command`` holding the sockets: in this thread when the client is quiet (or ``now``),
+        else queued for the IO thread, which runs a burst of them at once.
+
+        Sending inline saves a request two thread hand-offs, which is what
+        latency one at a time is made of; under load, the IO thread's bursts
+        let ZeroMQ write many messages per wake-up, which is what throughput is
+        made of.
+        """
+        with self._queue_lock:  # not the sockets' lock: a caller may queue while the IO thread works
+            if self._refused(allow_closed):
+                return
+            if not now and (self._commands or len(self._requests) >= INLINE_MAX_IN_FLIGHT):
+                self._commands.append(command)
+                if self._io_waiting and not self._rung:  # wake it once per turn
+                    self._rung = True
+                    self._io.ring()
+                return
         with self._lock:
-            if self._closed:
-                if allow_closed:
-                    return  # a notice for a closed client has nobody to tell
-                raise self._fatal
-            self._commands.append(command)
-            if self._armed:  # the IO thread may be asleep in poll: wake it (once)
-                self._armed = False
+            if self._refused(allow_closed):
+                return
+            try:
+                self._run_queued()  # anything queued goes first, in order
+                command()
+            finally:
+                if self._io_waiting:  # otherwise the IO thread reads them before it waits again
+                    self._read_touched()
+
+    def _refused(self, allow_closed: bool) -> bool:
+        """A closed client takes no command: it raises why, or ignores a notice (``allow_closed``)."""
+        if not self._closed:
+            return False
+        if allow_closed:
+            return True  # a notice for a closed client has nobody to tell
+        raise self._fatal
+
+    def _read_touched(self) -> None:
+        """A send may have taken the signal of input waiting on its socket, which the IO
+        thread may be polling for: read that input here."""
+        for sock in self._io.touched():
+            if not sock.closed and self._io.has_input(sock) and not self._read_engine(sock):
+                self._backlogged.add(sock)  # over the budget: the IO thread goes on
                 self._io.ring()
 
     # ---- IO thread --------------------------------------------------------------------
 
     def _io_loop(self) -> None:
         reason: RaydpError = ClusterClosedError("the client was closed")
+        ready: list[zmq.Socket[bytes]] = []
         try:
-            while not self._closed:
-                if self._coordinator_silent():
-                    reason = self._fatal
-                    break
-                # Commands first, so a flood of outputs never delays an abort or a submit.
-                self._armed = False
-                self._run_commands()
-                # Armed before the last look at the queue: a command queued after
-                # that look sees the flag and rings, so none waits out the poll.
-                self._armed = True
-                for sock in self._io.poll(0 if self._commands else 100):
-                    if not sock.closed:  # a reconnect earlier in this batch closed it
-                        self._on_readable(sock)
+            while True:
+                with self._lock:
+                    with self._queue_lock:
+                        self._io_waiting = self._rung = False
+                    if self._closed:
+                        break
+                    if self._coordinator_silent():
+                        reason = self._fatal
+                        break
+                    self._run_queued()  # commands first: a flood of outputs never delays an abort
+                    self._read_ready(ready)
+                    self._read_touched()
+                    with self._queue_lock:  # a command queued after this rings the doorbell
+                        busy = self._backlogged or self._commands
+                        self._io_waiting = True
+                    poll_set, timeout_ms = self._io.poll_set, 0 if busy else 100
+                ready = self._io.wait(poll_set, timeout_ms)  # without the lock: senders go on
         except Exception as exc:
             logger.exception("client IO thread crashed")
             reason = ClusterClosedError(f"the client's IO thread crashed: {exc!r}")
         finally:
             with self._lock:
-                self._closed = True  # later calls raise instead of queueing for nobody
-                self._fatal = reason
-            self._run_commands()
-            self._fail_everything(reason)
+                with self._queue_lock:
+                    self._closed = True  # later calls raise instead of waiting for nobody
+                    self._fatal = reason
+                self._run_queued()
+                self._fail_everything(reason)
+
+    def _run_queued(self) -> None:
+        """The IO thread's turn at the queue: one bad command must not take it down."""
+        with self._queue_lock:
+            commands, self._commands = self._commands, collections.deque()
+        for command in commands:
+            try:
+                command()
+            except Exception:
+                logger.exception("client command failed")
 
     def _coordinator_silent(self) -> bool:
         """A client that hears of deaths only from the coordinator cannot trust a silent one."""
@@ -329,29 +378,28 @@ class Client:
         logger.error("client: %s", self._fatal)
         return True
 
-    def _run_commands(self) -> None:
-        while self._commands:
-            command = self._commands.popleft()
-            try:
-                command()
-            except Exception:  # one bad command must not take the IO thread down
-                logger.exception("client command failed")
+    def _read_ready(self, ready: list[zmq.Socket[bytes]]) -> None:
+        """Read the sockets whose FD fired and those left over the budget last turn."""
+        socks = set(ready) | self._backlogged
+        self._backlogged = set()
+        for sock in socks:
+            if sock.closed:  # reconnected or removed meanwhile
+                continue
+            if sock is self._io.stats:
+                while frames := self._io.recv_nowait(sock):
+                    self._on_snapshot(frames)
+            elif not self._read_engine(sock):
+                self._backlogged.add(sock)
 
-    def _on_readable(self, sock: zmq.Socket[bytes]) -> None:
-        io = self._io
-        if sock is io.wake:
-            io.drain_wake()
-        elif sock is io.stats:
-            while frames := io.recv_nowait(sock):
-                self._on_snapshot(frames)
-        else:
-            # A budget per turn: one flooding rank must not starve the others,
-            # nor the commands (submits, aborts) waiting behind it.
-            for _ in range(RECV_BUDGET):
-                frames = io.recv_nowait(sock)
-                if frames is None:
-                    break
-                self._on_output_batch(frames, sock)
+    def _read_engine(self, sock: zmq.Socket[bytes]) -> bool:
+        """Outputs from one engine, at most a budget (one flooding rank must not starve the
+        others, nor the senders waiting for the lock); False if some are left."""
+        for _ in range(RECV_BUDGET):
+            frames = self._io.recv_nowait(sock)
+            if frames is None:
+                return True
+            self._on_output_batch(frames, sock)
+        return False
 
     def _sender(self, sock: zmq.Socket[bytes]) -> str:
         """Who sent on ``sock``, as a dropped message names it: its role and the address it connects to."""

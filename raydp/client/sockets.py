@@ -1,13 +1,22 @@
-"""The client's ZMQ sockets, owned by its IO thread.
+"""The client's ZMQ sockets, used by whichever thread holds the client's lock.
 
 Kept apart from :mod:`raydp.client.client` so that the request bookkeeping reads
 without the socket plumbing.
+
+ZMQ sockets are not thread-safe, so the client's threads take turns under one
+lock; its IO thread waits for input *outside* that lock, in ``select.poll``
+on the sockets' ``ZMQ_FD``s and the doorbell. A ``ZMQ_FD`` is edge-triggered:
+any operation on a socket may consume its signal. So whoever sends on a
+socket checks it for input afterwards (:meth:`ClientSockets.touched`), and a
+socket left with input after a turn's budget is read again without waiting.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
+import select
 from dataclasses import replace
 from typing import Any
 
@@ -43,15 +52,20 @@ class ClientSockets:
         self.stats.connect(pick_address(coord.publish, same_node=same))
         self.collect = make_socket(self.ctx, zmq.PUSH, opts)
         self.collect.connect(pick_address(coord.collect, same_node=same))
-        wake_address = f"inproc://raydp-client-wake-{self.identity.hex()}"
-        inproc = replace(opts, curve=None)
-        self.wake = make_socket(self.ctx, zmq.PAIR, inproc)
-        self.wake.bind(wake_address)
-        self._bell = make_socket(self.ctx, zmq.PAIR, inproc)
-        self._bell.connect(wake_address)
-        self.poller = zmq.Poller()
-        for sock in (*self.engines, self.stats, self.wake):
-            self.poller.register(sock, zmq.POLLIN)
+        self.bell = Doorbell()
+        self._touched: set[zmq.Socket[bytes]] = set()
+        self._rebuild_poll_set()
+
+    def _rebuild_poll_set(self) -> None:
+        """A fresh poll set: the IO thread picks it up at its next turn (it may be polling the old one)."""
+        poll_set = select.poll()
+        by_fd: dict[int, zmq.Socket[bytes]] = {}
+        for sock in (*self.engines, self.stats):
+            fd = int(sock.getsockopt(zmq.FD))
+            by_fd[fd] = sock
+            poll_set.register(fd, select.POLLIN)
+        poll_set.register(self.bell.fileno, select.POLLIN)
+        self.poll_set, self._by_fd = poll_set, by_fd
 
     def _engine_socket(self, ep: EngineEndpoint) -> zmq.Socket[bytes]:
         address = pick_address(ep.input_addresses, same_node=ep.node_id == self.node_id)
@@ -62,49 +76,78 @@ class ClientSockets:
     def reconnect(self, ep: EngineEndpoint) -> None:
         new = self._engine_socket(ep)  # first, so a bad address leaves the old one in place
         old = self.engines[ep.rank]
-        self.poller.unregister(old)
+        self._touched.discard(old)
         old.close(linger=0)
         self.engines[ep.rank] = new
-        self.poller.register(new, zmq.POLLIN)
+        self._sockets_changed()
 
     def add_engine(self, ep: EngineEndpoint) -> None:
         """A rank added by a scale-up (ranks are dense: it is the next one)."""
         assert ep.rank == len(self.engines), f"rank {ep.rank} added after {len(self.engines)} ranks"
-        sock = self._engine_socket(ep)
-        self.engines.append(sock)
-        self.poller.register(sock, zmq.POLLIN)
+        self.engines.append(self._engine_socket(ep))
+        self._sockets_changed()
 
     def remove_last_engine(self) -> None:
         """The highest rank went away in a scale-down."""
         sock = self.engines.pop()
-        self.poller.unregister(sock)
+        self._touched.discard(sock)
         sock.close(linger=0)
+        self._sockets_changed()
 
-    def poll(self, timeout_ms: int) -> list[zmq.Socket[bytes]]:
-        return [sock for sock, _ in self.poller.poll(timeout_ms)]
+    def _sockets_changed(self) -> None:
+        self._rebuild_poll_set()
+        self.bell.ring()  # the IO thread may be polling a closed socket's FD: make it take the new set
+
+    def wait(self, poll_set: select.poll, timeout_ms: int) -> list[zmq.Socket[bytes]]:
+        """Block (without the client's lock) until input may be there; the sockets whose FD fired.
+
+        The doorbell is drained here, not returned. A socket may come back with
+        no input, or closed meanwhile: the caller checks under the lock.
+        """
+        ready = []
+        for fd, _ in poll_set.poll(timeout_ms):
+            if fd == self.bell.fileno:
+                self.bell.drain()
+            elif (sock := self._by_fd.get(fd)) is not None:
+                ready.append(sock)
+        return ready
+
+    def touched(self) -> list[zmq.Socket[bytes]]:
+        """The sockets sent on since the last call: their FD may have lost a signal, so check them."""
+        if not self._touched:
+            return []
+        socks = list(self._touched)
+        self._touched.clear()
+        return socks
 
     def ring(self) -> None:
-        """Wake the IO thread (callers hold the client's lock)."""
-        try:
-            self._bell.send(b"", flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # full: the IO thread has rings to read already; closed: nobody to wake
+        """Wake the IO thread."""
+        self.bell.ring()
 
-    def drain_wake(self) -> None:
-        while self.recv_nowait(self.wake):
-            pass
+    @staticmethod
+    def has_input(sock: zmq.Socket[bytes]) -> bool:
+        """Whether a message waits (processing the socket's commands, so its FD signals the next)."""
+        return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
     @staticmethod
     def recv_nowait(sock: zmq.Socket[bytes]) -> list[bytes] | None:
+        """The next message, or None once there is none.
+
+        A non-blocking receive that finds nothing has processed the socket's
+        pending commands, so its FD signals the next arrival. (Asking
+        ``ZMQ_EVENTS`` first would cost a poll() call and an enum per message.)
+        """
         try:
             return sock.recv_multipart(flags=zmq.NOBLOCK)
         except zmq.Again:
             return None
 
     def send_input(self, rank: int, tag: RequestType, body: bytes) -> bool:
-        """Queue a message for ``rank``; False if its queue is full (never blocks the IO thread)."""
+        """Queue a message for ``rank``; False if its queue is full (never blocks)."""
+        sock = self.engines[rank]
+        self._touched.add(sock)
         try:
-            self.engines[rank].send_multipart([tag.value, body], flags=zmq.NOBLOCK, copy=False)
+            sock.send_multipart([tag.value, body], flags=zmq.NOBLOCK)
         except zmq.Again:
             return False
         return True
@@ -117,3 +160,44 @@ class ClientSockets:
 
     def close(self) -> None:
         self.ctx.destroy(linger=0)
+        self.bell.close()
+
+
+class Doorbell:
+    """A pipe the IO thread polls next to its sockets, so user threads can wake it.
+
+    A pipe rather than an inproc ZMQ pair: a write and a wake-up from ``poll``
+    cost a few microseconds, where a ZMQ send and the receiver's mailbox
+    round trip cost tens, on every request.
+    """
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        self._closed = False
+
+    @property
+    def fileno(self) -> int:
+        return self._read
+
+    def ring(self) -> None:
+        if self._closed:
+            return  # nobody to wake
+        try:
+            os.write(self._write, b"!")
+        except BlockingIOError:
+            pass  # full: the IO thread has rings to read already
+
+    def drain(self) -> None:
+        try:
+            while os.read(self._read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            os.close(self._read)
+            os.close(self._write)

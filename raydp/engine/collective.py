@@ -26,6 +26,10 @@ class DPCollective(Protocol):
         """The same all-reduce, without waiting for it (one at a time)."""
         ...
 
+    def arrived(self) -> bool:
+        """Whether the all-reduce :meth:`start` began has completed (never blocks)."""
+        ...
+
     def collect(self) -> tuple[bool, bool]:
         """Wait for the all-reduce :meth:`start` began and return its result."""
         ...
@@ -127,6 +131,9 @@ class GlooDPGroup:
         self._work = self._dist.all_reduce(
             self._async_flags, op=self._dist.ReduceOp.MAX, group=self.group, async_op=True
         )
+
+    def arrived(self) -> bool:
+        return self._work is not None and bool(self._work.is_completed())
 
     def collect(self) -> tuple[bool, bool]:
         assert self._work is not None, "collect() without start()"

@@ -4,12 +4,13 @@ The engine loop owns the sockets and the user's engine; this object owns
 what only lockstep ranks do, so the loop reads the same in both modes:
 
 * requests and ``StartDPWave`` move the rank's wave (:class:`~raydp.engine.waves.EngineWaves`);
-* every ``allreduce_interval`` steps the ranks start a non-blocking
-  all-reduce of two flags, "has unfinished work" and "is held", and collect
-  the previous one (started an interval ago, so it has arrived unless a
-  peer is behind); when it says nobody had work, or anybody was held, they
-  confirm with a blocking all-reduce of their flags now, and the wave
-  completes when that says nobody has work, or anybody is held;
+* the ranks keep one non-blocking all-reduce of two flags, "has unfinished
+  work" and "is held", in flight: started ``allreduce_interval`` steps into
+  a wave, collected once it is an interval old *and* has arrived (a rank
+  never waits for a peer that is behind: it keeps stepping), then started
+  again; when one says nobody had work, or anybody was held, they confirm
+  with a blocking all-reduce of their flags now, and the wave completes
+  when that says nobody has work, or anybody is held;
 * ``Hold`` stops the rank starting waves on its own; it reports its position
   (``HoldAck``) whenever it changes, so the coordinator can tell when the
   whole gang is paused (:mod:`raydp.coordinator.hold`);
@@ -86,8 +87,10 @@ class LockstepRank:
         return not self.retired and self.waves.should_step(has_local_work)
 
     def after_step(self, has_unfinished: bool) -> None:
-        """Count the step; at an interval, collect the last all-reduce, maybe confirm and pause, start the next."""
-        sync = self.waves.after_step()
+        """Count the step; once the all-reduce in flight has arrived, collect it, maybe confirm
+        and pause, and start the next."""
+        collective = self.collective
+        sync = self.waves.after_step(collective.arrived if collective is not None else _never)
         if sync is not Sync.NONE:
             assert self.collective is not None, "lockstep needs a DP collective"
             if sync is Sync.COLLECT and self.waves.on_collected(*self.collective.collect()):
@@ -154,3 +157,7 @@ class LockstepRank:
         if position != self._acked and not self.retired:
             self._acked = position
             self._send(HoldAck(self.rank, self._epoch, *position))
+
+
+def _never() -> bool:
+    return False

@@ -7,13 +7,16 @@ acts on what it returns. The rules (``docs/architecture.md``, "Request waves"):
   running -> paused transitions and never goes backwards;
 * a running rank steps every loop turn, with a dummy batch when it has no work,
   so no peer is left alone in a collective;
-* every ``interval`` steps of a wave the ranks all-reduce "has unfinished
-  work", without waiting for it: the result is collected one interval
-  later (it has long arrived), and only when it says nobody had work do the
+* ``interval`` steps into a wave the ranks start an all-reduce of "has
+  unfinished work", without waiting for it; a rank collects it at the first
+  step at least ``interval`` steps after it started it *and* at which it has
+  arrived (a rank whose peer is behind keeps stepping instead of waiting),
+  then starts the next one. Only when a result says nobody had work do the
   ranks confirm with a blocking all-reduce of their flags now; when that
-  says nobody has any, every rank pauses and moves to ``wave + 1``. All
-  ranks see the same results at the same steps, so they start, collect,
-  confirm and pause together;
+  says nobody has any, every rank pauses and moves to ``wave + 1``. Ranks
+  may collect at different steps, but they issue the same collectives in
+  the same order and act on the same results, so they confirm and pause
+  together;
 * a request stamped with an older wave reaching a paused rank restarts the
   cluster: the rank reports ``StartWave`` so the coordinator wakes the others;
 * a *held* rank (a scale change is re-forming the DP group) starts no wave
@@ -24,6 +27,7 @@ acts on what it returns. The rules (``docs/architecture.md``, "Request waves"):
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -32,7 +36,7 @@ class Sync(enum.Enum):
 
     NONE = "none"
     START = "start"  # start one (non-blocking) with this rank's flags
-    COLLECT = "collect"  # wait for the one started an interval ago, then maybe confirm
+    COLLECT = "collect"  # take the result of the one in flight (it has arrived), then maybe confirm
 
 
 @dataclass
@@ -45,7 +49,8 @@ class EngineWaves:
     running: bool = False
     steps: int = 0
     held: bool = False
-    pending: bool = False  # an all-reduce started at the last interval is in flight
+    pending: bool = False  # a non-blocking all-reduce is in flight
+    started_at: int = 0  # the step at which it started
     stopped: bool = False  # a peer's hold ended the wave: start none alone until the coordinator does
 
     def position(self) -> tuple[int, bool]:
@@ -84,19 +89,25 @@ class EngineWaves:
         """
         return self.running or (has_local_work and not self.held and not self.stopped)
 
-    def after_step(self) -> Sync:
-        """Count one step of this wave; say what the all-reduce does at its end."""
+    def after_step(self, arrived: Callable[[], bool] = lambda: True) -> Sync:
+        """Count one step of this wave; say what the all-reduce does at its end.
+
+        ``arrived`` says whether the one in flight has completed; it is asked
+        only once that one is an interval old.
+        """
         self.running = True
         self.steps += 1
-        if self.steps % self.interval:
-            return Sync.NONE
-        return Sync.COLLECT if self.pending else Sync.START
+        if self.pending:
+            due = self.steps - self.started_at >= self.interval
+            return Sync.COLLECT if due and arrived() else Sync.NONE
+        return Sync.START if self.steps % self.interval == 0 else Sync.NONE
 
     def on_started(self) -> None:
         self.pending = True
+        self.started_at = self.steps
 
     def on_collected(self, global_unfinished: bool, global_hold: bool) -> bool:
-        """The all-reduce started an interval ago; True when the ranks must confirm now, blocking.
+        """The all-reduce in flight arrived; True when the ranks must confirm now, blocking.
 
         Work finished (or a hold) an interval ago may not be the whole truth now:
         only a confirmation with the flags of this step may pause the wave.

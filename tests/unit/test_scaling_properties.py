@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -306,10 +307,12 @@ class FakeGroup:
     ``sync`` is a barrier the model resolves, handing out ``result``.
     """
 
-    def __init__(self, master: str, rank: int, rounds: dict[int, dict[int, tuple[bool, bool]]]) -> None:
+    def __init__(
+        self, master: str, rank: int, rounds: dict[int, dict[int, tuple[bool, bool]]], members: Callable[[], int]
+    ) -> None:
         self.master = master
         self.group = master
-        self.rank, self.rounds, self.started = rank, rounds, 0
+        self.rank, self.rounds, self.started, self.members = rank, rounds, 0, members
         self.result: tuple[bool, bool] | None = None
         self.closed = False
 
@@ -327,6 +330,9 @@ class FakeGroup:
     def last_round(self) -> dict[int, tuple[bool, bool]]:
         return self.rounds.get(self.started - 1, {})
 
+    def arrived(self) -> bool:
+        return len(self.last_round()) == self.members()
+
     def collect(self) -> tuple[bool, bool]:
         found = self.last_round()
         assert found and all(self.rounds.get(self.started - 1, {}).get(r) is not None for r in found)
@@ -340,7 +346,7 @@ class FakeGroup:
 class LRank:
     lockstep: LockstepRank
     queue: dict[str, int] = field(default_factory=dict)  # request id -> steps of work left
-    blocked: str = ""  # "collect" (a round a peer has not started) or "confirm" (the barrier)
+    blocked: str = ""  # "confirm" (in the barrier); "" runs
     unfinished: bool = False
     last_stats: tuple[int, int] = (0, 0)
 
@@ -375,7 +381,7 @@ class HoldSystem(RuleBasedStateMachine):
         self.groups: dict[str, dict[int, dict[int, tuple[bool, bool]]]] = {}  # master -> its rounds
 
     def _group(self, master: str, rank: int) -> FakeGroup:
-        return FakeGroup(master, rank, self.groups.setdefault(master, {}))
+        return FakeGroup(master, rank, self.groups.setdefault(master, {}), lambda: len(self.ranks))
 
     @initialize(n_ranks=st.integers(2, 3), n_clients=st.integers(1, 2), interval=st.integers(1, 3))
     def setup(self, n_ranks: int, n_clients: int, interval: int) -> None:
@@ -410,7 +416,8 @@ class HoldSystem(RuleBasedStateMachine):
         ]
 
     def _steppable(self) -> list[int]:
-        return [r for r, rk in enumerate(self.ranks) if not rk.blocked and rk.lockstep.should_step(bool(rk.queue))]
+        return [r for r, rk in enumerate(self.ranks)
+                if not rk.blocked and rk.lockstep.should_step(bool(rk.queue)) and not self._spinning(rk)]
 
     def _deliver(self, key: Key) -> None:
         data = self.channels[key].popleft()
@@ -457,33 +464,27 @@ class HoldSystem(RuleBasedStateMachine):
         if stats != rk.last_stats:
             rk.last_stats = stats
             self._push(("e2coord", r), encode(EngineStats(rank=r, waiting=stats[0], running=stats[1])))
-        if (rk.waves.steps + 1) % rk.waves.interval == 0 and rk.waves.pending:  # collects a round
-            rk.blocked, rk.unfinished = "collect", bool(rk.queue)
-            self._try_collect(r)
-        else:  # no all-reduce, or only the start of one: never blocks
-            rk.lockstep.after_step(bool(rk.queue))
-            self._wake_collectors()
+        if self._collects_now(rk):
+            unfinished, hold = rk.lockstep.collective.collect()  # type: ignore[union-attr]
+            if hold or not unfinished:  # it confirms: the barrier, once every rank is in it
+                rk.blocked, rk.unfinished = "confirm", bool(rk.queue)
+                self._resolve_collective()
+                return
+        rk.lockstep.after_step(bool(rk.queue))  # never blocks: collecting a round that arrived, or not
 
-    def _wake_collectors(self) -> None:
-        for r, rk in enumerate(self.ranks):
-            if rk.blocked == "collect":
-                self._try_collect(r)
+    def _collects_now(self, rk: LRank) -> bool:
+        """Whether this step collects the round in flight: an interval old, and every member started it."""
+        w, group = rk.waves, rk.lockstep.collective
+        return (w.pending and w.steps + 1 - w.started_at >= w.interval
+                and isinstance(group, FakeGroup) and group.arrived())
 
-    def _try_collect(self, r: int) -> None:
-        """Once every member started the round: confirm in the barrier, or go on (and start the next)."""
-        rk = self.ranks[r]
-        group = rk.lockstep.collective
-        assert isinstance(group, FakeGroup)
-        if len(group.last_round()) < len(self.ranks):
-            return  # a peer has not started it yet
-        unfinished, hold = group.collect()
-        if hold or not unfinished:
-            rk.blocked = "confirm"
-            self._resolve_collective()
-            return
-        rk.blocked = ""
-        rk.lockstep.after_step(rk.unfinished)
-        self._wake_collectors()
+    def _spinning(self, rk: LRank) -> bool:
+        """Nothing to do but wait for a round a peer has not started: dummy steps that change
+        nothing, which the model does not take (they could starve the peer); one left spinning
+        at quiescence still fails the check that idle ranks do not run."""
+        w = rk.waves
+        due = w.pending and w.steps + 1 - w.started_at >= w.interval
+        return not rk.queue and due and not self._collects_now(rk)
 
     def _resolve_collective(self) -> None:
         if not all(rk.blocked == "confirm" for rk in self.ranks):
@@ -502,7 +503,6 @@ class HoldSystem(RuleBasedStateMachine):
             rk.lockstep.after_step(rk.unfinished)
             waves.add(rk.waves.position())
         assert len(waves) == 1, f"ranks disagree after one all-reduce: {waves}: {self._describe()}"
-        self._wake_collectors()
 
     def _tick_coordinator(self, dt: float) -> None:
         self.clock += dt
@@ -716,8 +716,9 @@ def test_a_first_request_racing_the_hold_does_not_strand_its_target_in_the_all_r
     s._deliver(("l2coord",))  # HoldCluster: Hold goes out
     s._deliver(("req", 0, 0))  # rank 0 steps alone, not held yet ...
     s._turn(0)  # (interval 1: it starts round 0 ...
-    s._turn(0)  # ... and collects it at its next step)
-    assert s.ranks[0].blocked  # ... and waits in the all-reduce, unable to read the Hold
+    s._turn(0)  # ... which is due at its next step, but has not arrived: rank 1 never started it)
+    # It does not wait in the all-reduce (it would be unable to read the Hold): nothing to do but poll it.
+    assert not s.ranks[0].blocked and s._spinning(s.ranks[0])
     s._deliver(("bcast", 1))
     s._deliver(("c2coord", 0))  # the FirstRequest reaches the coordinator during the hold
     assert [engine_broadcast_decoder(b) for b in s.channels[("bcast", 1)]], "the gang must be woken"

@@ -8,12 +8,14 @@ sender/receiver pair. Hypothesis picks which channel delivers next (so messages
 of different senders interleave arbitrarily and snapshots reach clients late),
 which rank takes a loop turn, and when clients send requests.
 
-The periodic all-reduce is non-blocking, as in the engine: at an interval a
-rank *starts* one (it contributes its "has unfinished work" flag to the next
-round and goes on) or, with one in flight, *collects* it first: it blocks
-(it cannot read input) until every rank has started that round. When the
-round says nobody had work, the ranks *confirm* with a barrier: a rank blocks
-until every rank is in it, then each applies the MAX of their flags now.
+The periodic all-reduce is non-blocking, as in the engine: an interval into a
+wave a rank *starts* one (it contributes its "has unfinished work" flag to the
+next round and goes on); with one in flight, it *collects* it at the first
+step an interval or more later at which every rank has started that round,
+and never waits for it (a rank whose peer is behind keeps stepping), then
+starts the next. When a round says nobody had work, the ranks *confirm* with a
+barrier: a rank blocks until every rank is in it, then each applies the MAX
+of their flags now.
 """
 
 from __future__ import annotations
@@ -67,11 +69,10 @@ Key = tuple
 class Rank:
     waves: EngineWaves
     queue: dict[str, int] = field(default_factory=dict)  # request id -> steps of work left
-    blocked: str = ""  # "collect" (waiting for a round) or "confirm" (in the barrier); "" runs
+    blocked: str = ""  # "confirm" (in the barrier); "" runs
     unfinished: bool = False  # what it contributed to the confirming barrier
     last_stats: tuple[int, int] = (0, 0)
     started: int = 0  # non-blocking rounds this rank has started
-    collecting: int = -1  # the round it waits for
 
 
 @dataclass
@@ -144,8 +145,16 @@ class WaveSystem(RuleBasedStateMachine):
     def _steppable(self) -> list[int]:
         return [
             r for r, rk in enumerate(self.ranks)
-            if not rk.blocked and rk.waves.should_step(bool(rk.queue))
+            if not rk.blocked and rk.waves.should_step(bool(rk.queue)) and not self._spinning(rk)
         ]
+
+    def _spinning(self, rk: Rank) -> bool:
+        """Nothing to do but wait for a round a peer has not started. Its dummy steps change
+        nothing, so the model does not take them (a scheduler could starve the peer with them);
+        one left spinning at quiescence still fails the check that idle ranks do not run."""
+        w = rk.waves
+        return (not rk.queue and w.pending and w.steps + 1 - w.started_at >= w.interval
+                and len(self.rounds.get(rk.started - 1, {})) < len(self.ranks))
 
     def _deliver(self, key: Key) -> None:
         data = self.channels[key].popleft()
@@ -192,29 +201,24 @@ class WaveSystem(RuleBasedStateMachine):
         if stats != rk.last_stats:
             rk.last_stats = stats
             self._push(("e2coord", r), encode(EngineStats(rank=r, waiting=stats[0], running=stats[1])))
-        sync = rk.waves.after_step()
+        contributed = self.rounds.get(rk.started - 1, {})
+        sync = rk.waves.after_step(lambda: len(contributed) == len(self.ranks))
         if sync is Sync.START:
             self._start(r)
         elif sync is Sync.COLLECT:
-            rk.blocked, rk.collecting = "collect", rk.started - 1
-            self._try_collect(r)
+            self._collect(r, contributed)
 
     def _start(self, r: int) -> None:
-        """Contribute to the next round without waiting; wake whoever waited for it."""
+        """Contribute to the next round without waiting."""
         rk = self.ranks[r]
         self.rounds.setdefault(rk.started, {})[r] = bool(rk.queue)
         rk.started += 1
         rk.waves.on_started()
-        for other, ok in enumerate(self.ranks):
-            if ok.blocked == "collect" and len(self.rounds.get(ok.collecting, {})) == len(self.ranks):
-                self._try_collect(other)
 
-    def _try_collect(self, r: int) -> None:
+    def _collect(self, r: int, contributed: dict[int, bool]) -> None:
+        """The round every rank started: confirm in the barrier, or start the next."""
         rk = self.ranks[r]
-        contributed = self.rounds.get(rk.collecting, {})
-        if len(contributed) < len(self.ranks):
-            return  # a peer has not started that round yet
-        rk.blocked = ""
+        assert len(contributed) == len(self.ranks), f"rank {r} collected a round a peer has not started"
         if rk.waves.on_collected(max(contributed.values()), False):
             rk.blocked, rk.unfinished = "confirm", bool(rk.queue)
             self._resolve_collective()
@@ -460,9 +464,11 @@ def test_cold_start_with_requests_to_one_rank(ignore_excluded: bool) -> None:
     assert [coordinator_decoder(b) for b in s.channels[("c2coord", 0)]] == [FirstRequest(rank=1, wave=0)]
     _deliver_all(s, "req")
     assert s._steppable() == [1]  # only the target has work; the others wait for the broadcast
-    for _ in range(4):  # interval 2: it starts round 0 at step 2, and collects it at step 4
+    for _ in range(4):  # interval 2: it starts round 0 at step 2, and would collect it from step 4 on
         s._turn(1)
-    assert s.ranks[1].blocked == "collect"  # rank 1 waits for round 0 until the others start it
+    # Round 0 has not arrived (the others have not started it): rank 1 does not wait in it,
+    # it has simply nothing to do until they do.
+    assert not s.ranks[1].blocked and s.ranks[1].waves.pending and s._spinning(s.ranks[1])
     _deliver_all(s, "c2coord")
     assert [engine_broadcast_decoder(b) for b in s.channels[("bcast", 0)]] == [StartDPWave(wave=0, exclude=1)]
     s._drain(lambda actions: actions[0])

@@ -1,0 +1,135 @@
+"""The client's threads taking turns on its sockets: callers sending inline, the IO thread
+sending queued bursts and reading, against a real echo engine on a real socket."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from raydp.client.client import INLINE_MAX_IN_FLIGHT, Client
+from raydp.client.requests import RequestHandle
+from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
+from raydp.wire.protocol import Output, OutputBatch, Request, RequestBatch, decode_input, encode
+from raydp.wire.transport import SocketOptions
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class EchoEngines:
+    """ROUTERs on a thread of their own answering each request with its prompt (or holding them)."""
+
+    def __init__(self, ranks: int = 2, answer: bool = True) -> None:
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.routers = [self.ctx.socket(zmq.ROUTER) for _ in range(ranks)]
+        self.addresses = [f"tcp://127.0.0.1:{r.bind_to_random_port('tcp://127.0.0.1')}" for r in self.routers]
+        self.publish, self.collect = self.ctx.socket(zmq.PUB), self.ctx.socket(zmq.PULL)
+        self.coord = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}"
+                      for s in (self.publish, self.collect)]
+        self.answer, self.seen = answer, [list[tuple[bytes, object]]() for _ in range(ranks)]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def endpoints(self) -> ClusterEndpoints:
+        engines = [EngineEndpoint(r, "n", [a]) for r, a in enumerate(self.addresses)]
+        coord = CoordinatorEndpoints("n", [self.coord[0]], [self.coord[1]], [self.coord[1]])
+        return ClusterEndpoints("threads", engines, coord, lockstep=False)
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        for router in self.routers:
+            poller.register(router, zmq.POLLIN)
+        while not self._stop.is_set():
+            for router, _ in poller.poll(50):
+                rank = self.routers.index(router)  # type: ignore[arg-type]
+                who, tag, body = router.recv_multipart()  # type: ignore[union-attr]
+                msg = decode_input(tag, body)
+                self.seen[rank].append((tag, msg))
+                requests = msg.requests if isinstance(msg, RequestBatch) else [msg] if isinstance(msg, Request) else []
+                if self.answer and requests:
+                    outs = [Output(r.request_id, list(r.prompt_token_ids), True, "length") for r in requests]
+                    router.send_multipart([who, encode(OutputBatch(rank, outs))])  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def echo() -> Iterator[EchoEngines]:
+    engines = EchoEngines()
+    yield engines
+    engines.close()
+
+
+def test_callers_one_at_a_time_and_in_bursts_each_get_their_own_answer(echo: EchoEngines) -> None:
+    """Sequential callers send inline; a pipelined caller's requests queue for the IO thread:
+    both at once, and every answer reaches the request that asked for it."""
+    client = Client(echo.endpoints(), node_id="n", options=SocketOptions())
+    errors: list[BaseException] = []
+
+    def one_at_a_time(t: int) -> None:
+        try:
+            for i in range(300):
+                assert client.generate([t, i], max_tokens=2, timeout=10) == [t, i]
+        except BaseException as exc:
+            errors.append(exc)
+
+    def pipelined() -> None:
+        try:
+            handles = [(i, client.submit([99, i], 2)) for i in range(2000)]
+            assert all(h.result(10) == [99, i] for i, h in handles)
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=one_at_a_time, args=(t,)) for t in range(4)]
+        threads.append(threading.Thread(target=pipelined))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=50)
+        assert not any(t.is_alive() for t in threads), "a caller hung: an answer was stranded"
+        assert errors == []
+        assert sum(len(seen) for seen in echo.seen) >= 4 * 300 + 2000 // 256
+    finally:
+        client.close()
+
+
+def test_an_abort_queued_behind_its_submit_reaches_the_engine_after_it() -> None:
+    """Under load, commands queue for the IO thread; a caller's abort never overtakes its submit."""
+    engines = EchoEngines(ranks=1, answer=False)
+    client = Client(engines.endpoints(), node_id="n", options=SocketOptions())
+    try:
+        handles = [client.submit([i], 4) for i in range(INLINE_MAX_IN_FLIGHT + 50)]  # the later ones queue
+        for h in handles:
+            client.abort(h.request_id)
+        assert all(h.result(10) == [] and h.finish_reason == "abort" for h in handles)
+        order = []
+        for _ in range(100):
+            order = [(type(m).__name__, getattr(m, "request_id", None) or m.request_ids[0])  # type: ignore[attr-defined]
+                     for _, m in engines.seen[0]]
+            if len(order) == 2 * len(handles):
+                break
+            threading.Event().wait(0.05)
+        for h in handles:
+            assert order.index(("Request", h.request_id)) < order.index(("Abort", h.request_id))
+    finally:
+        client.close()
+        engines.close()
+
+
+def test_every_thread_waiting_on_one_result_wakes() -> None:
+    handle = RequestHandle("r")
+    got: list[list[int]] = []
+    waiters = [threading.Thread(target=lambda: got.append(handle.result(10))) for _ in range(5)]
+    for t in waiters:
+        t.start()
+    handle._on_item(Output("r", [7], True, "length"))
+    for t in waiters:
+        t.join(timeout=10)
+    assert got == [[7]] * 5
