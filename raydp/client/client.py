@@ -115,7 +115,7 @@ class Client:
         self._backlogged: set[zmq.Socket[bytes]] = set()  # readable sockets left over a budget
         self._io_waiting = False  # the IO thread is (about to be) in poll, on signals a send may take
         self._rung = False  # the IO thread was woken for queued commands since its last turn
-        self._commands: collections.deque[Command] = collections.deque()  # queued under load
+        self._commands: collections.deque[Command | Submission] = collections.deque()  # queued under load
         # Guards the three fields above and the writes of _closed; taken inside _lock, never around it.
         self._queue_lock = threading.Lock()
         self._io = ClientSockets(endpoints, node_id, options or SocketOptions())
@@ -272,27 +272,30 @@ class Client:
         retryable: bool,
         handle: RequestHandle | None = None,
     ) -> None:
-        self._locked(lambda: self._do_submit(request, rank, listener, retryable, handle))
+        self._locked([Submission(request, rank, listener, retryable, handle)])
 
     def _submit_batch(self, items: list[Submission]) -> None:
         """Many submissions under one turn of the lock, one message per rank."""
         if items:
-            self._locked(lambda: self._do_submit_many(items))
+            self._locked(items)
 
-    def _locked(self, command: Command, allow_closed: bool = False, now: bool = False) -> None:
-        """Run ``command`` holding the sockets: in this thread when the client is quiet (or ``now``),
-        else queued for the IO thread, which runs a burst of them at once.
+    def _locked(self, command: Command | list[Submission], allow_closed: bool = False, now: bool = False) -> None:
+        """Run ``command`` (or send the submissions) holding the sockets: in this thread when the
+        client is quiet (or ``now``), else queued for the IO thread, which runs a burst at once.
 
         Sending inline saves a request two thread hand-offs, which is what
-        latency one at a time is made of; under load, the IO thread's bursts
-        let ZeroMQ write many messages per wake-up, which is what throughput is
-        made of.
+        latency one at a time is made of; under load, the IO thread sends the
+        submissions queued meanwhile as one message per rank, which is what
+        throughput is made of.
         """
         with self._queue_lock:  # not the sockets' lock: a caller may queue while the IO thread works
             if self._refused(allow_closed):
                 return
             if not now and (self._commands or len(self._requests) >= INLINE_MAX_IN_FLIGHT):
-                self._commands.append(command)
+                if isinstance(command, list):
+                    self._commands.extend(command)
+                else:
+                    self._commands.append(command)
                 if self._io_waiting and not self._rung:  # wake it once per turn
                     self._rung = True
                     self._io.ring()
@@ -302,7 +305,12 @@ class Client:
                 return
             try:
                 self._run_queued()  # anything queued goes first, in order
-                command()
+                if not isinstance(command, list):
+                    command()
+                elif len(command) == 1:
+                    self._do_submit(command[0])
+                else:
+                    self._do_submit_many(command)
             finally:
                 if self._io_waiting:  # otherwise the IO thread reads them before it waits again
                     self._read_touched()
@@ -358,14 +366,28 @@ class Client:
                 self._fail_everything(reason)
 
     def _run_queued(self) -> None:
-        """The IO thread's turn at the queue: one bad command must not take it down."""
+        """Run what was queued, in order; submissions queued one after another go together, one
+        message per rank. One bad command must not take the IO thread down."""
         with self._queue_lock:
-            commands, self._commands = self._commands, collections.deque()
-        for command in commands:
-            try:
-                command()
-            except Exception:
-                logger.exception("client command failed")
+            queued, self._commands = self._commands, collections.deque()
+        batch: list[Submission] = []
+        for item in queued:
+            if isinstance(item, Submission):
+                batch.append(item)
+                continue
+            if batch:
+                self._guarded(lambda b=batch: self._do_submit_many(b))  # type: ignore[misc]
+                batch = []
+            self._guarded(item)
+        if batch:
+            self._guarded(lambda: self._do_submit_many(batch))
+
+    @staticmethod
+    def _guarded(command: Command) -> None:
+        try:
+            command()
+        except Exception:
+            logger.exception("client command failed")
 
     def _coordinator_silent(self) -> bool:
         """A client that hears of deaths only from the coordinator cannot trust a silent one."""
@@ -465,10 +487,8 @@ class Client:
             self._balancer.on_finished(state.rank)
         state.deliver(out)
 
-    def _do_submit(
-        self, request: Request, pinned: int | None, listener: Listener, retryable: bool, handle: RequestHandle | None
-    ) -> None:
-        state = self._admit(Submission(request, pinned, listener, retryable, handle), _NONE)
+    def _do_submit(self, item: Submission) -> None:
+        state = self._admit(item, _NONE)
         if state is not None:
             self._send_request(state)
 
