@@ -83,7 +83,7 @@ class WorkerActor:
         title = f"raydp::{self.label}"
         set_process_title(title)
         ctx = self.runtime.context
-        link = connect_worker(addresses, ctx.tp_rank, ctx.node_id == driver_node_id, curve, max_bytes)
+        link = connect_worker(addresses, ctx.tp_rank, ctx.node_id == driver_node_id, curve, max_bytes, ctx.world_size)
         try:
             # Ray retitles the process after every other call ends (collective_rpc): restore ours.
             self.runtime.serve(link, on_idle=lambda: keep_process_title(title))

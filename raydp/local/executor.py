@@ -68,7 +68,7 @@ def _worker_main(
     context = replace(context, device=local_device(spec.accelerator))
     try:
         runtime = WorkerRuntime(context, spec.worker_class, store, spec.timeout_s)
-        link = connect_worker(channel, context.tp_rank, True, None, spec.max_message_bytes)
+        link = connect_worker(channel, context.tp_rank, True, None, spec.max_message_bytes, context.world_size)
     except BaseException:
         ready.send_bytes(traceback.format_exc().encode())
         raise

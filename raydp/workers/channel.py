@@ -38,6 +38,24 @@ STEP, RPC, STOP = 0, 1, 2
 _HEADER = struct.Struct("<I")
 _HELLO = struct.Struct("<H")
 POLL_SLICE_S = 0.05  # how often a blocked receive checks whether a worker was reported dead
+SPIN_S = 100e-6  # how long a waiting end of a Unix link polls without sleeping, where it spins at all
+
+
+def spin_budget_s(world_size: int) -> float:
+    """How long a waiting end of a same-node link spins before it sleeps in ``poll``.
+
+    Waking a sleeping process costs tens of microseconds each way (on a VM,
+    most of a step's round trip); a peer still spinning from its last step
+    answers in a few. Spinning pays while every worker of the rank can have
+    a core of its own (the engine spins only while its driver worker works,
+    and never for longer than ``SPIN_S``); with fewer cores it is off, as
+    spinners would take the cores the others need to answer.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return SPIN_S if cores >= world_size else 0.0
 
 
 class Call(msgspec.Struct, array_like=True, frozen=True):
@@ -87,13 +105,13 @@ class UnixLink:
     """A length-prefixed frame stream over a connected Unix socket.
 
     The socket stays blocking (a send always completes, however slow the
-    reader); receives wait in ``poll`` slices so that a death reported
-    elsewhere ends the wait.
+    reader); receives first spin for ``spin_s`` (:func:`spin_budget_s`), then
+    wait in ``poll`` slices so that a death reported elsewhere ends the wait.
     """
 
-    def __init__(self, sock: socket.socket, max_bytes: int) -> None:
+    def __init__(self, sock: socket.socket, max_bytes: int, spin_s: float = 0.0) -> None:
         sock.setblocking(True)
-        self.sock, self.max_bytes = sock, max_bytes
+        self.sock, self.max_bytes, self.spin_s = sock, max_bytes, spin_s
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
         self._buf = bytearray()
@@ -145,7 +163,9 @@ class UnixLink:
         return frame
 
     def _read(self, deadline: float | None, alive: Callable[[], None]) -> int:
-        """Wait (in poll slices, calling ``alive``) and read what has arrived into the scratch buffer."""
+        """Wait (spinning, then in poll slices calling ``alive``) and read what has arrived into the scratch buffer."""
+        if self.spin_s and (n := self._spin()):
+            return n
         while True:
             wait = POLL_SLICE_S if deadline is None else min(POLL_SLICE_S, deadline - time.monotonic())
             if wait <= 0:
@@ -155,6 +175,22 @@ class UnixLink:
                 continue
             try:
                 n = self.sock.recv_into(self._view)
+            except OSError as exc:
+                raise LinkClosedError(str(exc)) from None
+            if not n:
+                raise LinkClosedError("the peer closed the channel")
+            return n
+
+    def _spin(self) -> int:
+        """Read without sleeping for up to ``spin_s``; 0 if nothing came."""
+        end = time.perf_counter() + self.spin_s
+        while True:
+            try:
+                n = self.sock.recv_into(self._view, 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if time.perf_counter() > end:
+                    return 0
+                continue
             except OSError as exc:
                 raise LinkClosedError(str(exc)) from None
             if not n:
@@ -252,6 +288,7 @@ class ChannelServer:
         self, ipc_dir: IpcDir, opts: SocketOptions, *, remote: bool, ctx: zmq.Context[zmq.Socket[bytes]] | None
     ) -> None:
         self.opts = opts
+        self._spin_s = 0.0  # set by accept(), which knows the world size
         self.path = str(ipc_dir.path / f"workers-{os.getpid()}.sock")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(self.path)
@@ -268,6 +305,7 @@ class ChannelServer:
 
     def accept(self, world_size: int, timeout_s: float, alive: Callable[[], None]) -> list[Link]:
         links: dict[int, Link] = {}
+        self._spin_s = spin_budget_s(world_size)
         deadline = time.monotonic() + timeout_s
         self.listener.settimeout(POLL_SLICE_S)
         while len(links) < world_size:
@@ -285,7 +323,7 @@ class ChannelServer:
             return
         conn.settimeout(5.0)
         hello = _recv_exact(conn, _HELLO.size)
-        links[_HELLO.unpack(hello)[0]] = UnixLink(conn, self.opts.max_message_bytes)
+        links[_HELLO.unpack(hello)[0]] = UnixLink(conn, self.opts.max_message_bytes, self._spin_s)
 
     def _accept_remote(self, links: dict[int, Link]) -> None:
         if self.hub is None or not self.hub.sock.poll(0):
@@ -307,14 +345,14 @@ class ChannelServer:
 
 
 def connect_worker(addresses: list[str], tp_rank: int, same_node: bool, curve: CurveKeys | None,
-                   max_bytes: int) -> Link:
+                   max_bytes: int, world_size: int = 1) -> Link:
     """The worker's end: the Unix socket on the driver's node, else CURVE TCP."""
     unix = [a for a in addresses if a.startswith("unix://")]
     if same_node and unix:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(unix[0].removeprefix("unix://"))
         sock.sendall(_HELLO.pack(tp_rank))
-        return UnixLink(sock, max_bytes)
+        return UnixLink(sock, max_bytes, spin_budget_s(world_size))
     tcp = [a for a in addresses if a.startswith("tcp://")]
     if not tcp:
         raise ConnectionError(f"no address of {addresses} is reachable from another node")
