@@ -114,6 +114,7 @@ class Client:
         self._drops = DropLog(logger, "client")
         self._backlogged: set[zmq.Socket[bytes]] = set()  # readable sockets left over a budget
         self._io_waiting = False  # the IO thread is (about to be) in poll, on signals a send may take
+        self._reader: int | None = None  # the caller thread polling for its own answer, if any
         self._rung = False  # the IO thread was woken for queued commands since its last turn
         self._commands: collections.deque[Command | Submission] = collections.deque()  # queued under load
         # Guards the three fields above and the writes of _closed; taken inside _lock, never around it.
@@ -136,7 +137,7 @@ class Client:
     ) -> RequestHandle:
         """Send one request; returns at once with a handle to wait on or stream."""
         request = self._make_request(prompt_token_ids, max_tokens, rank, request_id)
-        handle = RequestHandle(request.request_id)
+        handle = RequestHandle(request.request_id, self._read_for)
         self._submit(request, rank, handle._on_item, retryable, handle)
         return handle
 
@@ -156,7 +157,7 @@ class Client:
                 request = self._make_request(prompt, max_tokens, None, None)
             except ConfigError as exc:
                 raise ConfigError(f"prompts[{i}]: {exc}") from None
-            handle = RequestHandle(request.request_id)
+            handle = RequestHandle(request.request_id, self._read_for)
             items.append(Submission(request, None, handle._on_item, retryable, handle))
         self._submit_batch(items)
         return [item.handle for item in items if item.handle is not None]
@@ -314,6 +315,7 @@ class Client:
             finally:
                 if self._io_waiting:  # otherwise the IO thread reads them before it waits again
                     self._read_touched()
+                self._tell_reader()
 
     def _refused(self, allow_closed: bool) -> bool:
         """A closed client takes no command: it raises why, or ignores a notice (``allow_closed``)."""
@@ -330,6 +332,33 @@ class Client:
             if not sock.closed and self._io.has_input(sock) and not self._read_engine(sock):
                 self._backlogged.add(sock)  # over the budget: the IO thread goes on
                 self._io.ring()
+
+    def _read_for(self, timeout_s: float) -> bool:
+        """A caller waiting for its answer reads the engines' sockets itself, if nobody else is busy
+        with them; False if it cannot (it then waits to be told).
+
+        One at a time, and only while the IO thread sits in poll: the answer
+        then skips the hand-off from the IO thread to the caller, and the
+        IO thread's turn (which would hold the lock the caller's next send
+        needs). The IO thread still wakes on the same input; whichever thread
+        takes the lock first reads it, and if that is the IO thread, it rings
+        the reader's bell.
+        """
+        with self._lock:
+            if self._closed or self._reader is not None or not self._io_waiting or self._commands:
+                return False
+            self._reader = threading.get_ident()
+            reader_set = self._io.reader_set
+        ready: list[zmq.Socket[bytes]] = []
+        try:
+            ready = self._io.wait(reader_set, max(1, min(int(timeout_s * 1000), 100)))
+        finally:
+            with self._lock:
+                self._reader = None
+                if not self._closed:
+                    self._read_ready(ready)
+                    self._read_touched()
+        return True
 
     # ---- IO thread --------------------------------------------------------------------
 
@@ -368,6 +397,8 @@ class Client:
     def _run_queued(self) -> None:
         """Run what was queued, in order; submissions queued one after another go together, one
         message per rank. One bad command must not take the IO thread down."""
+        if not self._commands:  # the usual case: nothing to swap
+            return
         with self._queue_lock:
             queued, self._commands = self._commands, collections.deque()
         batch: list[Submission] = []
@@ -381,6 +412,7 @@ class Client:
             self._guarded(item)
         if batch:
             self._guarded(lambda: self._do_submit_many(batch))
+        self._tell_reader()
 
     @staticmethod
     def _guarded(command: Command) -> None:
@@ -402,8 +434,9 @@ class Client:
 
     def _read_ready(self, ready: list[zmq.Socket[bytes]]) -> None:
         """Read the sockets whose FD fired and those left over the budget last turn."""
-        socks = set(ready) | self._backlogged
-        self._backlogged = set()
+        socks: Collection[zmq.Socket[bytes]] = ready
+        if self._backlogged:
+            socks, self._backlogged = set(ready) | self._backlogged, set()
         for sock in socks:
             if sock.closed:  # reconnected or removed meanwhile
                 continue
@@ -421,7 +454,13 @@ class Client:
             if frames is None:
                 return True
             self._on_output_batch(frames, sock)
+            self._tell_reader()
         return False
+
+    def _tell_reader(self) -> None:
+        """Something may have reached the caller polling for its answer, behind its back: wake it."""
+        if self._reader is not None and self._reader != threading.get_ident():
+            self._io.reader_bell.ring()
 
     def _sender(self, sock: zmq.Socket[bytes]) -> str:
         """Who sent on ``sock``, as a dropped message names it: its role and the address it connects to."""
@@ -606,6 +645,7 @@ class Client:
                 self._send_request(state)
             else:
                 state.deliver(error)
+        self._tell_reader()
 
     def _do_revive(self, endpoint: EngineEndpoint) -> None:
         if endpoint == self.endpoints.engines[endpoint.rank]:
@@ -636,6 +676,7 @@ class Client:
             if state.rank == rank:
                 del self._requests[rid]
                 state.deliver(error)
+        self._tell_reader()
         self._dead.pop(rank, None)
         self._io.remove_last_engine()
 
@@ -659,6 +700,7 @@ class Client:
             state.deliver(error)
         self._requests.clear()
         self._calls.fail(error)
+        self._tell_reader()
 
 
 def _cause(text: str) -> DeathCause:

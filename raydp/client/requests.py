@@ -58,8 +58,9 @@ class RequestHandle:
     (a second one still gets every chunk, possibly later).
     """
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, read_for: Callable[[float], bool] | None = None) -> None:
         self.request_id = request_id
+        self._read_for = read_for  # lets a waiter read its own answer (Client._read_for)
         self.rank: int | None = None
         self.finish_reason: str | None = None
         self.error: RaydpError | None = None
@@ -112,6 +113,9 @@ class RequestHandle:
             remaining = -1.0 if deadline is None else deadline - time.monotonic()
             if deadline is not None and remaining <= 0:
                 return False
+            if self._read_for is not None and self._read_for(0.1 if remaining < 0 else remaining):
+                self._news.acquire(blocking=False)  # what it read is checked above; consume its news
+                continue
             self._news.acquire(timeout=remaining)
 
     def done(self) -> bool:

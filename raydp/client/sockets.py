@@ -53,6 +53,7 @@ class ClientSockets:
         self.collect = make_socket(self.ctx, zmq.PUSH, opts)
         self.collect.connect(pick_address(coord.collect, same_node=same))
         self.bell = Doorbell()
+        self.reader_bell = Doorbell()  # wakes a caller polling for its own answer (see Client._read_for)
         self._touched: set[zmq.Socket[bytes]] = set()
         self._rebuild_poll_set()
 
@@ -65,7 +66,11 @@ class ClientSockets:
             by_fd[fd] = sock
             poll_set.register(fd, select.POLLIN)
         poll_set.register(self.bell.fileno, select.POLLIN)
-        self.poll_set, self._by_fd = poll_set, by_fd
+        reader_set = select.poll()
+        for sock in self.engines:
+            reader_set.register(int(sock.getsockopt(zmq.FD)), select.POLLIN)
+        reader_set.register(self.reader_bell.fileno, select.POLLIN)
+        self.poll_set, self.reader_set, self._by_fd = poll_set, reader_set, by_fd
 
     def _engine_socket(self, ep: EngineEndpoint) -> zmq.Socket[bytes]:
         address = pick_address(ep.input_addresses, same_node=ep.node_id == self.node_id)
@@ -108,6 +113,8 @@ class ClientSockets:
         for fd, _ in poll_set.poll(timeout_ms):
             if fd == self.bell.fileno:
                 self.bell.drain()
+            elif fd == self.reader_bell.fileno:
+                self.reader_bell.drain()
             elif (sock := self._by_fd.get(fd)) is not None:
                 ready.append(sock)
         return ready
@@ -161,6 +168,7 @@ class ClientSockets:
     def close(self) -> None:
         self.ctx.destroy(linger=0)
         self.bell.close()
+        self.reader_bell.close()
 
 
 class Doorbell:

@@ -11,6 +11,7 @@ import zmq
 
 from raydp.client.client import INLINE_MAX_IN_FLIGHT, Client
 from raydp.client.requests import RequestHandle
+from raydp.errors import DeathCause, EngineDeadError
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.protocol import Abort, Output, OutputBatch, Request, RequestBatch, decode_input, encode
 from raydp.wire.transport import SocketOptions
@@ -149,3 +150,20 @@ def test_every_thread_waiting_on_one_result_wakes() -> None:
     for t in waiters:
         t.join(timeout=10)
     assert got == [[7]] * 5
+
+
+def test_a_caller_reading_for_its_own_answer_learns_of_a_death_or_abort_from_another_thread() -> None:
+    """The waiting caller polls the engine sockets itself; what another thread decides for its
+    request (the rank died, the request was aborted) still reaches it."""
+    engines = EchoEngines(ranks=2, answer=False)
+    client = Client(engines.endpoints(), node_id="n", options=SocketOptions())
+    try:
+        doomed, aborted = client.submit([1], 4, rank=0), client.submit([2], 4, rank=1)
+        threading.Timer(0.3, lambda: client.mark_dead(EngineDeadError(0, "n", DeathCause.KILLED, "test"))).start()
+        with pytest.raises(EngineDeadError, match="rank 0"):
+            doomed.result(timeout=10)
+        threading.Timer(0.3, lambda: client.abort(aborted.request_id)).start()
+        assert aborted.result(timeout=10) == [] and aborted.finish_reason == "abort"
+    finally:
+        client.close()
+        engines.close()
