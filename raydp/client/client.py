@@ -12,8 +12,8 @@ server process. Its sockets (:mod:`raydp.client.sockets`):
 Threads take turns on them under one lock: a user thread sends its request
 itself (no hand-off to another thread on the way out), and the client's IO
 thread waits for input outside the lock, then takes it to read outputs,
-snapshots and liveness notices. Every table (requests, calls, dead ranks,
-the balancer) belongs to whoever holds the lock.
+snapshots and liveness notices. The tables (requests, calls, dead ranks, the
+balancer: :mod:`raydp.client.router`) belong to whoever holds the lock.
 
 The rank for a request is picked at send time
 (:class:`~raydp.client.balancer.LoadBalancer`); an explicit ``rank`` pins it.
@@ -30,13 +30,11 @@ from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-import msgspec
 import zmq
 
 from raydp.client.balancer import LoadBalancer, Policy
-from raydp.client.calls import PendingCalls
-from raydp.client.membership import membership
-from raydp.client.requests import Listener, RequestHandle, RequestState, Submission
+from raydp.client.requests import Listener, RequestHandle, Submission
+from raydp.client.router import RequestRouter
 from raydp.client.sockets import ClientSockets
 from raydp.errors import (
     ClusterClosedError,
@@ -44,25 +42,15 @@ from raydp.errors import (
     CoordinatorDeadError,
     DeathCause,
     EngineDeadError,
-    ProtocolError,
     RaydpError,
-    ScaleDownError,
 )
-from raydp.wire.dropped import DropLog
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.wire.protocol import (
     MAX_TOKEN_ID,
-    Abort,
-    FirstRequest,
-    Output,
     Request,
-    RequestBatch,
-    RequestType,
     StatsSnapshot,
     UtilityCall,
     encode,
-    output_decoder,
-    snapshot_decoder,
 )
 from raydp.wire.transport import SocketOptions
 
@@ -72,7 +60,6 @@ INLINE_MAX_IN_FLIGHT = 4
 RECV_BUDGET = 256  # output batches taken from one engine per turn under the lock
 SILENCE_HEARTBEATS, SILENCE_MIN_S = 5, 5.0  # when a silent coordinator counts as dead
 Command = Callable[[], None]
-_NONE: frozenset[str] = frozenset()  # a single submit has no batch to clash with
 
 
 class Client:
@@ -92,26 +79,17 @@ class Client:
     ) -> None:
         if not 0 <= client_index < client_count:
             raise ConfigError(f"client_index={client_index}: must be in [0, client_count={client_count})")
-        self.endpoints = endpoints
         self.client_index, self.client_count = client_index, client_count
-        # Clients in the launching process hear of deaths from the manager directly;
-        # every other client (API servers, attached notebooks) from the coordinator.
         self._follow_liveness = follow_liveness
-        self._balancer = LoadBalancer(len(endpoints.engines), client_count, ranks, balancer)
-        self._requests: dict[str, RequestState] = {}
-        self._calls = PendingCalls()
+        policy = LoadBalancer(len(endpoints.engines), client_count, ranks, balancer)
         self._call_ids = itertools.count(1)
-        self._dead: dict[int, EngineDeadError] = {}
         # Whoever holds it owns the sockets and every table. Re-entrant: a listener
         # or a future's callback, run under it, may call back into the client.
         self._lock = threading.RLock()
         self._closed = False
         self._fatal: RaydpError = ClusterClosedError("the client is closed")
         self._ids = itertools.count()
-        self._last_snapshot: StatsSnapshot | None = None
-        self._last_heard = time.monotonic()
         self._silence_limit = max(SILENCE_MIN_S, SILENCE_HEARTBEATS * endpoints.heartbeat_interval_s)
-        self._drops = DropLog(logger, "client")
         self._backlogged: set[zmq.Socket[bytes]] = set()  # readable sockets left over a budget
         self._io_waiting = False  # the IO thread is (about to be) in poll, on signals a send may take
         self._reader: int | None = None  # the caller thread polling for its own answer, if any
@@ -120,6 +98,10 @@ class Client:
         # Guards the three fields above and the writes of _closed; taken inside _lock, never around it.
         self._queue_lock = threading.Lock()
         self._io = ClientSockets(endpoints, node_id, options or SocketOptions())
+        self._router = RequestRouter(
+            endpoints, self._io, policy, follow_liveness=follow_liveness, tell_reader=self._tell_reader,
+            last_heard=time.monotonic(),
+        )
         self._id_prefix = self._io.identity.hex()  # request ids: unique per client, then a counter
         self._thread = threading.Thread(target=self._io_loop, name="raydp-client-io", daemon=True)
         self._thread.start()
@@ -171,7 +153,7 @@ class Client:
     def abort(self, request_id: str) -> None:
         """Abort an in-flight request: its handle finishes with ``finish_reason='abort'``
         and the tokens produced so far; the engine drops it."""
-        self._locked(lambda: self._do_abort(request_id))
+        self._locked(lambda: self._router.abort(request_id))
 
     def call_utility(self, rank: int, method: str, *args: Any, timeout: float = 30.0) -> Any:
         """Call ``method(*args)`` on rank ``rank``'s engine core; msgpack-native args only."""
@@ -182,27 +164,27 @@ class Client:
             body = encode(UtilityCall(call_id, method, list(args)))
         except TypeError as exc:
             raise ConfigError(f"args={args!r}: not msgpack-encodable ({exc})") from None
-        self._locked(lambda: self._do_call(rank, call_id, method, future, body))
+        self._locked(lambda: self._router.call(rank, call_id, method, future, body))
         try:
             return future.result(timeout)
         except BaseException:
             # Timed out or interrupted: nobody waits for this answer any more, so
             # the entry goes; a late answer is ignored.
             if not future.done():
-                self._locked(lambda: self._calls.forget(call_id), allow_closed=True)
+                self._locked(lambda: self._router.calls.forget(call_id), allow_closed=True)
             raise
 
     def snapshot(self) -> StatsSnapshot | None:
         """The latest (counts, wave, running) published by the coordinator."""
-        return self._last_snapshot
+        return self._router.last_snapshot
 
     def mark_dead(self, error: EngineDeadError) -> None:
         """Fail (or retry elsewhere) the requests on a dead rank; stop routing to it."""
-        self._locked(lambda: self._do_mark_dead(error), allow_closed=True)
+        self._locked(lambda: self._router.mark_dead(error), allow_closed=True)
 
     def revive(self, endpoint: EngineEndpoint) -> None:
         """A restarted rank is back at ``endpoint``: reconnect and route to it again."""
-        self._locked(lambda: self._do_revive(endpoint), allow_closed=True)
+        self._locked(lambda: self._router.revive(endpoint), allow_closed=True)
 
     def rescale(self, endpoints: ClusterEndpoints, size: int, drain_timeout_s: float | None = None) -> None:
         """Follow a scale change: hold ``endpoints.engines``, send new requests to the first ``size``.
@@ -214,12 +196,17 @@ class Client:
         this on their own, from the coordinator's snapshots.
         """
         # Back in the caller, the change is in effect: a request sent next sees the new ranks.
-        self._locked(lambda: self._do_rescale(list(endpoints.engines), size, drain_timeout_s), True, now=True)
+        self._locked(lambda: self._router.rescale(list(endpoints.engines), size, drain_timeout_s), True, now=True)
+
+    @property
+    def endpoints(self) -> ClusterEndpoints:
+        """Where the cluster's sockets are, as this client last learned (restarts and scale changes move them)."""
+        return self._router.endpoints
 
     @property
     def dp_size(self) -> int:
         """How many ranks this client sends new requests to."""
-        return self._balancer.size
+        return self._router.balancer.size
 
     def close(self) -> None:
         """Fail what is in flight with ClusterClosedError, stop the IO thread, close sockets."""
@@ -261,7 +248,7 @@ class Client:
         return Request(rid, tokens, max_tokens, arrival_time=time.time())
 
     def _check_rank(self, rank: int, draining_ok: bool = False) -> None:
-        n = len(self.endpoints.engines) if draining_ok else self._balancer.size
+        n = len(self.endpoints.engines) if draining_ok else self._router.balancer.size
         if not isinstance(rank, int) or not 0 <= rank < n:
             raise ConfigError(f"rank={rank!r}: must be an int in [0, {n})")
 
@@ -292,7 +279,7 @@ class Client:
         with self._queue_lock:  # not the sockets' lock: a caller may queue while the IO thread works
             if self._refused(allow_closed):
                 return
-            if not now and (self._commands or len(self._requests) >= INLINE_MAX_IN_FLIGHT):
+            if not now and (self._commands or len(self._router.requests) >= INLINE_MAX_IN_FLIGHT):
                 if isinstance(command, list):
                     self._commands.extend(command)
                 else:
@@ -309,9 +296,9 @@ class Client:
                 if not isinstance(command, list):
                     command()
                 elif len(command) == 1:
-                    self._do_submit(command[0])
+                    self._router.submit(command[0])
                 else:
-                    self._do_submit_many(command)
+                    self._router.submit_many(command)
             finally:
                 if self._io_waiting:  # otherwise the IO thread reads them before it waits again
                     self._read_touched()
@@ -392,7 +379,7 @@ class Client:
                     self._closed = True  # later calls raise instead of waiting for nobody
                     self._fatal = reason
                 self._run_queued()
-                self._fail_everything(reason)
+                self._router.fail_everything(reason)
 
     def _run_queued(self) -> None:
         """Run what was queued, in order; submissions queued one after another go together, one
@@ -407,11 +394,11 @@ class Client:
                 batch.append(item)
                 continue
             if batch:
-                self._guarded(lambda b=batch: self._do_submit_many(b))  # type: ignore[misc]
+                self._guarded(lambda b=batch: self._router.submit_many(b))  # type: ignore[misc]
                 batch = []
             self._guarded(item)
         if batch:
-            self._guarded(lambda: self._do_submit_many(batch))
+            self._guarded(lambda: self._router.submit_many(batch))
         self._tell_reader()
 
     @staticmethod
@@ -423,7 +410,7 @@ class Client:
 
     def _coordinator_silent(self) -> bool:
         """A client that hears of deaths only from the coordinator cannot trust a silent one."""
-        if not self._follow_liveness or time.monotonic() - self._last_heard < self._silence_limit:
+        if not self._follow_liveness or time.monotonic() - self._router.last_heard < self._silence_limit:
             return False
         self._fatal = CoordinatorDeadError(
             f"of cluster {self.endpoints.name!r}", self.endpoints.coordinator.node_id, DeathCause.UNKNOWN,
@@ -442,7 +429,7 @@ class Client:
                 continue
             if sock is self._io.stats:
                 while frames := self._io.recv_nowait(sock):
-                    self._on_snapshot(frames)
+                    self._router.on_snapshot(frames)
             elif not self._read_engine(sock):
                 self._backlogged.add(sock)
 
@@ -453,7 +440,7 @@ class Client:
             frames = self._io.recv_nowait(sock)
             if frames is None:
                 return True
-            self._on_output_batch(frames, sock)
+            self._router.on_output_batch(frames, sock)
             self._tell_reader()
         return False
 
@@ -461,257 +448,3 @@ class Client:
         """Something may have reached the caller polling for its answer, behind its back: wake it."""
         if self._reader is not None and self._reader != threading.get_ident():
             self._io.reader_bell.ring()
-
-    def _sender(self, sock: zmq.Socket[bytes]) -> str:
-        """Who sent on ``sock``, as a dropped message names it: its role and the address it connects to."""
-        address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        if sock is self._io.stats:
-            return f"coordinator publish {address}"
-        rank = next((r for r, s in enumerate(self._io.engines) if s is sock), "?")
-        return f"rank {rank} {address}"
-
-    def _on_snapshot(self, frames: list[bytes]) -> None:
-        try:
-            snap = snapshot_decoder(_one_frame(frames))
-        except ProtocolError as exc:
-            self._drops.drop(self._sender(self._io.stats), str(exc))
-            return
-        self._last_snapshot = snap
-        self._last_heard = time.monotonic()
-        if self._follow_liveness:
-            try:
-                engines, size = membership(self.endpoints.engines, snap)
-                if len(engines) != len(self.endpoints.engines) or size != self._balancer.size:
-                    self._do_rescale(engines, size, None)
-            except Exception:  # a bad notice must not take the IO thread down
-                logger.exception("client: could not follow the coordinator's scale notice")
-        self._balancer.on_snapshot(snap)
-        if self._follow_liveness:
-            try:
-                self._apply_liveness(snap)
-            except Exception:  # a bad notice must not take the IO thread down
-                logger.exception("client: could not apply the coordinator's liveness notice")
-
-    def _apply_liveness(self, snap: StatsSnapshot) -> None:
-        """Deaths and restarts as the coordinator publishes them (snapshots arrive in order)."""
-        for ep in self.endpoints.engines:
-            if ep.rank in snap.dead:
-                if ep.rank not in self._dead:
-                    cause = _cause(snap.dead[ep.rank])
-                    self._do_mark_dead(EngineDeadError(ep.rank, ep.node_id, cause, "reported by the coordinator"))
-            elif ep.rank in self._dead or ep.rank in snap.moved:
-                addresses = snap.moved.get(ep.rank, ep.input_addresses)
-                node = snap.nodes.get(ep.rank, ep.node_id)  # a rank re-added may sit on another node
-                self._do_revive(EngineEndpoint(ep.rank, node, addresses))
-
-    def _on_output_batch(self, frames: list[bytes], sock: zmq.Socket[bytes]) -> None:
-        try:
-            batch = output_decoder(_one_frame(frames))
-        except ProtocolError as exc:
-            self._drops.drop(self._sender(sock), str(exc))
-            return
-        for out in batch.outputs:
-            self._deliver(out, batch.rank)
-        if batch.utility is not None:
-            self._calls.resolve(batch.utility)
-
-    def _deliver(self, out: Output, rank: int) -> None:
-        state = self._requests.get(out.request_id)
-        if state is None or state.rank != rank:
-            # Aborted, or moved to another rank (failed over, or off a draining one):
-            # a late output of the rank it left must not join its answer there.
-            return
-        if out.finished:
-            del self._requests[out.request_id]
-            self._balancer.on_finished(state.rank)
-        state.deliver(out)
-
-    def _do_submit(self, item: Submission) -> None:
-        state = self._admit(item, _NONE)
-        if state is not None:
-            self._send_request(state)
-
-    def _admit(self, item: Submission, batch_ids: Collection[str]) -> RequestState | None:
-        """Check one submission and pick its rank; None (and the listener told why) if it cannot go."""
-        rid, pinned, listener = item.request.request_id, item.rank, item.listener
-        if rid in self._requests or rid in batch_ids:
-            listener(ConfigError(f"request_id={rid!r}: already in flight"))
-            return None
-        if pinned is not None and pinned in self._dead:
-            listener(self._dead[pinned])
-            return None
-        if pinned is not None and pinned >= self._balancer.size:
-            listener(ConfigError(f"rank={pinned}: the cluster was scaled to {self._balancer.size} ranks"))
-            return None
-        try:
-            rank = pinned if pinned is not None else self._balancer.choose(self._dead)
-        except ConfigError as exc:
-            listener(next(iter(self._dead.values()), exc))
-            return None
-        return RequestState(item.request, rank, listener, item.retryable, item.handle)
-
-    def _do_submit_many(self, items: list[Submission]) -> None:
-        by_rank: dict[int, list[RequestState]] = {}
-        ids: set[str] = set()
-        for item in items:
-            state = self._admit(item, ids)
-            if state is None:
-                continue
-            ids.add(item.request.request_id)
-            self._balancer.on_sent(state.rank)  # counted now, so the next choice sees it
-            by_rank.setdefault(state.rank, []).append(state)
-        for rank, states in by_rank.items():
-            for _ in states:
-                self._balancer.undo_sent(rank)  # the send below books what really goes
-            self._send_batch(rank, states)
-
-    def _send_batch(self, rank: int, states: list[RequestState]) -> None:
-        """One message for every request of the batch that goes to ``rank``."""
-        if len(states) == 1:
-            self._send_request(states[0])
-            return
-        wave = self._balancer.wave
-        for state in states:
-            state.request.wave = wave
-        body = encode(RequestBatch([state.request for state in states]))
-        if len(body) > self._io.opts.max_message_bytes:  # too big together: each on its own
-            for state in states:
-                self._send_request(state)
-            return
-        if self.endpoints.lockstep and self._balancer.note_first_request():
-            self._io.to_coordinator(FirstRequest(rank=rank, wave=wave))
-        if not self._io.send_input(rank, RequestType.ADD_MANY, body):
-            for state in states:
-                state.deliver(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
-            return
-        for state in states:
-            self._requests[state.request.request_id] = state
-            self._balancer.on_sent(rank)
-            if state.handle is not None:
-                state.handle.rank = rank
-
-    def _send_request(self, state: RequestState) -> None:
-        request, rank = state.request, state.rank
-        request.wave = self._balancer.wave
-        body = encode(request)
-        if len(body) > self._io.opts.max_message_bytes:  # refused before it can wake a paused cluster
-            limit = self._io.opts.max_message_bytes
-            why = f"prompt_token_ids: the request is {len(body)} bytes, over max_message_bytes={limit}"
-            state.deliver(ConfigError(why))
-            return
-        if self.endpoints.lockstep and self._balancer.note_first_request():
-            self._io.to_coordinator(FirstRequest(rank=rank, wave=request.wave))
-        if not self._io.send_input(rank, RequestType.ADD, body):
-            state.deliver(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
-            return
-        self._requests[request.request_id] = state
-        self._balancer.on_sent(rank)
-        if state.handle is not None:
-            state.handle.rank = rank
-
-    def _do_abort(self, request_id: str) -> None:
-        state = self._requests.pop(request_id, None)
-        if state is None:
-            return
-        self._balancer.on_finished(state.rank)
-        if state.rank not in self._dead:
-            self._io.send_input(state.rank, RequestType.ABORT, encode(Abort([request_id])))
-        state.deliver(Output(request_id, [], True, "abort"))
-
-    def _do_call(self, rank: int, call_id: int, method: str, future: Future[Any], body: bytes) -> None:
-        if rank in self._dead:
-            future.set_exception(self._dead[rank])
-            return
-        if not self._io.send_input(rank, RequestType.UTILITY, body):
-            future.set_exception(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
-            return
-        self._calls.add(call_id, rank, method, future)
-
-    def _do_mark_dead(self, error: EngineDeadError) -> None:
-        self._dead[error.rank] = error
-        self._fail_rank(error.rank, error)
-
-    def _fail_rank(self, rank: int, error: EngineDeadError) -> None:
-        """Fail (or move, if retryable and nothing streamed yet) the requests on ``rank``;
-        fail its pending utility calls (the engine that would answer them is gone)."""
-        self._calls.fail(error, rank)
-        for rid, state in list(self._requests.items()):
-            if state.rank != rank:
-                continue
-            del self._requests[rid]
-            self._balancer.on_finished(state.rank)
-            if state.retryable and not state.got_output and len(self._dead) < len(self.endpoints.engines):
-                state.rank = self._balancer.choose(self._dead)
-                self._send_request(state)
-            else:
-                state.deliver(error)
-        self._tell_reader()
-
-    def _do_revive(self, endpoint: EngineEndpoint) -> None:
-        if endpoint == self.endpoints.engines[endpoint.rank]:
-            self._dead.pop(endpoint.rank, None)
-            return
-        self._io.reconnect(endpoint)
-        self.endpoints = self.endpoints.with_engine(endpoint)
-        self._dead.pop(endpoint.rank, None)
-        # Whatever is still booked on the rank was on the engine that died; a
-        # retryable request may go to the new one, over the new socket.
-        gone = EngineDeadError(endpoint.rank, endpoint.node_id, DeathCause.UNKNOWN, "the rank was restarted")
-        self._fail_rank(endpoint.rank, gone)
-
-    def _do_rescale(self, engines: list[EngineEndpoint], size: int, drain_timeout_s: float | None) -> None:
-        old = len(self.endpoints.engines)
-        for ep in engines[old:]:
-            self._io.add_engine(ep)
-        for rank in range(old - 1, len(engines) - 1, -1):
-            self._remove_rank(rank, ScaleDownError(rank, len(engines), drain_timeout_s))
-        self.endpoints = msgspec.structs.replace(self.endpoints, engines=engines)
-        self._balancer.resize(len(engines), size)
-        logger.info("client: %d ranks, routing to %d (was %d)", len(engines), size, old)
-        self._move_off_draining(size)
-
-    def _remove_rank(self, rank: int, error: ScaleDownError) -> None:
-        self._calls.fail(error, rank)
-        for rid, state in list(self._requests.items()):
-            if state.rank == rank:
-                del self._requests[rid]
-                state.deliver(error)
-        self._tell_reader()
-        self._dead.pop(rank, None)
-        self._io.remove_last_engine()
-
-    def _move_off_draining(self, size: int) -> None:
-        """Retryable requests with no output yet need not wait for a draining rank: move them."""
-        for rid, state in list(self._requests.items()):
-            if state.rank < size or not state.retryable or state.got_output:
-                continue
-            self._io.send_input(state.rank, RequestType.ABORT, encode(Abort([rid])))
-            del self._requests[rid]
-            self._balancer.on_finished(state.rank)
-            try:
-                state.rank = self._balancer.choose(self._dead)
-            except ConfigError as exc:
-                state.deliver(exc)
-                continue
-            self._send_request(state)
-
-    def _fail_everything(self, error: RaydpError) -> None:
-        for state in self._requests.values():
-            state.deliver(error)
-        self._requests.clear()
-        self._calls.fail(error)
-        self._tell_reader()
-
-
-def _cause(text: str) -> DeathCause:
-    try:
-        return DeathCause(text)
-    except ValueError:
-        return DeathCause.UNKNOWN
-
-
-def _one_frame(frames: list[bytes]) -> bytes:
-    """The body of a message to a client: every one is a single frame."""
-    if len(frames) != 1:
-        raise ProtocolError(f"a message of {len(frames)} frames (want 1)")
-    return frames[0]

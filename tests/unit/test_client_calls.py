@@ -36,9 +36,9 @@ def rig() -> Iterator[tuple[Client, zmq.Socket[bytes]]]:
 def _pending_calls(client: Client, settle_s: float = 5.0) -> int:
     """The size of the pending-calls table once the IO thread has run what is queued."""
     deadline = time.monotonic() + settle_s
-    while client._calls and time.monotonic() < deadline:
+    while client._router.calls and time.monotonic() < deadline:
         time.sleep(0.01)
-    return len(client._calls)
+    return len(client._router.calls)
 
 
 def _receive_call(engine: zmq.Socket[bytes]) -> tuple[bytes, int]:

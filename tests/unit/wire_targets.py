@@ -370,7 +370,7 @@ class StatsTarget:
         assert wait_until(seen, timeout=15), "a valid snapshot no longer reaches the client"
 
     def dropped(self) -> int:
-        return self.client._drops.dropped
+        return self.client._router._drops.dropped
 
 
 @contextlib.contextmanager
@@ -435,7 +435,7 @@ def serve_component(kind: str, publish: str, conn: Connection) -> None:
             stack.callback(client.close)
             conn.send(publish)
             alive = client._thread.is_alive
-            drops = lambda: client._drops.dropped  # noqa: E731
+            drops = lambda: client._router._drops.dropped  # noqa: E731
         while conn.recv() != "stop":
             gc.collect()
             conn.send({"rss": psutil.Process().memory_info().rss, "drops": drops(), "records": counter.count,

@@ -1,0 +1,328 @@
+"""A client's request table: which rank each in-flight request is on, which ranks are dead,
+what the balancer knows; sending, delivering, failing over, following scale changes.
+
+Used only by the thread holding the client's lock (:mod:`raydp.client.client`),
+so nothing here locks; ``tell_reader`` wakes a caller that polls for its own
+answer when something reached it behind its back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection
+from concurrent.futures import Future
+from typing import Any
+
+import msgspec
+import zmq
+
+from raydp.client.balancer import LoadBalancer
+from raydp.client.calls import PendingCalls
+from raydp.client.membership import membership
+from raydp.client.requests import RequestState, Submission
+from raydp.client.sockets import ClientSockets
+from raydp.errors import (
+    ConfigError,
+    DeathCause,
+    EngineDeadError,
+    ProtocolError,
+    RaydpError,
+    ScaleDownError,
+)
+from raydp.wire.dropped import DropLog
+from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.wire.protocol import (
+    Abort,
+    FirstRequest,
+    Output,
+    RequestBatch,
+    RequestType,
+    StatsSnapshot,
+    encode,
+    output_decoder,
+    snapshot_decoder,
+)
+
+logger = logging.getLogger("raydp.client.client")
+_NONE: frozenset[str] = frozenset()  # a single submit has no batch to clash with
+
+
+class RequestRouter:
+    """The request table of one :class:`~raydp.client.client.Client`; see the module docstring."""
+
+    def __init__(
+        self,
+        endpoints: ClusterEndpoints,
+        io: ClientSockets,
+        balancer: LoadBalancer,
+        *,
+        follow_liveness: bool,
+        tell_reader: Callable[[], None],
+        last_heard: float,
+    ) -> None:
+        self.endpoints, self.io, self.balancer = endpoints, io, balancer
+        # Clients in the launching process hear of deaths from the manager directly;
+        # every other client (API servers, attached notebooks) from the coordinator.
+        self.follow_liveness = follow_liveness
+        self.tell_reader = tell_reader
+        self.requests: dict[str, RequestState] = {}
+        self.calls = PendingCalls()
+        self.dead: dict[int, EngineDeadError] = {}
+        self.last_snapshot: StatsSnapshot | None = None
+        self.last_heard = last_heard
+        self._drops = DropLog(logger, "client")
+
+    def sender(self, sock: zmq.Socket[bytes]) -> str:
+        """Who sent on ``sock``, as a dropped message names it: its role and the address it connects to."""
+        address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if sock is self.io.stats:
+            return f"coordinator publish {address}"
+        rank = next((r for r, s in enumerate(self.io.engines) if s is sock), "?")
+        return f"rank {rank} {address}"
+
+    def on_snapshot(self, frames: list[bytes]) -> None:
+        try:
+            snap = snapshot_decoder(_one_frame(frames))
+        except ProtocolError as exc:
+            self._drops.drop(self.sender(self.io.stats), str(exc))
+            return
+        self.last_snapshot = snap
+        self.last_heard = time.monotonic()
+        if self.follow_liveness:
+            try:
+                engines, size = membership(self.endpoints.engines, snap)
+                if len(engines) != len(self.endpoints.engines) or size != self.balancer.size:
+                    self.rescale(engines, size, None)
+            except Exception:  # a bad notice must not take the IO thread down
+                logger.exception("client: could not follow the coordinator's scale notice")
+        self.balancer.on_snapshot(snap)
+        if self.follow_liveness:
+            try:
+                self._apply_liveness(snap)
+            except Exception:  # a bad notice must not take the IO thread down
+                logger.exception("client: could not apply the coordinator's liveness notice")
+
+    def _apply_liveness(self, snap: StatsSnapshot) -> None:
+        """Deaths and restarts as the coordinator publishes them (snapshots arrive in order)."""
+        for ep in self.endpoints.engines:
+            if ep.rank in snap.dead:
+                if ep.rank not in self.dead:
+                    cause = _cause(snap.dead[ep.rank])
+                    self.mark_dead(EngineDeadError(ep.rank, ep.node_id, cause, "reported by the coordinator"))
+            elif ep.rank in self.dead or ep.rank in snap.moved:
+                addresses = snap.moved.get(ep.rank, ep.input_addresses)
+                node = snap.nodes.get(ep.rank, ep.node_id)  # a rank re-added may sit on another node
+                self.revive(EngineEndpoint(ep.rank, node, addresses))
+
+    def on_output_batch(self, frames: list[bytes], sock: zmq.Socket[bytes]) -> None:
+        try:
+            batch = output_decoder(_one_frame(frames))
+        except ProtocolError as exc:
+            self._drops.drop(self.sender(sock), str(exc))
+            return
+        for out in batch.outputs:
+            self._deliver(out, batch.rank)
+        if batch.utility is not None:
+            self.calls.resolve(batch.utility)
+
+    def _deliver(self, out: Output, rank: int) -> None:
+        state = self.requests.get(out.request_id)
+        if state is None or state.rank != rank:
+            # Aborted, or moved to another rank (failed over, or off a draining one):
+            # a late output of the rank it left must not join its answer there.
+            return
+        if out.finished:
+            del self.requests[out.request_id]
+            self.balancer.on_finished(state.rank)
+        state.deliver(out)
+
+    def submit(self, item: Submission) -> None:
+        state = self._admit(item, _NONE)
+        if state is not None:
+            self._send_request(state)
+
+    def _admit(self, item: Submission, batch_ids: Collection[str]) -> RequestState | None:
+        """Check one submission and pick its rank; None (and the listener told why) if it cannot go."""
+        rid, pinned, listener = item.request.request_id, item.rank, item.listener
+        if rid in self.requests or rid in batch_ids:
+            listener(ConfigError(f"request_id={rid!r}: already in flight"))
+            return None
+        if pinned is not None and pinned in self.dead:
+            listener(self.dead[pinned])
+            return None
+        if pinned is not None and pinned >= self.balancer.size:
+            listener(ConfigError(f"rank={pinned}: the cluster was scaled to {self.balancer.size} ranks"))
+            return None
+        try:
+            rank = pinned if pinned is not None else self.balancer.choose(self.dead)
+        except ConfigError as exc:
+            listener(next(iter(self.dead.values()), exc))
+            return None
+        return RequestState(item.request, rank, listener, item.retryable, item.handle)
+
+    def submit_many(self, items: list[Submission]) -> None:
+        by_rank: dict[int, list[RequestState]] = {}
+        ids: set[str] = set()
+        for item in items:
+            state = self._admit(item, ids)
+            if state is None:
+                continue
+            ids.add(item.request.request_id)
+            self.balancer.on_sent(state.rank)  # counted now, so the next choice sees it
+            by_rank.setdefault(state.rank, []).append(state)
+        for rank, states in by_rank.items():
+            for _ in states:
+                self.balancer.undo_sent(rank)  # the send below books what really goes
+            self._send_batch(rank, states)
+
+    def _send_batch(self, rank: int, states: list[RequestState]) -> None:
+        """One message for every request of the batch that goes to ``rank``."""
+        if len(states) == 1:
+            self._send_request(states[0])
+            return
+        wave = self.balancer.wave
+        for state in states:
+            state.request.wave = wave
+        body = encode(RequestBatch([state.request for state in states]))
+        if len(body) > self.io.opts.max_message_bytes:  # too big together: each on its own
+            for state in states:
+                self._send_request(state)
+            return
+        if self.endpoints.lockstep and self.balancer.note_first_request():
+            self.io.to_coordinator(FirstRequest(rank=rank, wave=wave))
+        if not self.io.send_input(rank, RequestType.ADD_MANY, body):
+            for state in states:
+                state.deliver(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
+            return
+        for state in states:
+            self.requests[state.request.request_id] = state
+            self.balancer.on_sent(rank)
+            if state.handle is not None:
+                state.handle.rank = rank
+
+    def _send_request(self, state: RequestState) -> None:
+        request, rank = state.request, state.rank
+        request.wave = self.balancer.wave
+        body = encode(request)
+        if len(body) > self.io.opts.max_message_bytes:  # refused before it can wake a paused cluster
+            limit = self.io.opts.max_message_bytes
+            why = f"prompt_token_ids: the request is {len(body)} bytes, over max_message_bytes={limit}"
+            state.deliver(ConfigError(why))
+            return
+        if self.endpoints.lockstep and self.balancer.note_first_request():
+            self.io.to_coordinator(FirstRequest(rank=rank, wave=request.wave))
+        if not self.io.send_input(rank, RequestType.ADD, body):
+            state.deliver(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
+            return
+        self.requests[request.request_id] = state
+        self.balancer.on_sent(rank)
+        if state.handle is not None:
+            state.handle.rank = rank
+
+    def abort(self, request_id: str) -> None:
+        state = self.requests.pop(request_id, None)
+        if state is None:
+            return
+        self.balancer.on_finished(state.rank)
+        if state.rank not in self.dead:
+            self.io.send_input(state.rank, RequestType.ABORT, encode(Abort([request_id])))
+        state.deliver(Output(request_id, [], True, "abort"))
+
+    def call(self, rank: int, call_id: int, method: str, future: Future[Any], body: bytes) -> None:
+        if rank in self.dead:
+            future.set_exception(self.dead[rank])
+            return
+        if not self.io.send_input(rank, RequestType.UTILITY, body):
+            future.set_exception(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
+            return
+        self.calls.add(call_id, rank, method, future)
+
+    def mark_dead(self, error: EngineDeadError) -> None:
+        self.dead[error.rank] = error
+        self._fail_rank(error.rank, error)
+
+    def _fail_rank(self, rank: int, error: EngineDeadError) -> None:
+        """Fail (or move, if retryable and nothing streamed yet) the requests on ``rank``;
+        fail its pending utility calls (the engine that would answer them is gone)."""
+        self.calls.fail(error, rank)
+        for rid, state in list(self.requests.items()):
+            if state.rank != rank:
+                continue
+            del self.requests[rid]
+            self.balancer.on_finished(state.rank)
+            if state.retryable and not state.got_output and len(self.dead) < len(self.endpoints.engines):
+                state.rank = self.balancer.choose(self.dead)
+                self._send_request(state)
+            else:
+                state.deliver(error)
+        self.tell_reader()
+
+    def revive(self, endpoint: EngineEndpoint) -> None:
+        if endpoint == self.endpoints.engines[endpoint.rank]:
+            self.dead.pop(endpoint.rank, None)
+            return
+        self.io.reconnect(endpoint)
+        self.endpoints = self.endpoints.with_engine(endpoint)
+        self.dead.pop(endpoint.rank, None)
+        # Whatever is still booked on the rank was on the engine that died; a
+        # retryable request may go to the new one, over the new socket.
+        gone = EngineDeadError(endpoint.rank, endpoint.node_id, DeathCause.UNKNOWN, "the rank was restarted")
+        self._fail_rank(endpoint.rank, gone)
+
+    def rescale(self, engines: list[EngineEndpoint], size: int, drain_timeout_s: float | None) -> None:
+        old = len(self.endpoints.engines)
+        for ep in engines[old:]:
+            self.io.add_engine(ep)
+        for rank in range(old - 1, len(engines) - 1, -1):
+            self._remove_rank(rank, ScaleDownError(rank, len(engines), drain_timeout_s))
+        self.endpoints = msgspec.structs.replace(self.endpoints, engines=engines)
+        self.balancer.resize(len(engines), size)
+        logger.info("client: %d ranks, routing to %d (was %d)", len(engines), size, old)
+        self._move_off_draining(size)
+
+    def _remove_rank(self, rank: int, error: ScaleDownError) -> None:
+        self.calls.fail(error, rank)
+        for rid, state in list(self.requests.items()):
+            if state.rank == rank:
+                del self.requests[rid]
+                state.deliver(error)
+        self.tell_reader()
+        self.dead.pop(rank, None)
+        self.io.remove_last_engine()
+
+    def _move_off_draining(self, size: int) -> None:
+        """Retryable requests with no output yet need not wait for a draining rank: move them."""
+        for rid, state in list(self.requests.items()):
+            if state.rank < size or not state.retryable or state.got_output:
+                continue
+            self.io.send_input(state.rank, RequestType.ABORT, encode(Abort([rid])))
+            del self.requests[rid]
+            self.balancer.on_finished(state.rank)
+            try:
+                state.rank = self.balancer.choose(self.dead)
+            except ConfigError as exc:
+                state.deliver(exc)
+                continue
+            self._send_request(state)
+
+    def fail_everything(self, error: RaydpError) -> None:
+        for state in self.requests.values():
+            state.deliver(error)
+        self.requests.clear()
+        self.calls.fail(error)
+        self.tell_reader()
+
+
+def _cause(text: str) -> DeathCause:
+    try:
+        return DeathCause(text)
+    except ValueError:
+        return DeathCause.UNKNOWN
+
+
+def _one_frame(frames: list[bytes]) -> bytes:
+    """The body of a message to a client: every one is a single frame."""
+    if len(frames) != 1:
+        raise ProtocolError(f"a message of {len(frames)} frames (want 1)")
+    return frames[0]
