@@ -35,7 +35,7 @@ class Sizes:
 # tens of seconds. A few requests keep both ranks busy with near-empty steps,
 # which is also the worst case for lockstep (its fixed costs weigh the most).
 FULL = Sizes(
-    pipelined=3000, window=256, sequential=400, warmup=50,
+    pipelined=20_000, window=256, sequential=2000, warmup=50,
     busy_per_rank=64, busy_per_rank_no_delay=4,
     step_window_s=1.5, step_windows=3, step_warmup_s=0.5, step_delays_s=(0.002, 0.0),
 )

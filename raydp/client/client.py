@@ -320,20 +320,30 @@ class Client:
                 self._backlogged.add(sock)  # over the budget: the IO thread goes on
                 self._io.ring()
 
-    def _read_for(self, timeout_s: float) -> bool:
+    def _read_for(self, timeout_s: float, answered: Callable[[], bool]) -> bool:
         """A caller waiting for its answer reads the engines' sockets itself, if nobody else is busy
         with them; False if it cannot (it then waits to be told).
 
-        One at a time, and only while the IO thread sits in poll: the answer
+        One at a time, only while few requests are in flight (as for sending
+        inline), and only while the IO thread sits in poll: the answer
         then skips the hand-off from the IO thread to the caller, and the
         IO thread's turn (which would hold the lock the caller's next send
         needs). The IO thread still wakes on the same input; whichever thread
         takes the lock first reads it, and if that is the IO thread, it rings
-        the reader's bell.
+        the reader's bell. ``answered`` is checked once the caller is the
+        reader, under the lock every delivery holds: an answer delivered after
+        the caller last looked, but before it became the reader, would
+        otherwise leave it polling for nothing.
         """
         with self._lock:
             if self._closed or self._reader is not None or not self._io_waiting or self._commands:
                 return False
+            if len(self._router.requests) > INLINE_MAX_IN_FLIGHT:
+                # Under load the IO thread reads: a caller that woke for every output and sent
+                # one request back each time would lock the client into one-message steps.
+                return False
+            if answered():  # delivered since the caller last looked: nothing to wait for
+                return True
             self._reader = threading.get_ident()
             reader_set = self._io.reader_set
         ready: list[zmq.Socket[bytes]] = []

@@ -12,6 +12,8 @@ from raydp.errors import RaydpError, RequestError
 from raydp.wire.protocol import Output, Request
 
 Listener = Callable[["Output | RaydpError"], None]
+# Client._read_for: poll the engine sockets for up to the given seconds, unless the check says the answer is in.
+ReadFor = Callable[[float, Callable[[], bool]], bool]
 logger = logging.getLogger("raydp.client.client")
 
 
@@ -58,7 +60,7 @@ class RequestHandle:
     (a second one still gets every chunk, possibly later).
     """
 
-    def __init__(self, request_id: str, read_for: Callable[[float], bool] | None = None) -> None:
+    def __init__(self, request_id: str, read_for: ReadFor | None = None) -> None:
         self.request_id = request_id
         self._read_for = read_for  # lets a waiter read its own answer (Client._read_for)
         self.rank: int | None = None
@@ -113,10 +115,15 @@ class RequestHandle:
             remaining = -1.0 if deadline is None else deadline - time.monotonic()
             if deadline is not None and remaining <= 0:
                 return False
-            if self._read_for is not None and self._read_for(0.1 if remaining < 0 else remaining):
+            slice_s = 0.1 if remaining < 0 else remaining
+            if self._read_for is not None and self._read_for(slice_s, lambda: self._ready(ready)):
                 self._news.acquire(blocking=False)  # what it read is checked above; consume its news
                 continue
             self._news.acquire(timeout=remaining)
+
+    def _ready(self, ready: Callable[[], bool]) -> bool:
+        with self._lock:
+            return ready()
 
     def done(self) -> bool:
         return self._finished
