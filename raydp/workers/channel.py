@@ -352,7 +352,9 @@ def connect_worker(addresses: list[str], tp_rank: int, same_node: bool, curve: C
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(unix[0].removeprefix("unix://"))
         sock.sendall(_HELLO.pack(tp_rank))
-        return UnixLink(sock, max_bytes, spin_budget_s(world_size))
+        # Only the driver worker answers a step, so only it and the engine wait on each
+        # other; followers sleep between steps and leave the cores to those two.
+        return UnixLink(sock, max_bytes, spin_budget_s(world_size) if tp_rank == 0 else 0.0)
     tcp = [a for a in addresses if a.startswith("tcp://")]
     if not tcp:
         raise ConnectionError(f"no address of {addresses} is reachable from another node")
