@@ -62,8 +62,9 @@ def test_a_killed_dense_coordinator_restarts_and_nothing_in_flight_is_lost(two_n
         # Loads come back from the engines; snapshots reach a client in another process again.
         busy = client.submit([9], max_tokens=300, rank=1)
         assert wait_until(lambda: cluster.coordinator_state()["counts"][1] != [0, 0], timeout=10)
-        seq = remote._last_snapshot.seq if remote._last_snapshot else 0
-        assert wait_until(lambda: remote._last_snapshot is not None and remote._last_snapshot.seq > seq, 10)
+        first = remote.snapshot()
+        seq = first.seq if first else 0
+        assert wait_until(lambda: (snap := remote.snapshot()) is not None and snap.seq > seq, 10)
         assert busy.result(timeout=60) == [9] * 300
         assert remote.generate([7], max_tokens=3, timeout=30) == [7, 7, 7]
         # The restart policy allowed one: the next death is final.
