@@ -33,7 +33,7 @@ from typing import Any
 import zmq
 
 from raydp.client.balancer import LoadBalancer, Policy
-from raydp.client.requests import Listener, RequestHandle, Submission
+from raydp.client.requests import RequestHandle, Submission
 from raydp.client.router import RequestRouter
 from raydp.client.sockets import ClientSockets
 from raydp.errors import (
@@ -91,8 +91,8 @@ class Client:
         self._ids = itertools.count()
         self._silence_limit = max(SILENCE_MIN_S, SILENCE_HEARTBEATS * endpoints.heartbeat_interval_s)
         self._backlogged: set[zmq.Socket[bytes]] = set()  # readable sockets left over a budget
-        self._io_waiting = False  # the IO thread is (about to be) in poll, on signals a send may take
         self._reader: int | None = None  # the caller thread polling for its own answer, if any
+        self._io_waiting = False  # the IO thread is (about to be) in poll, on signals a send may take
         self._rung = False  # the IO thread was woken for queued commands since its last turn
         self._commands: collections.deque[Command | Submission] = collections.deque()  # queued under load
         # Guards the three fields above and the writes of _closed; taken inside _lock, never around it.
@@ -120,7 +120,7 @@ class Client:
         """Send one request; returns at once with a handle to wait on or stream."""
         request = self._make_request(prompt_token_ids, max_tokens, rank, request_id)
         handle = RequestHandle(request.request_id, self._read_for)
-        self._submit(request, rank, handle._on_item, retryable, handle)
+        self._locked([Submission(request, rank, handle._on_item, retryable, handle)])
         return handle
 
     def submit_many(
@@ -252,16 +252,6 @@ class Client:
         if not isinstance(rank, int) or not 0 <= rank < n:
             raise ConfigError(f"rank={rank!r}: must be an int in [0, {n})")
 
-    def _submit(
-        self,
-        request: Request,
-        rank: int | None,
-        listener: Listener,
-        retryable: bool,
-        handle: RequestHandle | None = None,
-    ) -> None:
-        self._locked([Submission(request, rank, listener, retryable, handle)])
-
     def _submit_batch(self, items: list[Submission]) -> None:
         """Many submissions under one turn of the lock, one message per rank."""
         if items:
@@ -293,12 +283,10 @@ class Client:
                 return
             try:
                 self._run_queued()  # anything queued goes first, in order
-                if not isinstance(command, list):
-                    command()
-                elif len(command) == 1:
-                    self._router.submit(command[0])
-                else:
+                if isinstance(command, list):
                     self._router.submit_many(command)
+                else:
+                    command()
             finally:
                 if self._io_waiting:  # otherwise the IO thread reads them before it waits again
                     self._read_touched()
@@ -402,19 +390,17 @@ class Client:
         for item in queued:
             if isinstance(item, Submission):
                 batch.append(item)
-                continue
-            if batch:
-                self._guarded(lambda b=batch: self._router.submit_many(b))  # type: ignore[misc]
+            else:
+                self._guarded(self._router.submit_many, batch)
                 batch = []
-            self._guarded(item)
-        if batch:
-            self._guarded(lambda: self._router.submit_many(batch))
+                self._guarded(item)
+        self._guarded(self._router.submit_many, batch)
         self._tell_reader()
 
     @staticmethod
-    def _guarded(command: Command) -> None:
+    def _guarded(command: Callable[..., None], *args: Any) -> None:
         try:
-            command()
+            command(*args)
         except Exception:
             logger.exception("client command failed")
 

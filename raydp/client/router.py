@@ -162,6 +162,10 @@ class RequestRouter:
         return RequestState(item.request, rank, listener, item.retryable, item.handle)
 
     def submit_many(self, items: list[Submission]) -> None:
+        if len(items) <= 1:  # the usual inline case: no batch to book
+            for item in items:
+                self.submit(item)
+            return
         by_rank: dict[int, list[RequestState]] = {}
         ids: set[str] = set()
         for item in items:

@@ -66,9 +66,10 @@ class ClientSockets:
             by_fd[fd] = sock
             poll_set.register(fd, select.POLLIN)
         poll_set.register(self.bell.fileno, select.POLLIN)
-        reader_set = select.poll()
-        for sock in self.engines:
-            reader_set.register(int(sock.getsockopt(zmq.FD)), select.POLLIN)
+        reader_set = select.poll()  # the engines only: what a caller waiting for its answer polls
+        for fd, sock in by_fd.items():
+            if sock is not self.stats:
+                reader_set.register(fd, select.POLLIN)
         reader_set.register(self.reader_bell.fileno, select.POLLIN)
         self.poll_set, self.reader_set, self._by_fd = poll_set, reader_set, by_fd
 
