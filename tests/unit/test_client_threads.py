@@ -167,3 +167,25 @@ def test_a_caller_reading_for_its_own_answer_learns_of_a_death_or_abort_from_ano
     finally:
         client.close()
         engines.close()
+
+
+def test_submissions_queued_under_load_leave_as_one_message_per_rank() -> None:
+    """With a few requests in flight, what callers submit while the IO thread is busy goes out
+    together: one RequestBatch per rank, not a message per request."""
+    engines = EchoEngines(ranks=2, answer=False)
+    client = Client(engines.endpoints(), node_id="n", options=SocketOptions())
+    try:
+        first = [client.submit([i], 4) for i in range(INLINE_MAX_IN_FLIGHT)]  # sent inline, one message each
+        with client._lock:  # the IO thread cannot take a turn: the next submissions queue
+            queued = [client.submit([i], 4) for i in range(40)]
+        for _ in range(100):
+            adds = [sum(len(events(m)) for _, m in seen) for seen in engines.seen]
+            if sum(adds) == len(first) + len(queued):
+                break
+            threading.Event().wait(0.05)
+        batches = [m for seen in engines.seen for _, m in seen if isinstance(m, RequestBatch)]
+        assert len(batches) == 2, "one message per rank for the queued burst"
+        assert sorted(r.request_id for b in batches for r in b.requests) == sorted(h.request_id for h in queued)
+    finally:
+        client.close()
+        engines.close()
