@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -11,7 +12,7 @@ import ray
 from raydp.actors.metrics import EngineMetrics, export_periodically
 from raydp.actors.workers import RayExecutor
 from raydp.config import RaydpConfig
-from raydp.engine.host import EngineHost
+from raydp.engine.host import EngineHost, preload
 from raydp.processes import set_process_title
 from raydp.wire.security import CurveKeys
 
@@ -47,12 +48,15 @@ class EngineCoreActor:
         rank: int,
         local_rank: int,
         frontend_node_id: str,
-        device_ids: tuple[str, ...] = (),
+        device_ids: tuple[str, ...] | DeviceProbe = (),
         ipc_prefix: str = "",
         engine_cls: type | None = None,
         curve: CurveKeys | None = None,
     ) -> None:
         node_id = ray.get_runtime_context().get_node_id()
+        if isinstance(device_ids, DeviceProbe):
+            preload(config)  # the slow imports first: the probe finishes meanwhile
+            device_ids = device_ids.resolve(config.startup_timeout_s)
         self.host = EngineHost(
             config, rank, local_rank, node_id, frontend_node_id, device_ids, ipc_prefix, engine_cls, curve,
             executor_factory=RayExecutor,
@@ -84,8 +88,26 @@ class EngineCoreActor:
         self.host.shutdown()
 
 
-def _probe_device_ids(accelerator: str) -> list[str]:
-    """Run inside one device bundle: which device ids did Ray assign there?"""
+@dataclass(frozen=True)
+class DeviceProbe:
+    """Refs to the device ids of one rank's bundles, which the rank resolves itself.
+
+    Ray waits for an actor's top-level ref arguments before it starts the
+    actor, but hands nested ones over as they are: wrapped here, the probe
+    runs while the rank's process starts and imports.
+    """
+
+    refs: tuple[Any, ...]
+
+    def resolve(self, timeout_s: float) -> tuple[str, ...]:
+        return tuple(d for ids in ray.get(list(self.refs), timeout=timeout_s) for d in ids)
+
+
+def _probe_device_ids(accelerator: str, *after: object) -> list[str]:
+    """Run inside one device bundle: which device ids did Ray assign there?
+
+    ``after``: probes this one waits for (Ray runs it once they have finished).
+    """
     ids = ray.get_runtime_context().get_accelerator_ids().get(accelerator, [])
     return [str(i) for i in ids]
 

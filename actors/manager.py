@@ -33,10 +33,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from raydp.actors.coordinator import CoordinatorActor
 from raydp.actors.coordinator_restart import CoordinatorRestarts
 from raydp.actors.deaths import death_of
-from raydp.actors.engine import EngineCoreActor
+from raydp.actors.engine import DeviceProbe, EngineCoreActor
 from raydp.actors.gang import GangRestarts
 from raydp.actors.owned import Owned
-from raydp.actors.slots import RankSlot, place_ranks, probe_devices, replace_slot
+from raydp.actors.slots import RankSlot, place_ranks, probe_devices, replace_slot, start_device_probes
 from raydp.actors.terminate import kill_and_wait
 from raydp.actors.watch import check_started, watch_run_refs
 from raydp.backend import APIServerGroup, DeathListener, DeathReports, RestartListener, ScaleListener
@@ -181,13 +181,17 @@ class ActorManager:
             self._owned.nodes.update(s.node_id for s in self.slots)
             startup = self._startup
             startup.dp_size = self.config.dp_size
-            startup.devices = probe_devices(self.config, self.slots)
-            self._start_coordinator(startup)
+            # Nothing waits on what it does not need: the coordinator's process, the device
+            # probes and the ranks' processes (and their imports) all start side by side.
             ranks = [s.rank for s in self.slots]
-            self._start_engines(startup, ranks)
+            probes = start_device_probes(self.config, self.slots)
+            self._start_engines(startup, ranks, probes)
+            coordinator = self._create_coordinator()
+            self._run_coordinator(startup, coordinator)
             startup.dp_master = self._dp_master(startup)
             result, refs = self._handshake(startup, ranks, startup.run_refs, self._progress)
             startup.run_refs.update(refs)
+            startup.devices = [probe.resolve(self.config.startup_timeout_s) for probe in probes]
             self._wait_coordinator(startup.run_refs, self.config.dp_size)
         except RaydpError:
             self.close()
@@ -256,27 +260,31 @@ class ActorManager:
         self._owned.coordinator = actor
         return actor
 
-    def _start_coordinator(self, startup: _Startup) -> None:
-        cfg = self.config
-        actor = self._create_coordinator()
-        startup.coordinator_endpoints = ray.get(actor.endpoints.remote(), timeout=cfg.startup_timeout_s)
+    def _run_coordinator(self, startup: _Startup, actor: Any) -> None:
+        startup.coordinator_endpoints = ray.get(actor.endpoints.remote(), timeout=self.config.startup_timeout_s)
         ref = actor.run.remote()
         startup.run_refs[ref] = -1
         self._owned.run_refs.append(ref)
 
-    def _start_engines(self, startup: _Startup, ranks: list[int]) -> None:
-        """Create the engine actors of ``ranks`` (all at startup, one on a restart)."""
+    def _start_engines(
+        self, startup: _Startup, ranks: list[int], probes: Sequence[DeviceProbe] | None = None
+    ) -> None:
+        """Create the engine actors of ``ranks`` (all at startup, one on a restart).
+
+        Each gets its devices from ``probes`` (by position) if given, else from ``startup.devices``.
+        """
         cfg = self.config
         cls = ray.remote(EngineCoreActor)
         engines = self._owned.engines
-        for rank in ranks:
+        for i, rank in enumerate(ranks):
             slot = self.slots[rank]
+            devices = probes[i] if probes is not None else startup.devices[rank]
             actor = cls.options(
                 num_cpus=1,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, cfg.world_size),
                 **self._actor_options(rank_name(cfg.name, rank)),
             ).remote(
-                cfg, rank, slot.local_rank, self.driver_node_id, startup.devices[rank], self.ipc_prefix,
+                cfg, rank, slot.local_rank, self.driver_node_id, devices, self.ipc_prefix,
                 self._engine_cls, self._curve,
             )
             if rank < len(engines):

@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raydp.actors.engine import probe_device_ids
+from raydp.actors.engine import DeviceProbe, probe_device_ids
 from raydp.actors.owned import Owned
 from raydp.config import RaydpConfig
 from raydp.errors import PlacementError
@@ -148,20 +147,32 @@ def _place(
 
 def probe_devices(config: RaydpConfig, slots: Sequence[RankSlot]) -> list[tuple[str, ...]]:
     """Ask each device bundle which device ids Ray gave it (none for CPU bundles)."""
-    cfg = config
-    if cfg.accelerator == "CPU":
-        return [() for _ in slots]
-    refs = [
-        probe_device_ids.options(
-            **_device_request(cfg.accelerator),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, i),
-        ).remote(cfg.accelerator)
-        for slot in slots
-        for i in range(cfg.world_size)
-    ]
-    ids = ray.get(refs, timeout=cfg.startup_timeout_s)
-    ws = cfg.world_size
-    return [tuple(d for bundle in ids[i * ws : (i + 1) * ws] for d in bundle) for i in range(len(slots))]
+    return [probe.resolve(config.startup_timeout_s) for probe in start_device_probes(config, slots)]
+
+
+def start_device_probes(config: RaydpConfig, slots: Sequence[RankSlot]) -> list[DeviceProbe]:
+    """One probe per rank, started: a task in each of its device bundles (none for CPU bundles).
+
+    A node's probes run one after another (each waits for the one before), so
+    they reuse one worker process instead of starting one per bundle: at
+    startup those processes would compete with the ranks' own for the node's
+    CPU and Ray's worker-start slots.
+    """
+    if config.accelerator == "CPU":
+        return [DeviceProbe(()) for _ in slots]
+    last: dict[str, Any] = {}  # node id -> the latest probe there
+    probes = []
+    for slot in slots:
+        refs = []
+        for i in range(config.world_size):
+            ref = probe_device_ids.options(
+                **_device_request(config.accelerator),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, i),
+            ).remote(config.accelerator, *([last[slot.node_id]] if slot.node_id in last else []))
+            last[slot.node_id] = ref
+            refs.append(ref)
+        probes.append(DeviceProbe(tuple(refs)))
+    return probes
 
 
 def _device_request(accelerator: str) -> dict[str, Any]:

@@ -26,6 +26,10 @@ from dataclasses import dataclass
 from bench_common import log
 
 TARGET_ADD_VS_BARE = 1.5
+# After each startup run (bare actors or a cluster), before the next: the processes just
+# stopped take a second or two to exit (a torch-importing interpreter's teardown), and a
+# start that races them on 2 cores measures the teardown, not itself.
+SETTLE_S = 2.0
 BARE = "bare Ray actor in a new placement group"
 BARE_TORCH = "bare Ray actor that imports torch, in a new placement group"
 
@@ -141,7 +145,7 @@ def _bare_gang_start(ranks: int) -> float:
         ray.kill(actor)
     for group in groups:
         remove_placement_group(group)
-    time.sleep(0.5)
+    time.sleep(SETTLE_S)
     return took
 
 
@@ -154,6 +158,7 @@ def _launch_to_serving(ranks: int, mode: str) -> float:
     client.generate([1], max_tokens=1, rank=ranks - 1)
     took = time.perf_counter() - started
     cluster.close()
+    time.sleep(SETTLE_S)
     return took
 
 

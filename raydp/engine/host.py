@@ -40,6 +40,17 @@ VISIBILITY_ENV = {
 }
 
 
+def preload(config: RaydpConfig) -> None:
+    """Import what the rank will need (idempotent).
+
+    A lockstep rank's torch.distributed is a second or more of CPU that rank 0's
+    rendezvous and every rank's READY need: spent while the ranks start side by
+    side, not one after the other later.
+    """
+    if config.lockstep:
+        import torch.distributed  # noqa: F401
+
+
 class EngineHost:
     """One rank: constructed -> handshaking -> running -> stopped."""
 
@@ -71,10 +82,7 @@ class EngineHost:
         self._collective: GlooDPGroup | None = None
         self._lockstep: LockstepRank | None = None
         self._rendezvous: dict[str, Rendezvous] = {}  # by address: one per DP group this rank hosted
-        if config.lockstep:
-            # A second or more of CPU that rank 0's rendezvous and every rank's READY need:
-            # spent here, while the ranks start side by side, not one after the other later.
-            import torch.distributed  # noqa: F401
+        preload(config)
         # A class handed over through Ray (e.g. defined in a notebook) wins over the path.
         factory = check_engine_class(engine_cls, config.engine) if engine_cls else load_engine_class(config.engine)
         self.executor: Executor | None = None
