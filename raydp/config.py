@@ -62,6 +62,10 @@ class RaydpConfig(BaseModel):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     lockstep: bool = Field(False, description="run ranks in request waves (expert-parallel engines)")
     allreduce_interval: int = Field(32, ge=1, le=1_000_000, description="steps between 'unfinished work' all-reduces")
+    allreduce_min_interval_s: float = Field(
+        0.005, ge=0, le=10,
+        description="and at least this long between them: empty steps would otherwise all-reduce thousands of times/s",
+    )
     stats_interval_s: float = Field(0.1, gt=0, le=60)
     heartbeat_interval_s: float = Field(1.0, gt=0, le=600)
     placement_timeout_s: float = Field(60.0, gt=0)

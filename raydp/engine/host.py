@@ -235,6 +235,7 @@ class EngineHost:
                 self.rank, EngineWaves(self.rank, parallel.allreduce_interval, wave=parallel.wave),
                 self._collective, sockets.to_coordinator, join=self._join_group,
                 attach=getattr(self.engine, "attach_dp_group", None),
+                min_interval_s=self.config.allreduce_min_interval_s,
             )
         return EngineLoop(
             self.engine, self.rank, sockets, lockstep=self._lockstep,

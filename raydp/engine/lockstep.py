@@ -6,9 +6,10 @@ what only lockstep ranks do, so the loop reads the same in both modes:
 * requests and ``StartDPWave`` move the rank's wave (:class:`~raydp.engine.waves.EngineWaves`);
 * the ranks keep one non-blocking all-reduce of two flags, "has unfinished
   work" and "is held", in flight: started ``allreduce_interval`` steps into
-  a wave, collected once it is an interval old *and* has arrived (a rank
-  never waits for a peer that is behind: it keeps stepping), then started
-  again; when one says nobody had work, or anybody was held, they confirm
+  a wave, collected once it is an interval old (in steps, and at least
+  ``min_interval_s``: with near-empty steps the all-reduces themselves would
+  be the cost) *and* has arrived (a rank never waits for a peer that is
+  behind: it keeps stepping), then started again; when one says nobody had work, or anybody was held, they confirm
   with a blocking all-reduce of their flags now, and the wave completes
   when that says nobody has work, or anybody is held;
 * ``Hold`` stops the rank starting waves on its own; it reports its position
@@ -23,6 +24,7 @@ what only lockstep ranks do, so the loop reads the same in both modes:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -56,9 +58,13 @@ class LockstepRank:
         send: Send,
         join: JoinGroup | None = None,
         attach: Callable[[Any], None] | None = None,
+        min_interval_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rank, self.waves, self.collective = rank, waves, collective
         self._send, self._join, self._attach = send, join, attach
+        self._min_interval_s, self._clock = min_interval_s, clock
+        self._started_s = 0.0  # when the all-reduce in flight started
         self._epoch = -1
         self._pending: Regroup | None = None
         self._acked: tuple[int, bool] | None = None
@@ -89,8 +95,7 @@ class LockstepRank:
     def after_step(self, has_unfinished: bool) -> None:
         """Count the step; once the all-reduce in flight has arrived, collect it, maybe confirm
         and pause, and start the next."""
-        collective = self.collective
-        sync = self.waves.after_step(collective.arrived if collective is not None else _never)
+        sync = self.waves.after_step(self._collectable)
         if sync is not Sync.NONE:
             assert self.collective is not None, "lockstep needs a DP collective"
             if sync is Sync.COLLECT and self.waves.on_collected(*self.collective.collect()):
@@ -98,7 +103,14 @@ class LockstepRank:
             if self.waves.running:  # the wave goes on: keep one all-reduce in flight
                 self.collective.start(has_unfinished, self.waves.held)
                 self.waves.on_started()
+                self._started_s = self._clock()
         self.tick()
+
+    def _collectable(self) -> bool:
+        """Asked once the all-reduce in flight is an interval of steps old."""
+        if self.collective is None or self._clock() - self._started_s < self._min_interval_s:
+            return False
+        return self.collective.arrived()
 
     def _confirm(self, has_unfinished: bool) -> None:
         assert self.collective is not None
@@ -157,7 +169,3 @@ class LockstepRank:
         if position != self._acked and not self.retired:
             self._acked = position
             self._send(HoldAck(self.rank, self._epoch, *position))
-
-
-def _never() -> bool:
-    return False
