@@ -64,7 +64,7 @@ class RaydpConfig(BaseModel):
     allreduce_interval: int = Field(32, ge=1, le=1_000_000, description="steps between 'unfinished work' all-reduces")
     allreduce_min_interval_s: float = Field(
         0.005, ge=0, le=10,
-        description="and at least this long between them: empty steps would otherwise all-reduce thousands of times/s",
+        description="more steps between them when steps are short: an interval lasts at least this long",
     )
     stats_interval_s: float = Field(0.1, gt=0, le=60)
     heartbeat_interval_s: float = Field(1.0, gt=0, le=600)

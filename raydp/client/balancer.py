@@ -1,10 +1,14 @@
 """Which rank gets the next request: pure logic, no sockets.
 
-The score of a rank is ``4 * waiting + running`` from the latest coordinator
-snapshot, plus what this client sent it since that snapshot (scaled by
-``client_count``, on the assumption that peer front-ends send alike). Counting
-sends since the snapshot is what keeps a burst from all landing on the rank
-that looked idle a moment ago; the snapshot alone is always stale.
+The score of a rank is its *work* from the latest coordinator snapshot (the
+tokens its engine has left to generate) when the engines report it, else
+``4 * waiting + running``; plus what this client sent it since that snapshot
+(its ``max_tokens``, or 4 per request), scaled by ``client_count`` on the
+assumption that peer front-ends send alike. Counting sends since the snapshot
+is what keeps a burst from all landing on the rank that looked idle a moment
+ago; the snapshot alone is always stale. Work tells a rank busy with long
+requests from one busy with short ones, which counts cannot: a request sent
+behind long ones waits the longest (the tail of a skewed workload).
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ class LoadBalancer:
         self.engine_count = self.size = engine_count
         self.client_count = client_count
         self._snapshot_scores = [0] * engine_count
-        self._since_snapshot = [0] * engine_count
+        self._since_snapshot = [0] * engine_count  # what this client sent since, in score units
+        self._by_work = False  # the latest snapshot carried the engines' work
         self._in_flight = [0] * engine_count
         self.wave = 0
         self.running = False
@@ -95,15 +100,19 @@ class LoadBalancer:
         return min(live, key=lambda rank: (self.score(rank), self._in_flight[rank], rank))
 
     def score(self, rank: int) -> int:
-        return self._snapshot_scores[rank] + WAITING_WEIGHT * self._since_snapshot[rank]
+        return self._snapshot_scores[rank] + self._since_snapshot[rank]
 
-    def on_sent(self, rank: int) -> None:
-        self._since_snapshot[rank] += self.client_count
+    def _weight(self, max_tokens: int) -> int:
+        """What one request sent adds to a score, counted for every peer front-end."""
+        return self.client_count * (max(1, max_tokens) if self._by_work else WAITING_WEIGHT)
+
+    def on_sent(self, rank: int, max_tokens: int = 1) -> None:
+        self._since_snapshot[rank] += self._weight(max_tokens)
         self._in_flight[rank] += 1
 
-    def undo_sent(self, rank: int) -> None:
+    def undo_sent(self, rank: int, max_tokens: int = 1) -> None:
         """Take back an :meth:`on_sent` (a batch books its choices first, then sends them)."""
-        self._since_snapshot[rank] = max(0, self._since_snapshot[rank] - self.client_count)
+        self._since_snapshot[rank] = max(0, self._since_snapshot[rank] - self._weight(max_tokens))
         self._in_flight[rank] = max(0, self._in_flight[rank] - 1)
 
     def on_finished(self, rank: int) -> None:
@@ -112,8 +121,13 @@ class LoadBalancer:
     def on_snapshot(self, snap: StatsSnapshot) -> None:
         """Adopt the coordinator's latest view (one publisher: snapshots arrive in order)."""
         self.wave, self.running = snap.wave, snap.running
-        for rank, (waiting, running) in enumerate(snap.counts[: self.engine_count]):
-            self._snapshot_scores[rank] = WAITING_WEIGHT * waiting + running
+        self._by_work = len(snap.work) == len(snap.counts) and all(w >= 0 for w in snap.work)
+        if self._by_work:
+            for rank, work in enumerate(snap.work[: self.engine_count]):
+                self._snapshot_scores[rank] = work
+        else:
+            for rank, (waiting, running) in enumerate(snap.counts[: self.engine_count]):
+                self._snapshot_scores[rank] = WAITING_WEIGHT * waiting + running
         self._since_snapshot = [0] * self.engine_count
 
     def note_first_request(self) -> bool:

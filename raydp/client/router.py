@@ -173,11 +173,11 @@ class RequestRouter:
             if state is None:
                 continue
             ids.add(item.request.request_id)
-            self.balancer.on_sent(state.rank)  # counted now, so the next choice sees it
+            self.balancer.on_sent(state.rank, item.request.max_tokens)  # counted now: the next choice sees it
             by_rank.setdefault(state.rank, []).append(state)
         for rank, states in by_rank.items():
-            for _ in states:
-                self.balancer.undo_sent(rank)  # the send below books what really goes
+            for state in states:
+                self.balancer.undo_sent(rank, state.request.max_tokens)  # the send below books what really goes
             self._send_batch(rank, states)
 
     def _send_batch(self, rank: int, states: list[RequestState]) -> None:
@@ -201,7 +201,7 @@ class RequestRouter:
             return
         for state in states:
             self.requests[state.request.request_id] = state
-            self.balancer.on_sent(rank)
+            self.balancer.on_sent(rank, state.request.max_tokens)
             if state.handle is not None:
                 state.handle.rank = rank
 
@@ -220,7 +220,7 @@ class RequestRouter:
             state.deliver(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
             return
         self.requests[request.request_id] = state
-        self.balancer.on_sent(rank)
+        self.balancer.on_sent(rank, request.max_tokens)
         if state.handle is not None:
             state.handle.rank = rank
 

@@ -55,6 +55,7 @@ class CoordinatorState:
     wave: int = 0
     running: bool = False
     counts: list[list[int]] = field(default_factory=list)
+    work: list[int] = field(default_factory=list)  # per rank: tokens left to generate, -1 unknown
     changed: bool = True
     dead: dict[int, str] = field(default_factory=dict)
     moved: dict[int, list[str]] = field(default_factory=dict)
@@ -79,6 +80,7 @@ class CoordinatorState:
     def _resize(self, n: int) -> None:
         """Per-rank lists for ``n`` ranks: existing ranks keep theirs, new ones start at zero."""
         self.counts = (self.counts + [[0, 0] for _ in range(n)])[:n]
+        self.work = (self.work + [-1] * n)[:n]
         self.deaths = (self.deaths + [0] * n)[:n]
         self.restarts = (self.restarts + [0] * n)[:n]
         for table in (self.dead, self.moved, self.nodes):
@@ -221,6 +223,7 @@ class CoordinatorState:
                 self.deaths[msg.rank] += 1
             self.dead[msg.rank] = msg.cause
             self.counts[msg.rank] = [0, 0]
+            self.work[msg.rank] = min(self.work[msg.rank], 0)
         elif not msg.input_addresses or not all(a.startswith(("ipc://", "tcp://")) for a in msg.input_addresses):
             self.rejected += 1
             logger.warning("coordinator: dropped EngineRevived with bad addresses %r", msg.input_addresses)
@@ -251,8 +254,9 @@ class CoordinatorState:
         if self._bad_rank(msg.rank, msg):
             return
         new = [max(0, msg.waiting), max(0, msg.running)]
-        if self.counts[msg.rank] != new:
-            self.counts[msg.rank] = new
+        work = max(-1, msg.work)
+        if self.counts[msg.rank] != new or self.work[msg.rank] != work:
+            self.counts[msg.rank], self.work[msg.rank] = new, work
             self.changed = True
 
     def _on_report(self, msg: EngineReport) -> StartDPWave | None:
@@ -266,7 +270,7 @@ class CoordinatorState:
             return None
         if self.resync is not None:
             self.resync.answered(msg.rank)
-        self._on_stats(EngineStats(rank=msg.rank, waiting=msg.waiting, running=msg.running))
+        self._on_stats(EngineStats(rank=msg.rank, waiting=msg.waiting, running=msg.running, work=msg.work))
         if msg.stepping:
             return self._on_start_wave(StartWave(rank=msg.rank, wave=msg.wave))
         if msg.wave > self.wave:
@@ -340,6 +344,7 @@ class CoordinatorState:
             moved={r: list(a) for r, a in self.moved.items()},
             size=self.size,
             nodes=dict(self.nodes),
+            work=list(self.work) if any(w >= 0 for w in self.work) else [],
         )
 
     def next_deadline(self, now: float) -> float:

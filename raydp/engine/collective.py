@@ -17,13 +17,14 @@ from raydp.wire.transport import node_ip
 class DPCollective(Protocol):
     group: Any
     master: str
+    last_pace: int  # the MAX of the paces the last collected all-reduce carried
 
     def sync(self, unfinished: bool, hold: bool) -> tuple[bool, bool]:
         """All-reduce (MAX) this rank's two flags: does anyone have unfinished work, is anyone held."""
         ...
 
-    def start(self, unfinished: bool, hold: bool) -> None:
-        """The same all-reduce, without waiting for it (one at a time)."""
+    def start(self, unfinished: bool, hold: bool, pace: int = 0) -> None:
+        """The same all-reduce, without waiting for it (one at a time), also of ``pace`` (MAX)."""
         ...
 
     def arrived(self) -> bool:
@@ -117,17 +118,18 @@ class GlooDPGroup:
         import torch
 
         self._flags = torch.zeros(2, dtype=torch.int32)  # reused by every blocking all-reduce
-        self._async_flags = torch.zeros(2, dtype=torch.int32)  # the one in flight owns its own tensor
+        self._async_flags = torch.zeros(3, dtype=torch.int32)  # the one in flight owns its own tensor
         self._work: Any = None
+        self.last_pace = 0
 
     def sync(self, unfinished: bool, hold: bool) -> tuple[bool, bool]:
         self._flags[0], self._flags[1] = int(unfinished), int(hold)
         self._dist.all_reduce(self._flags, op=self._dist.ReduceOp.MAX, group=self.group)
         return bool(self._flags[0]), bool(self._flags[1])
 
-    def start(self, unfinished: bool, hold: bool) -> None:
+    def start(self, unfinished: bool, hold: bool, pace: int = 0) -> None:
         assert self._work is None, "one non-blocking all-reduce at a time"
-        self._async_flags[0], self._async_flags[1] = int(unfinished), int(hold)
+        self._async_flags[0], self._async_flags[1], self._async_flags[2] = int(unfinished), int(hold), pace
         self._work = self._dist.all_reduce(
             self._async_flags, op=self._dist.ReduceOp.MAX, group=self.group, async_op=True
         )
@@ -139,6 +141,7 @@ class GlooDPGroup:
         assert self._work is not None, "collect() without start()"
         work, self._work = self._work, None
         work.wait()
+        self.last_pace = int(self._async_flags[2])
         return bool(self._async_flags[0]), bool(self._async_flags[1])
 
     def close(self) -> None:

@@ -41,10 +41,14 @@ class EngineCore(Protocol):
     """What raydp needs from a user's engine core.
 
     Constructed as ``cls(context, **engine_kwargs)``. Optional extras:
-    ``capacity() -> int`` (summed by the handshake, e.g. KV blocks; 0 if absent)
-    and, in lockstep mode, ``attach_dp_group(group)``, called once before the
-    loop starts with the DP ``torch.distributed`` (gloo) process group, so the
-    engine's forward pass can run collectives over it.
+    ``capacity() -> int`` (summed by the handshake, e.g. KV blocks; 0 if absent),
+    ``work() -> int``, the tokens the engine has left to generate for its
+    requests, waiting and running (``max_tokens`` bounds each; clients then
+    route by work rather than by request counts, so a rank busy with long
+    requests is told from one busy with short ones), and, in lockstep mode,
+    ``attach_dp_group(group)``, called once before the loop starts with the DP
+    ``torch.distributed`` (gloo) process group, so the engine's forward pass
+    can run collectives over it.
     """
 
     def add_request(self, request: Request) -> None: ...
@@ -178,6 +182,10 @@ class EchoEngine:
 
     def load(self) -> tuple[int, int]:
         return len(self._waiting), len(self._running)
+
+    def work(self) -> int:
+        waiting = sum(req.max_tokens for req in self._waiting.values())
+        return waiting + sum(req.max_tokens - done for req, done in self._running.values())
 
     def execute_dummy_batch(self) -> None:
         self.dummy_steps += 1

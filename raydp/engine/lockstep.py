@@ -6,12 +6,18 @@ what only lockstep ranks do, so the loop reads the same in both modes:
 * requests and ``StartDPWave`` move the rank's wave (:class:`~raydp.engine.waves.EngineWaves`);
 * the ranks keep one non-blocking all-reduce of two flags, "has unfinished
   work" and "is held", in flight: started ``allreduce_interval`` steps into
-  a wave, collected once it is an interval old (in steps, and at least
-  ``min_interval_s``: with near-empty steps the all-reduces themselves would
-  be the cost) *and* has arrived (a rank never waits for a peer that is
-  behind: it keeps stepping), then started again; when one says nobody had work, or anybody was held, they confirm
-  with a blocking all-reduce of their flags now, and the wave completes
-  when that says nobody has work, or anybody is held;
+  a wave, collected once it is an interval old *and* has arrived (a rank
+  never waits for a peer that is behind: it keeps stepping), then started
+  again. The interval is ``allreduce_interval`` steps, or more: each
+  all-reduce also carries how many steps make ``min_interval_s`` at the
+  rank's own pace, and the next one stays in flight for the MAX of those
+  (with near-empty steps, 32 steps would mean thousands of all-reduces a
+  second). The ranks agree on it, never on a clock: a rank collecting by
+  its own clock could confirm at another step than its peers, whose
+  forward-pass collectives would then pair with the wrong operation. When
+  one says nobody had work, or anybody was held, they confirm with a
+  blocking all-reduce of their flags now, and the wave completes when that
+  says nobody has work, or anybody is held;
 * ``Hold`` stops the rank starting waves on its own; it reports its position
   (``HoldAck``) whenever it changes, so the coordinator can tell when the
   whole gang is paused (:mod:`raydp.coordinator.hold`);
@@ -24,6 +30,7 @@ what only lockstep ranks do, so the loop reads the same in both modes:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +50,7 @@ from raydp.wire.protocol import (
 )
 
 logger = logging.getLogger("raydp.engine.core")
+MAX_PACE = 1_000_000  # steps an all-reduce may stay in flight, whatever the pace (it travels as int32)
 Send = Callable[[Any], None]  # a message to the coordinator
 JoinGroup = Callable[[Regroup], DPCollective]  # leave nothing behind; block until the group is formed
 
@@ -64,7 +72,7 @@ class LockstepRank:
         self.rank, self.waves, self.collective = rank, waves, collective
         self._send, self._join, self._attach = send, join, attach
         self._min_interval_s, self._clock = min_interval_s, clock
-        self._started_s = 0.0  # when the all-reduce in flight started
+        self._paced_at = (0, 0.0)  # (wave step, time) of the last start: the pace is measured from there
         self._epoch = -1
         self._pending: Regroup | None = None
         self._acked: tuple[int, bool] | None = None
@@ -95,22 +103,26 @@ class LockstepRank:
     def after_step(self, has_unfinished: bool) -> None:
         """Count the step; once the all-reduce in flight has arrived, collect it, maybe confirm
         and pause, and start the next."""
-        sync = self.waves.after_step(self._collectable)
+        collective = self.collective
+        sync = self.waves.after_step(collective.arrived if collective is not None else _never)
         if sync is not Sync.NONE:
             assert self.collective is not None, "lockstep needs a DP collective"
-            if sync is Sync.COLLECT and self.waves.on_collected(*self.collective.collect()):
-                self._confirm(has_unfinished)
+            if sync is Sync.COLLECT:
+                flags = self.collective.collect()
+                if self.waves.on_collected(*flags, pace=self.collective.last_pace):
+                    self._confirm(has_unfinished)
             if self.waves.running:  # the wave goes on: keep one all-reduce in flight
-                self.collective.start(has_unfinished, self.waves.held)
+                self.collective.start(has_unfinished, self.waves.held, self._pace())
                 self.waves.on_started()
-                self._started_s = self._clock()
         self.tick()
 
-    def _collectable(self) -> bool:
-        """Asked once the all-reduce in flight is an interval of steps old."""
-        if self.collective is None or self._clock() - self._started_s < self._min_interval_s:
-            return False
-        return self.collective.arrived()
+    def _pace(self) -> int:
+        """Steps that take ``min_interval_s`` at this rank's pace since the last start (0: unknown)."""
+        steps, now = self.waves.steps, self._clock()
+        (last_steps, last_s), self._paced_at = self._paced_at, (steps, now)
+        if self._min_interval_s <= 0 or steps <= last_steps or now <= last_s:
+            return 0  # a new wave counts steps from 0 again
+        return min(MAX_PACE, math.ceil(self._min_interval_s * (steps - last_steps) / (now - last_s)))
 
     def _confirm(self, has_unfinished: bool) -> None:
         assert self.collective is not None
@@ -169,3 +181,7 @@ class LockstepRank:
         if position != self._acked and not self.retired:
             self._acked = position
             self._send(HoldAck(self.rank, self._epoch, *position))
+
+
+def _never() -> bool:
+    return False

@@ -140,9 +140,10 @@ class EngineLoop:
         self.engine, self.rank, self.sockets = engine, rank, sockets
         self.workers = workers
         self.lockstep = lockstep
-        self._stats_gap = stats_interval_s / 4
+        self._stats_gap, self._work_gap = stats_interval_s / 4, stats_interval_s
+        self._reports_work = callable(getattr(engine, "work", None))
         self._owners: dict[str, bytes] = {}
-        self._last_load: tuple[int, int] = (-1, -1)
+        self._last_load: tuple[int, int, int] = (-1, -1, -1)
         self._last_load_sent = 0.0
         self._stopping = False
         self._failure: BaseException | None = None
@@ -364,19 +365,29 @@ class EngineLoop:
         now = time.monotonic()
         if not force and now - self._last_load_sent < self._stats_gap:
             return
-        load = self.engine.load()
+        load = self._load()
         if load == self._last_load:
             return
+        # A busy rank's work changes every step: on its own it is sent only as
+        # often as the coordinator publishes, not at the counts' quicker pace.
+        if load[:2] == self._last_load[:2] and not force and now - self._last_load_sent < self._work_gap:
+            return
         self._last_load, self._last_load_sent = load, now
-        self._to_coordinator(EngineStats(rank=self.rank, waiting=load[0], running=load[1]))
+        self._to_coordinator(EngineStats(rank=self.rank, waiting=load[0], running=load[1], work=load[2]))
+
+    def _load(self) -> tuple[int, int, int]:
+        """``(waiting, running, work)``; work is -1 from an engine without ``work()``."""
+        waiting, running = self.engine.load()
+        work = self.engine.work() if self._reports_work else -1  # type: ignore[attr-defined]
+        return waiting, running, int(work)
 
     def _report_state(self) -> None:
         """Answer a restarted coordinator's ``Resync`` with this rank's load and wave position."""
-        load = self.engine.load()
+        load = self._load()
         self._last_load, self._last_load_sent = load, time.monotonic()
         wave, stepping = self.lockstep.waves.position() if self.lockstep is not None else (0, False)
         self._to_coordinator(
-            EngineReport(rank=self.rank, waiting=load[0], running=load[1], wave=wave, stepping=stepping)
+            EngineReport(rank=self.rank, waiting=load[0], running=load[1], wave=wave, stepping=stepping, work=load[2])
         )
 
     def _to_coordinator(self, msg: Any) -> None:

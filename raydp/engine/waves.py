@@ -51,6 +51,7 @@ class EngineWaves:
     held: bool = False
     pending: bool = False  # a non-blocking all-reduce is in flight
     started_at: int = 0  # the step at which it started
+    due: int = 0  # steps from a start to its collect, beyond ``interval``, as the ranks agreed (a pace)
     stopped: bool = False  # a peer's hold ended the wave: start none alone until the coordinator does
 
     def position(self) -> tuple[int, bool]:
@@ -98,7 +99,7 @@ class EngineWaves:
         self.running = True
         self.steps += 1
         if self.pending:
-            due = self.steps - self.started_at >= self.interval
+            due = self.steps - self.started_at >= max(self.interval, self.due)
             return Sync.COLLECT if due and arrived() else Sync.NONE
         return Sync.START if self.steps % self.interval == 0 else Sync.NONE
 
@@ -106,13 +107,16 @@ class EngineWaves:
         self.pending = True
         self.started_at = self.steps
 
-    def on_collected(self, global_unfinished: bool, global_hold: bool) -> bool:
+    def on_collected(self, global_unfinished: bool, global_hold: bool, pace: int = 0) -> bool:
         """The all-reduce in flight arrived; True when the ranks must confirm now, blocking.
 
         Work finished (or a hold) an interval ago may not be the whole truth now:
         only a confirmation with the flags of this step may pause the wave.
+        ``pace``, the MAX the all-reduce carried, is how many steps the next one
+        stays in flight (at least ``interval``): every rank learns the same.
         """
         self.pending = False
+        self.due = pace
         return global_hold or not global_unfinished
 
     def on_allreduce(self, global_unfinished: bool, global_hold: bool = False) -> int | None:
@@ -121,6 +125,7 @@ class EngineWaves:
             return None
         completed = self.wave
         self.running = False
+        self.due = 0
         self.stopped = global_hold
         self.wave += 1
         self.steps = 0

@@ -111,11 +111,12 @@ class OutputBatch(_Msg):
 
 
 class EngineStats(_Msg, tag=1):
-    """An engine's load, sent when it changed."""
+    """An engine's load, sent when it changed; ``work``: tokens it has left to generate (-1: unknown)."""
 
     rank: int
     waiting: int
     running: int
+    work: int = -1
 
 
 class WaveComplete(_Msg, tag=2):
@@ -221,6 +222,7 @@ class EngineReport(_Msg, tag=13):
     running: int
     wave: PeerWave
     stepping: bool
+    work: int = -1
 
 
 ToCoordinator = Union[
@@ -237,7 +239,8 @@ class StatsSnapshot(_Msg):
     ``dead`` lists ranks that died (with their causes); ``moved`` maps a restarted
     or added rank to its input addresses and ``nodes`` to its node, so clients
     in any process follow it. ``size`` is how many ranks to route new requests
-    to (-1: all of ``counts``); ``len(counts)`` is how many exist.
+    to (-1: all of ``counts``); ``len(counts)`` is how many exist. ``work``:
+    per rank, the tokens it has left to generate, when its engine says (else empty).
     """
 
     counts: list[tuple[int, int]]
@@ -248,6 +251,7 @@ class StatsSnapshot(_Msg):
     moved: dict[int, list[str]] = {}
     size: int = -1
     nodes: dict[int, str] = {}
+    work: list[int] = []
 
 
 class StartDPWave(_Msg, tag=1):

@@ -30,12 +30,13 @@ def _rank_main(master: str, rank: int, size: int, results: Any) -> None:
         unfinished = [group.sync(flags[rank], False)[0] for flags in ROUNDS]
         synced = [group.sync(*flags[rank]) for flags in HOLD_ROUNDS]
         # Non-blocking, with blocking all-reduces in between (as the engine's own collective runs).
-        collected = []
-        for flags in HOLD_ROUNDS:
-            group.start(*flags[rank])
+        collected, paces = [], []
+        for n, flags in enumerate(HOLD_ROUNDS):
+            group.start(*flags[rank], pace=100 * n + rank)  # each rank's own pace: all learn the MAX
             group.sync(False, False)
             collected.append(group.collect())
-        results.put((rank, (unfinished, synced, collected)))
+            paces.append(group.last_pace)
+        results.put((rank, (unfinished, synced, collected, paces)))
     finally:
         group.close()
 
@@ -89,4 +90,5 @@ def test_ranks_meet_at_a_hosted_rendezvous_and_agree_on_unfinished_work_and_hold
     expected = [(False, True), (True, False), (False, False), (True, True)]
     assert {rank: a[1] for rank, a in answers.items()} == {rank: expected for rank in range(3)}
     assert {rank: a[2] for rank, a in answers.items()} == {rank: expected for rank in range(3)}, "start + collect"
+    assert {rank: a[3] for rank, a in answers.items()} == {rank: [2, 102, 202, 302] for rank in range(3)}, "paces"
     assert [p.exitcode for p in procs] == [0, 0, 0]

@@ -121,6 +121,25 @@ def test_unchanged_stats_do_not_mark_changed() -> None:
     assert state.changed is False
 
 
+def test_work_is_published_only_once_an_engine_reports_it() -> None:
+    state = _state()
+    state.handle(EngineStats(rank=0, waiting=0, running=1))
+    snap = state.due_snapshot(10.0)
+    assert snap is not None and snap.work == [], "an engine without work(): clients route by counts"
+    state.handle(EngineStats(rank=0, waiting=0, running=1, work=60))
+    assert state.changed is True, "the same counts with new work is a change"
+    snap = state.due_snapshot(20.0)
+    assert snap is not None and snap.work == [60, -1, -1]
+
+
+def test_a_dead_rank_has_no_work_left() -> None:
+    state = _state()
+    state.handle(EngineStats(rank=2, waiting=1, running=2, work=90))
+    state.handle(EngineDead(rank=2, cause="killed"))
+    snap = state.due_snapshot(10.0)
+    assert snap is not None and snap.work == [-1, -1, 0] and snap.counts[2] == (0, 0)
+
+
 @pytest.mark.parametrize("rank", [-1, 3, 1000])
 def test_stats_for_an_unknown_rank_are_dropped(rank: int) -> None:
     state = _state()

@@ -165,14 +165,17 @@ def test_with_two_input_sockets_each_client_is_answered_where_it_wrote() -> None
 def test_load_is_published_to_the_coordinator(rig: Rig) -> None:
     a = rig.client(b"ca")
     send(a, RequestType.ADD, Request("x", [1], 50))
-    seen = set()
+    seen, work = set(), []
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and (0, 0) not in seen:
         if rig.collect.poll(100):
             msg = coordinator_decoder(rig.collect.recv())
             assert isinstance(msg, EngineStats)
             seen.add((msg.waiting, msg.running))
+            work.append(msg.work)
     assert (0, 1) in seen and (0, 0) in seen, seen
+    # EchoEngine says how many tokens it has left: at most the 50 asked for, then down to none.
+    assert work[-1] == 0 and all(0 <= w <= 50 for w in work) and work == sorted(work, reverse=True), work
 
 
 @pytest.mark.timeout(30)

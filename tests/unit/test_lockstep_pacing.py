@@ -1,10 +1,11 @@
-"""How often a lockstep rank collects its "unfinished work" all-reduce: an interval of steps, and a time floor.
+"""How long a lockstep rank keeps its "unfinished work" all-reduce in flight: an interval, paced by time.
 
 With near-empty steps (tens of µs), 32 steps would mean thousands of gloo
-all-reduces a second; ``min_interval_s`` keeps them apart in time as well. To
-the protocol the floor is the same as a round that has not arrived yet, which
-the stateful models (``test_waves_stateful.py``, ``test_scaling_properties.py``)
-explore; here: the floor holds, and it delays nothing but the collect.
+all-reduces a second. Each all-reduce also carries how many steps make
+``min_interval_s`` at the rank's pace, and the next one stays in flight for
+the MAX of those: ranks agree on it through the all-reduce, never by their
+own clocks, so ranks stepping together (an expert-parallel forward pass
+all-reduces every step) collect, confirm and start at the same step.
 """
 
 from __future__ import annotations
@@ -22,89 +23,121 @@ pytestmark = pytest.mark.timeout(10)
 INTERVAL, FLOOR_S = 4, 0.005
 
 
-class SoloGroup:
-    """A DP group of one rank: each all-reduce arrives at once and returns the rank's own flags."""
+class Rounds:
+    """The all-reduces of one DP group in one process: round -> rank -> (unfinished, hold, pace)."""
 
-    master = group = "solo"
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.rounds: dict[int, dict[int, tuple[bool, bool, int]]] = {}
 
-    def __init__(self) -> None:
+
+class Member:
+    """One rank's handle: a round arrives once every member started it; collect gives the MAX."""
+
+    group = master = "pair"
+
+    def __init__(self, shared: Rounds, rank: int) -> None:
+        self.shared, self.rank = shared, rank
         self.started = self.collected = self.synced = 0
-        self._flags = (False, False)
+        self.last_pace = 0
+        self.collect_steps: list[int] = []
 
-    def start(self, unfinished: bool, hold: bool) -> None:
+    def start(self, unfinished: bool, hold: bool, pace: int = 0) -> None:
+        self.shared.rounds.setdefault(self.started, {})[self.rank] = (unfinished, hold, pace)
         self.started += 1
-        self._flags = (unfinished, hold)
+
+    def _round(self) -> dict[int, tuple[bool, bool, int]]:
+        return self.shared.rounds.get(self.started - 1, {})
 
     def arrived(self) -> bool:
-        return self.started > self.collected
+        return self.started > self.collected and len(self._round()) == self.shared.size
 
     def collect(self) -> tuple[bool, bool]:
+        found = self._round().values()
         self.collected += 1
-        return self._flags
+        self.last_pace = max(p for _, _, p in found)
+        return max(u for u, _, _ in found), max(h for _, h, _ in found)
 
     def sync(self, unfinished: bool, hold: bool) -> tuple[bool, bool]:
         self.synced += 1
-        return unfinished, hold
+        return unfinished, hold  # each test confirms with every rank's flags alike
 
     def close(self) -> None:
         pass
 
 
 class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
+    def __init__(self, step_s: float) -> None:
+        self.now, self.step_s = 0.0, step_s
 
     def __call__(self) -> float:
         return self.now
 
 
-def _rank(floor_s: float) -> tuple[LockstepRank, SoloGroup, Clock, list[Any]]:
-    group, clock, sent = SoloGroup(), Clock(), []
-    rank = LockstepRank(0, EngineWaves(0, INTERVAL), group, sent.append, min_interval_s=floor_s, clock=clock)
-    rank.waves.on_start_wave(0)
-    return rank, group, clock, sent
+def _ranks(step_s: list[float], floor_s: float = FLOOR_S) -> list[tuple[LockstepRank, Member, Clock, list[Any]]]:
+    shared = Rounds(len(step_s))
+    made = []
+    for r, each in enumerate(step_s):
+        member, clock, sent = Member(shared, r), Clock(each), []
+        rank = LockstepRank(r, EngineWaves(r, INTERVAL), member, sent.append, min_interval_s=floor_s, clock=clock)
+        rank.waves.on_start_wave(0)
+        made.append((rank, member, clock, sent))
+    return made
 
 
-def _steps(rank: LockstepRank, n: int, unfinished: bool = True) -> None:
+def _step_together(ranks: list[tuple[LockstepRank, Member, Clock, list[Any]]], n: int,
+                   unfinished: bool = True) -> None:
+    """``n`` steps, every rank once per step, as a per-step collective would keep them."""
     for _ in range(n):
-        rank.after_step(unfinished)
+        for rank, member, clock, _ in ranks:
+            if not rank.should_step(unfinished):
+                continue  # paused: the loop waits for input
+            clock.now += clock.step_s
+            collected = member.collected
+            rank.after_step(unfinished)
+            if member.collected > collected:
+                member.collect_steps.append(rank.waves.steps)
 
 
-def test_an_arrived_all_reduce_waits_for_the_time_floor_then_is_collected() -> None:
-    rank, group, clock, _ = _rank(FLOOR_S)
-    _steps(rank, INTERVAL)
-    assert group.started == 1 and group.collected == 0
-    _steps(rank, 10 * INTERVAL)  # many intervals of steps, no time passed: still in flight
-    assert group.collected == 0 and rank.waves.pending
-    clock.now += FLOOR_S
-    _steps(rank, 1)
-    assert group.collected == 1, "collected at the first step past both the interval and the floor"
-    assert group.started == 2, "and the next one started at once: the wave goes on"
+def test_the_next_all_reduce_stays_in_flight_for_the_steps_that_make_the_floor() -> None:
+    ranks = _ranks([0.0001])  # 0.1 ms steps: 50 of them make 5 ms
+    member = ranks[0][1]
+    _step_together(ranks, 2 * INTERVAL)
+    assert member.collect_steps == [2 * INTERVAL], "the first one: the interval alone (no pace measured yet)"
+    _step_together(ranks, 49)
+    assert member.collected == 1, "the second stays in flight for 50 steps, not 4"
+    _step_together(ranks, 1)
+    assert member.collect_steps == [2 * INTERVAL, 2 * INTERVAL + 50]
 
 
-def test_the_floor_does_not_replace_the_step_interval() -> None:
-    rank, group, clock, _ = _rank(FLOOR_S)
-    _steps(rank, INTERVAL)
-    clock.now += 10 * FLOOR_S
-    _steps(rank, INTERVAL - 1)
-    assert group.collected == 0, "old enough in time, but not an interval of steps yet"
-    _steps(rank, 1)
-    assert group.collected == 1
+def test_slow_steps_keep_the_step_interval() -> None:
+    ranks = _ranks([0.01])  # 10 ms steps: the floor is shorter than one interval
+    _step_together(ranks, 5 * INTERVAL)
+    assert ranks[0][1].collect_steps == [2 * INTERVAL, 3 * INTERVAL, 4 * INTERVAL, 5 * INTERVAL]
 
 
-def test_without_a_floor_the_step_interval_alone_paces_the_collects() -> None:
-    rank, group, _, _ = _rank(0.0)
-    _steps(rank, 5 * INTERVAL)
-    assert group.collected == 4 and group.started == 5
+def test_ranks_with_different_clocks_collect_at_the_same_steps() -> None:
+    ranks = _ranks([0.0001, 0.00025])  # their clocks disagree on the pace: the MAX wins, for both
+    _step_together(ranks, 300)
+    steps = [member.collect_steps for _, member, _, _ in ranks]
+    assert steps[0] == steps[1], f"the ranks collected at different steps: {steps}"
+    gaps = [b - a for a, b in zip(steps[0][1:], steps[0][2:], strict=False)]
+    # 50 steps per 5 ms, the faster rank's pace (51 where its float clock rounds up)
+    assert gaps and all(50 <= gap <= 51 for gap in gaps), f"not paced by the faster rank: {gaps}"
 
 
-def test_a_wave_with_no_work_left_still_completes_once_the_floor_passes() -> None:
-    rank, group, clock, sent = _rank(FLOOR_S)
-    _steps(rank, INTERVAL, unfinished=False)
-    _steps(rank, INTERVAL, unfinished=False)
-    assert rank.waves.running and not sent, "no pause before the floor"
-    clock.now += FLOOR_S
-    _steps(rank, 1, unfinished=False)
-    assert group.synced == 1, "the pause is confirmed with a blocking all-reduce"
-    assert not rank.waves.running and rank.waves.wave == 1
-    assert sent == [WaveComplete(rank=0, wave=0)]
+def test_without_a_floor_the_interval_alone_paces_the_all_reduces() -> None:
+    ranks = _ranks([0.0001], floor_s=0.0)
+    _step_together(ranks, 5 * INTERVAL)
+    assert ranks[0][1].collect_steps == [2 * INTERVAL, 3 * INTERVAL, 4 * INTERVAL, 5 * INTERVAL]
+
+
+def test_a_wave_completes_at_the_agreed_step_and_the_next_starts_at_the_interval() -> None:
+    ranks = _ranks([0.0001, 0.0001])
+    _step_together(ranks, 3 * INTERVAL)
+    _step_together(ranks, 200, unfinished=False)
+    for rank, member, _, _ in ranks:
+        assert member.synced == 1 and not rank.waves.running and rank.waves.wave == 1
+        assert rank.waves.due == 0, "a new wave starts from the plain interval"
+    assert ranks[0][3] == [WaveComplete(rank=0, wave=0)]
+    assert ranks[0][1].collect_steps == ranks[1][1].collect_steps

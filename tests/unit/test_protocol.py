@@ -49,12 +49,14 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
     ),
     (p.OutputBatch(rank=1, utility=p.UtilityResult(call_id=9, error="no such method")), p.output_decoder),
     (p.EngineStats(rank=1, waiting=2, running=3), p.coordinator_decoder),
+    (p.EngineStats(rank=1, waiting=2, running=3, work=640), p.coordinator_decoder),
     (p.WaveComplete(rank=0, wave=5), p.coordinator_decoder),
     (p.StartWave(rank=2, wave=6), p.coordinator_decoder),
     (p.FirstRequest(rank=3, wave=7), p.coordinator_decoder),
     (p.ScaleEngines(engine_count=8), p.coordinator_decoder),
     (p.StatsSnapshot(counts=[], wave=0, running=False), p.snapshot_decoder),
     (p.StatsSnapshot(counts=[(1, 2), (0, 5)], wave=3, running=True, seq=11), p.snapshot_decoder),
+    (p.StatsSnapshot(counts=[(1, 2), (0, 5)], wave=3, running=True, seq=12, work=[70, -1]), p.snapshot_decoder),
     (p.StartDPWave(wave=4), p.engine_broadcast_decoder),
     (p.StartDPWave(wave=4, exclude=2), p.engine_broadcast_decoder),
     (p.Shutdown(), p.engine_broadcast_decoder),
@@ -108,6 +110,7 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
     (p.Release(epoch=2), p.engine_broadcast_decoder),
     (p.Resync(), p.engine_broadcast_decoder),
     (p.EngineReport(rank=1, waiting=2, running=3, wave=4, stepping=True), p.coordinator_decoder),
+    (p.EngineReport(rank=1, waiting=2, running=3, wave=4, stepping=True, work=12), p.coordinator_decoder),
     (
         p.Init(
             addresses=p.EngineAddresses(coordinator_collect="tcp://10.0.0.1:5000", coordinator_broadcast="tcp://10.0.0.1:5001"),

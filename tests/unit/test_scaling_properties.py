@@ -295,6 +295,7 @@ def test_scaling_stateful() -> None:
 # ==== the lockstep hold ==========================================================================
 
 MAX_DRAIN_ACTIONS = 5_000
+Flags = tuple[bool, bool, int]  # what a rank contributes to a round: unfinished, held, pace
 Key = tuple
 
 
@@ -308,13 +309,14 @@ class FakeGroup:
     """
 
     def __init__(
-        self, master: str, rank: int, rounds: dict[int, dict[int, tuple[bool, bool]]], members: Callable[[], int]
+        self, master: str, rank: int, rounds: dict[int, dict[int, Flags]], members: Callable[[], int]
     ) -> None:
         self.master = master
         self.group = master
         self.rank, self.rounds, self.started, self.members = rank, rounds, 0, members
         self.result: tuple[bool, bool] | None = None
         self.closed = False
+        self.last_pace = 0
 
     def sync(self, unfinished: bool, hold: bool) -> tuple[bool, bool]:
         assert not self.closed, "all-reduce on a closed group"
@@ -322,12 +324,12 @@ class FakeGroup:
         result, self.result = self.result, None
         return result
 
-    def start(self, unfinished: bool, hold: bool) -> None:
+    def start(self, unfinished: bool, hold: bool, pace: int = 0) -> None:
         assert not self.closed, "all-reduce on a closed group"
-        self.rounds.setdefault(self.started, {})[self.rank] = (unfinished, hold)
+        self.rounds.setdefault(self.started, {})[self.rank] = (unfinished, hold, pace)
         self.started += 1
 
-    def last_round(self) -> dict[int, tuple[bool, bool]]:
+    def last_round(self) -> dict[int, Flags]:
         return self.rounds.get(self.started - 1, {})
 
     def arrived(self) -> bool:
@@ -336,7 +338,8 @@ class FakeGroup:
     def collect(self) -> tuple[bool, bool]:
         found = self.last_round()
         assert found and all(self.rounds.get(self.started - 1, {}).get(r) is not None for r in found)
-        return max(u for u, _ in found.values()), max(h for _, h in found.values())
+        self.last_pace = max(p for _, _, p in found.values())
+        return max(u for u, _, _ in found.values()), max(h for _, h, _ in found.values())
 
     def close(self) -> None:
         self.closed = True
@@ -378,7 +381,7 @@ class HoldSystem(RuleBasedStateMachine):
         self.epoch = 0
         self.launcher = "idle"  # idle | holding | regrouping
         self.seen_rank_waves: list[int] = []
-        self.groups: dict[str, dict[int, dict[int, tuple[bool, bool]]]] = {}  # master -> its rounds
+        self.groups: dict[str, dict[int, dict[int, Flags]]] = {}  # master -> its rounds
 
     def _group(self, master: str, rank: int) -> FakeGroup:
         return FakeGroup(master, rank, self.groups.setdefault(master, {}), lambda: len(self.ranks))
@@ -401,7 +404,9 @@ class HoldSystem(RuleBasedStateMachine):
                 return self._group(msg.dp_master, r)
 
             waves = EngineWaves(rank=r, interval=interval)
-            self.ranks.append(LRank(LockstepRank(r, waves, self._group("m0", r), send, join)))
+            # Paced by the model's clock (coordinator ticks): the agreed pace varies with it.
+            self.ranks.append(LRank(LockstepRank(r, waves, self._group("m0", r), send, join,
+                                                 min_interval_s=0.125, clock=lambda: self.clock)))
         self.seen_rank_waves = [0] * n_ranks
 
     # ---- mechanics -----------------------------------------------------------------------
@@ -475,7 +480,7 @@ class HoldSystem(RuleBasedStateMachine):
     def _collects_now(self, rk: LRank) -> bool:
         """Whether this step collects the round in flight: an interval old, and every member started it."""
         w, group = rk.waves, rk.lockstep.collective
-        return (w.pending and w.steps + 1 - w.started_at >= w.interval
+        return (w.pending and w.steps + 1 - w.started_at >= max(w.interval, w.due)
                 and isinstance(group, FakeGroup) and group.arrived())
 
     def _spinning(self, rk: LRank) -> bool:
@@ -483,7 +488,7 @@ class HoldSystem(RuleBasedStateMachine):
         nothing, which the model does not take (they could starve the peer); one left spinning
         at quiescence still fails the check that idle ranks do not run."""
         w = rk.waves
-        due = w.pending and w.steps + 1 - w.started_at >= w.interval
+        due = w.pending and w.steps + 1 - w.started_at >= max(w.interval, w.due)
         return not rk.queue and due and not self._collects_now(rk)
 
     def _resolve_collective(self) -> None:
