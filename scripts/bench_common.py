@@ -18,7 +18,9 @@ BUSY_MAX_TOKENS = 1_000_000
 class Sizes:
     """Every size the run uses; ``--quick`` picks the small set."""
 
-    pipelined: int  # requests in the pipelined run
+    pipelined: int  # requests in the pipelined run, at least
+    pipelined_s: float  # and it lasts at least this long: a fast system's 20,000 take 0.2 s, which
+    # a scheduler hiccup on a shared 2-core machine moves by 30%; whole seconds average it out
     window: int  # requests in flight in the pipelined run
     sequential: int  # requests in the sequential run
     warmup: int  # untimed sequential requests before each system
@@ -35,12 +37,12 @@ class Sizes:
 # tens of seconds. A few requests keep both ranks busy with near-empty steps,
 # which is also the worst case for lockstep (its fixed costs weigh the most).
 FULL = Sizes(
-    pipelined=20_000, window=256, sequential=2000, warmup=50,
+    pipelined=2_000, pipelined_s=2.0, window=256, sequential=2000, warmup=50,
     busy_per_rank=64, busy_per_rank_no_delay=4,
     step_window_s=1.5, step_windows=3, step_warmup_s=0.5, step_delays_s=(0.002, 0.0),
 )
 QUICK = Sizes(
-    pipelined=300, window=256, sequential=40, warmup=10,
+    pipelined=300, pipelined_s=0.2, window=256, sequential=40, warmup=10,
     busy_per_rank=64, busy_per_rank_no_delay=4,
     step_window_s=0.5, step_windows=1, step_warmup_s=0.2, step_delays_s=(0.002, 0.0),
 )

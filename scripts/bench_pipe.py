@@ -99,9 +99,10 @@ def submit_many_round_trips(system: str, sizes: Sizes) -> RoundTrip:
         for handle in client.submit_many(batch, 1):  # warm up
             handle.result(TIMEOUT_S)
         inflight: deque[list[Any]] = deque()
-        batches = max(2, sizes.pipelined // sizes.window)
+        batches = 0
         start = time.perf_counter()
-        for _ in range(batches):
+        while batches < max(2, sizes.pipelined // sizes.window) or time.perf_counter() - start < sizes.pipelined_s:
+            batches += 1
             if len(inflight) >= 2:
                 for handle in inflight.popleft():
                     handle.result(TIMEOUT_S)

@@ -43,17 +43,20 @@ class EchoTarget(Protocol):
     def wait(self, token: Any) -> None: ...
 
 
-def run_pipelined(target: EchoTarget, n: int, window: int) -> float:
-    """Keep ``window`` requests in flight; return requests per second."""
+def run_pipelined(target: EchoTarget, n: int, window: int, min_s: float = 0.0) -> float:
+    """Keep ``window`` requests in flight for ``n`` requests and ``min_s`` at least; return requests per second."""
     inflight: deque[Any] = deque()
     start = time.perf_counter()
-    for i in range(n):
-        if len(inflight) >= window:
-            target.wait(inflight.popleft())
-        inflight.append(target.send(i))
+    sent = 0
+    while sent < n or time.perf_counter() - start < min_s:
+        for _ in range(window):  # the clock is read once per window
+            if len(inflight) >= window:
+                target.wait(inflight.popleft())
+            inflight.append(target.send(sent))
+            sent += 1
     while inflight:
         target.wait(inflight.popleft())
-    return n / (time.perf_counter() - start)
+    return sent / (time.perf_counter() - start)
 
 
 def run_sequential(target: EchoTarget, n: int, first: int = 0) -> list[float]:
@@ -68,8 +71,8 @@ def run_sequential(target: EchoTarget, n: int, first: int = 0) -> list[float]:
 
 def measure_round_trips(system: str, target: EchoTarget, sizes: Sizes) -> RoundTrip:
     run_sequential(target, sizes.warmup, first=-sizes.warmup)
-    pipelined = run_pipelined(target, sizes.pipelined, sizes.window)
-    latencies = run_sequential(target, sizes.sequential, first=sizes.pipelined)
+    pipelined = run_pipelined(target, sizes.pipelined, sizes.window, sizes.pipelined_s)
+    latencies = run_sequential(target, sizes.sequential, first=10**9)  # ids past the pipelined run's
     quantiles = statistics.quantiles(latencies, n=100)
     return RoundTrip(
         system,
@@ -427,7 +430,7 @@ def round_trip_table(results: list[RoundTrip], sizes: Sizes) -> list[str]:
     lines = [
         f"### Request round trips (DP=2, prompt of {len(PROMPT)} tokens, max_tokens=1)",
         "",
-        f"Pipelined: {sizes.pipelined} requests, {sizes.window} in flight. "
+        f"Pipelined: {sizes.pipelined_s:g} s and {sizes.pipelined:,} requests at least, {sizes.window} in flight. "
         f"Sequential: {sizes.sequential} requests one at a time.",
         "",
         "| system | pipelined req/s | min - max | raydp / it | sequential req/s | raydp / it | p50 ms | p99 ms |",
