@@ -118,6 +118,11 @@ class TinyLMEngine:
     def load(self) -> tuple[int, int]:
         return len(self._waiting), len(self._running)
 
+    def work(self) -> int:
+        """Tokens left to generate (``max_tokens`` bounds each): clients route by it."""
+        waiting = sum(req.max_tokens for req in self._waiting.values())
+        return waiting + sum(budget - produced for _, produced, budget in self._running.values())
+
     def execute_dummy_batch(self) -> None:
         with torch.inference_mode():
             self.model(torch.zeros((1, 1), dtype=torch.long, device=self.device))

@@ -326,6 +326,11 @@ class TPLMEngine:
     def load(self) -> tuple[int, int]:
         return len(self._waiting), len(self._running)
 
+    def work(self) -> int:
+        """Tokens left to generate (``max_tokens`` bounds each): clients route by it."""
+        waiting = sum(req.max_tokens for req in self._waiting.values())
+        return waiting + sum(seq.budget - seq.produced for seq in self._running.values())
+
     def execute_dummy_batch(self) -> None:
         """A throwaway 1-token forward on every worker (lockstep DP needs each rank to run one)."""
         self.executor.execute_step({"new": [], "decode": [], "free": self._take_frees(), "dummy": True})

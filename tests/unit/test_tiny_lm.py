@@ -33,3 +33,15 @@ def test_batched_and_solo_generation_agree() -> None:
     assert batched == solo
     assert all(len(tokens) == 12 for tokens in solo.values())
     assert len({tuple(t) for t in solo.values()}) > 1, "different prompts give different outputs"
+
+
+def test_work_counts_the_tokens_left_to_generate_waiting_and_running() -> None:
+    engine = TinyLMEngine(EngineContext(0, 0, 1, 1, "n"), max_running=1)
+    engine.add_request(Request("a", [1, 2], 3))
+    engine.add_request(Request("b", [3], 5))
+    assert engine.work() == 8
+    engine.step()  # a runs, b waits
+    assert engine.work() == 7
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.work() == 0

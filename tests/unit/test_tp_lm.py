@@ -154,10 +154,13 @@ def test_continuous_batching_admits_waiting_requests_as_slots_free() -> None:
     engine = _engine(2, max_running=2)
     for rid, max_tokens in (("a", 1), ("b", 3), ("c", 2), ("d", 2)):
         engine.add_request(Request(rid, [len(rid), 1], max_tokens))
-    finished_per_step, loads = [], []
+    finished_per_step, loads, work = [], [], [engine.work()]
     while engine.has_unfinished():
         finished_per_step.append(sorted(o.request_id for o in engine.step() if o.finished))
         loads.append(engine.load())
+        work.append(engine.work())
+    # Tokens left to generate, waiting requests' included: what clients route by.
+    assert work == [8, 6, 4, 2, 1, 0, 0]
     # The last step only frees d's KV cache (no forward, no outputs).
     assert finished_per_step == [["a"], [], ["b", "c"], [], ["d"], []]
     assert loads == [(2, 1), (1, 2), (1, 0), (0, 1), (0, 0), (0, 0)]
