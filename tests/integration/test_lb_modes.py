@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 import raydp
-from tests.integration.helpers import assert_nothing_left
+from tests.integration.helpers import assert_nothing_left, wait_until
 
 ENGINE = "tests.integration.engines:RankEchoEngine"  # answers with the rank that served
 
@@ -91,3 +91,25 @@ def test_external_mode_and_server_settings_on_the_mp_backend() -> None:
         assert generate(small.url) in ([0], [1])  # a small body still goes through
         urls = [e.url for e in endpoints] + [small.url]
     assert all(server_pids(url) == [] for url in urls)
+
+
+@pytest.mark.timeout(120)
+def test_a_request_goes_to_the_rank_with_less_work_when_counts_are_even(two_nodes: Any) -> None:
+    """One request runs on each rank, a long one and a short one: by count they are even, by work not."""
+    kwargs = {"max_running": 1, "step_delay_s": 0.01}
+    with raydp.launch(name="work", dp_size=2, engine_kwargs=kwargs, progress=False) as cluster:
+        client = cluster.client()
+        long, short = client.submit([1], 100_000, rank=0), client.submit([2], 500, rank=1)
+
+        def both_seen() -> bool:
+            snap = client.snapshot()
+            return snap is not None and len(snap.work) == 2 and snap.work[0] > snap.work[1] > 0
+
+        assert wait_until(both_seen, timeout=30), client.snapshot()
+        snap = client.snapshot()
+        assert snap is not None and snap.counts == [(0, 1), (0, 1)], snap
+        chosen = client.submit([3], 1)
+        assert chosen.result(timeout=30) == [3]
+        assert chosen.rank == 1, "sent behind the long request, though the short one ends sooner"
+        for handle in (long, short):
+            client.abort(handle.request_id)
