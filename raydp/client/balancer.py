@@ -1,14 +1,17 @@
 """Which rank gets the next request: pure logic, no sockets.
 
-The score of a rank is its *work* from the latest coordinator snapshot (the
-tokens its engine has left to generate) when the engines report it, else
-``4 * waiting + running``; plus what this client sent it since that snapshot
-(its ``max_tokens``, or 4 per request), scaled by ``client_count`` on the
-assumption that peer front-ends send alike. Counting sends since the snapshot
-is what keeps a burst from all landing on the rank that looked idle a moment
-ago; the snapshot alone is always stale. Work tells a rank busy with long
-requests from one busy with short ones, which counts cannot: a request sent
-behind long ones waits the longest (the tail of a skewed workload).
+The score of a rank is ``4 * waiting + running`` from the latest coordinator
+snapshot, plus what this client sent it since that snapshot (4 per request,
+scaled by ``client_count``, on the assumption that peer front-ends send
+alike). Counting sends since the snapshot is what keeps a burst from all
+landing on the rank that looked idle a moment ago; the snapshot alone is
+always stale. Ties go to the rank with the least *work* (the tokens its engine
+has left to generate, where engines report it, plus the ``max_tokens`` this
+client sent it since): by count, a rank busy with two long requests looks like
+one busy with two short ones, and a request sent behind the long ones waits
+the longest (the tail of a skewed workload). Counts come first because they
+say whether a request can start at once; work alone would queue short
+requests behind short ones next to a free slot.
 """
 
 from __future__ import annotations
@@ -59,8 +62,9 @@ class LoadBalancer:
         self.engine_count = self.size = engine_count
         self.client_count = client_count
         self._snapshot_scores = [0] * engine_count
-        self._since_snapshot = [0] * engine_count  # what this client sent since, in score units
-        self._by_work = False  # the latest snapshot carried the engines' work
+        self._since_snapshot = [0] * engine_count
+        self._snapshot_work = [0] * engine_count  # zeros where engines report none
+        self._since_work = [0] * engine_count
         self._in_flight = [0] * engine_count
         self.wave = 0
         self.running = False
@@ -75,6 +79,8 @@ class LoadBalancer:
 
         self._snapshot_scores = fit(self._snapshot_scores)
         self._since_snapshot = fit(self._since_snapshot)
+        self._snapshot_work = fit(self._snapshot_work)
+        self._since_work = fit(self._since_work)
         self._in_flight = fit(self._in_flight)
         self.engine_count, self.size = engine_count, size
         self.eligible = tuple(r for r in range(size) if self._chosen is None or r in self._chosen)
@@ -86,8 +92,8 @@ class LoadBalancer:
     def choose(self, dead: Collection[int] = ()) -> int:
         """The live rank for the next request, by :attr:`policy`.
 
-        ``least-loaded`` (the default): the lowest score (ties: fewest of ours
-        in flight, then lowest rank). ``power-of-two`` and ``round-robin`` are
+        ``least-loaded`` (the default): the lowest score (ties: least work, then
+        fewest of ours in flight, then lowest rank). ``power-of-two`` and ``round-robin`` are
         the usual alternatives, kept for comparison (``scripts/bench.py``).
         """
         live = [r for r in self.eligible if r not in dead]
@@ -97,22 +103,24 @@ class LoadBalancer:
             return live[next(self._turn) % len(live)]
         if self.policy == "power-of-two" and len(live) > 2:
             live = self._random.sample(live, 2)
-        return min(live, key=lambda rank: (self.score(rank), self._in_flight[rank], rank))
+        return min(live, key=lambda rank: (self.score(rank), self.work(rank), self._in_flight[rank], rank))
 
     def score(self, rank: int) -> int:
-        return self._snapshot_scores[rank] + self._since_snapshot[rank]
+        return self._snapshot_scores[rank] + WAITING_WEIGHT * self._since_snapshot[rank]
 
-    def _weight(self, max_tokens: int) -> int:
-        """What one request sent adds to a score, counted for every peer front-end."""
-        return self.client_count * (max(1, max_tokens) if self._by_work else WAITING_WEIGHT)
+    def work(self, rank: int) -> int:
+        """The rank's work in the snapshot plus the ``max_tokens`` sent there since (the tie-break)."""
+        return self._snapshot_work[rank] + self._since_work[rank]
 
     def on_sent(self, rank: int, max_tokens: int = 1) -> None:
-        self._since_snapshot[rank] += self._weight(max_tokens)
+        self._since_snapshot[rank] += self.client_count
+        self._since_work[rank] += self.client_count * max(1, max_tokens)
         self._in_flight[rank] += 1
 
     def undo_sent(self, rank: int, max_tokens: int = 1) -> None:
         """Take back an :meth:`on_sent` (a batch books its choices first, then sends them)."""
-        self._since_snapshot[rank] = max(0, self._since_snapshot[rank] - self._weight(max_tokens))
+        self._since_snapshot[rank] = max(0, self._since_snapshot[rank] - self.client_count)
+        self._since_work[rank] = max(0, self._since_work[rank] - self.client_count * max(1, max_tokens))
         self._in_flight[rank] = max(0, self._in_flight[rank] - 1)
 
     def on_finished(self, rank: int) -> None:
@@ -121,14 +129,13 @@ class LoadBalancer:
     def on_snapshot(self, snap: StatsSnapshot) -> None:
         """Adopt the coordinator's latest view (one publisher: snapshots arrive in order)."""
         self.wave, self.running = snap.wave, snap.running
-        self._by_work = len(snap.work) == len(snap.counts) and all(w >= 0 for w in snap.work)
-        if self._by_work:
-            for rank, work in enumerate(snap.work[: self.engine_count]):
-                self._snapshot_scores[rank] = work
-        else:
-            for rank, (waiting, running) in enumerate(snap.counts[: self.engine_count]):
-                self._snapshot_scores[rank] = WAITING_WEIGHT * waiting + running
+        for rank, (waiting, running) in enumerate(snap.counts[: self.engine_count]):
+            self._snapshot_scores[rank] = WAITING_WEIGHT * waiting + running
+        reported = len(snap.work) == len(snap.counts) and all(w >= 0 for w in snap.work)
+        works = snap.work if reported else []
+        self._snapshot_work = (list(works[: self.engine_count]) + [0] * self.engine_count)[: self.engine_count]
         self._since_snapshot = [0] * self.engine_count
+        self._since_work = [0] * self.engine_count
 
     def note_first_request(self) -> bool:
         """True when this send starts a wave (the coordinator must be told)."""

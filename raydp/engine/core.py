@@ -43,9 +43,10 @@ class EngineCore(Protocol):
     Constructed as ``cls(context, **engine_kwargs)``. Optional extras:
     ``capacity() -> int`` (summed by the handshake, e.g. KV blocks; 0 if absent),
     ``work() -> int``, the tokens the engine has left to generate for its
-    requests, waiting and running (``max_tokens`` bounds each; clients then
-    route by work rather than by request counts, so a rank busy with long
-    requests is told from one busy with short ones), and, in lockstep mode,
+    requests, waiting and running (``max_tokens`` bounds each; between ranks
+    with even request counts clients pick the one with the least work, so a
+    rank busy with long requests is told from one busy with short ones), and,
+    in lockstep mode,
     ``attach_dp_group(group)``, called once before the loop starts with the DP
     ``torch.distributed`` (gloo) process group, so the engine's forward pass
     can run collectives over it.

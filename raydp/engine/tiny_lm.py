@@ -119,7 +119,7 @@ class TinyLMEngine:
         return len(self._waiting), len(self._running)
 
     def work(self) -> int:
-        """Tokens left to generate (``max_tokens`` bounds each): clients route by it."""
+        """Tokens left to generate (``max_tokens`` bounds each): clients break load ties by it."""
         waiting = sum(req.max_tokens for req in self._waiting.values())
         return waiting + sum(budget - produced for _, produced, budget in self._running.values())
 

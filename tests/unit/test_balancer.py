@@ -123,33 +123,42 @@ def test_an_unknown_policy_is_refused_by_name() -> None:
         LoadBalancer(2, policy="random")  # type: ignore[arg-type]
 
 
-def test_with_work_reported_the_rank_with_the_least_work_wins_whatever_the_counts() -> None:
+def test_with_even_counts_the_rank_with_the_least_work_wins() -> None:
     """Two long requests running look like two short ones by count; by work they differ."""
     lb = LoadBalancer(3)
-    lb.on_snapshot(StatsSnapshot(counts=[(0, 2), (0, 2), (1, 1)], wave=0, running=False, work=[120, 8, 70]))
+    lb.on_snapshot(StatsSnapshot(counts=[(0, 2), (0, 2), (0, 2)], wave=0, running=False, work=[120, 8, 70]))
     assert lb.choose() == 1
 
 
-def test_with_work_a_send_books_its_max_tokens_for_every_peer_front_end() -> None:
-    lb = LoadBalancer(2, client_count=2)
-    lb.on_snapshot(StatsSnapshot(counts=[(0, 0), (0, 0)], wave=0, running=False, work=[0, 100]))
-    lb.on_sent(0, max_tokens=64)
-    assert lb.score(0) == 128, "64 tokens, and the peer front-end may have sent as much"
-    assert lb.choose() == 1
-    lb.undo_sent(0, max_tokens=64)
-    assert lb.score(0) == 0
-
-
-def test_without_work_in_the_snapshot_the_counts_decide_and_max_tokens_does_not_matter() -> None:
+def test_counts_come_before_work_a_free_slot_beats_a_short_queue() -> None:
     lb = LoadBalancer(2)
-    lb.on_snapshot(StatsSnapshot(counts=[(0, 0), (0, 5)], wave=0, running=False))
-    lb.on_sent(0, max_tokens=1000)
-    assert lb.score(0) == WAITING_WEIGHT
+    lb.on_snapshot(StatsSnapshot(counts=[(0, 1), (1, 2)], wave=0, running=False, work=[60, 12]))
     assert lb.choose() == 0
 
 
-def test_work_of_a_rank_that_has_not_reported_yet_falls_back_to_counts() -> None:
-    """A rank added by a scale-up reports no work at first (-1): the whole choice goes by counts."""
+def test_a_send_books_its_max_tokens_as_work_for_every_peer_front_end() -> None:
+    lb = LoadBalancer(2, client_count=2)
+    lb.on_snapshot(StatsSnapshot(counts=[(0, 0), (0, 0)], wave=0, running=False, work=[0, 100]))
+    lb.on_sent(0, max_tokens=64)
+    assert (lb.score(0), lb.work(0)) == (2 * WAITING_WEIGHT, 128), "64 tokens, and the peer may have sent as much"
+    lb.undo_sent(0, max_tokens=64)
+    assert (lb.score(0), lb.work(0)) == (0, 0)
+
+
+def test_without_work_in_the_snapshot_only_our_own_sends_break_ties() -> None:
     lb = LoadBalancer(2)
-    lb.on_snapshot(StatsSnapshot(counts=[(0, 1), (0, 0)], wave=0, running=False, work=[1, -1]))
-    assert lb.choose() == 1
+    lb.on_snapshot(StatsSnapshot(counts=[(0, 1), (0, 1)], wave=0, running=False))
+    assert (lb.work(0), lb.work(1)) == (0, 0)
+    lb.on_sent(0, max_tokens=1000)
+    lb.on_finished(0)
+    lb.on_sent(1, max_tokens=10)
+    lb.on_finished(1)
+    assert lb.choose() == 1, "even counts: the rank we sent fewer tokens to"
+
+
+def test_work_unknown_for_some_rank_is_ignored_for_all() -> None:
+    """A rank added by a scale-up reports no work at first (-1): comparing it would be meaningless."""
+    lb = LoadBalancer(2)
+    lb.on_snapshot(StatsSnapshot(counts=[(0, 1), (0, 1)], wave=0, running=False, work=[90, -1]))
+    assert (lb.work(0), lb.work(1)) == (0, 0)
+    assert lb.choose() == 0
