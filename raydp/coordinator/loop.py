@@ -259,6 +259,7 @@ class CoordinatorLoop:
                 "dropped": self.dropped + s.rejected,
                 "broadcasts": self.broadcasts,
                 "subscribed": sorted(self.subscribed),
+                "resynced": s.resync is None or s.resync.done,  # a successor heard every live rank
             }
 
     def wait_for_engines(self, ranks: int, timeout_s: float) -> bool:

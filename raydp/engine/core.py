@@ -46,10 +46,12 @@ class EngineCore(Protocol):
     requests, waiting and running (``max_tokens`` bounds each; between ranks
     with even request counts clients pick the one with the least work, so a
     rank busy with long requests is told from one busy with short ones), and,
-    in lockstep mode,
-    ``attach_dp_group(group)``, called once before the loop starts with the DP
-    ``torch.distributed`` (gloo) process group, so the engine's forward pass
-    can run collectives over it.
+    in lockstep mode, ``attach_dp_group(group)``, called once before the loop
+    starts with the DP ``torch.distributed`` (gloo) process group, so the
+    engine's forward pass can run collectives over it. It may return False
+    when this engine will run none (anything else, ``None`` included, means it
+    does): ranks whose steps all-reduce step together, and then take the
+    wave's all-reduce at agreed steps rather than whenever it arrives.
     """
 
     def add_request(self, request: Request) -> None: ...
@@ -140,12 +142,17 @@ class EchoEngine:
             self._waiting.pop(rid, None)
             self._running.pop(rid, None)
 
-    def attach_dp_group(self, group: Any) -> None:
-        """Called by the engine loop in lockstep mode with the DP process group."""
+    def attach_dp_group(self, group: Any) -> bool:
+        """Called by the engine loop in lockstep mode with the DP process group.
+
+        Returns whether the forward pass runs collectives over it (then the
+        ranks collect their wave all-reduce at agreed steps).
+        """
         import torch
 
         self._dp_group = group
         self._ones = torch.ones(1)  # the forward pass's stand-in collective payload
+        return self.collective
 
     def _forward(self) -> None:
         if self.step_delay_s:

@@ -8,13 +8,15 @@ what only lockstep ranks do, so the loop reads the same in both modes:
   work" and "is held", in flight: started ``allreduce_interval`` steps into
   a wave, collected once it is an interval old *and* has arrived (a rank
   never waits for a peer that is behind: it keeps stepping), then started
-  again. The interval is ``allreduce_interval`` steps, or more: each
-  all-reduce also carries how many steps make ``min_interval_s`` at the
-  rank's own pace, and the next one stays in flight for the MAX of those
-  (with near-empty steps, 32 steps would mean thousands of all-reduces a
-  second). The ranks agree on it, never on a clock: a rank collecting by
-  its own clock could confirm at another step than its peers, whose
-  forward-pass collectives would then pair with the wrong operation. When
+  again; where the engine's forward pass all-reduces over the group too
+  (``attach_dp_group`` did not return False), the ranks step together and
+  each collects at the step it is due, waiting if need be, since a rank
+  confirming a step before its peers would pair its all-reduce with theirs.
+  The interval is ``allreduce_interval`` steps, or more: each all-reduce
+  also carries how many steps make ``min_interval_s`` at the rank's own
+  pace, and the next one stays in flight for the MAX of those (with
+  near-empty steps, 32 steps would mean thousands of all-reduces a second).
+  The ranks agree on it, never on a clock, for the same reason. When
   one says nobody had work, or anybody was held, they confirm with a
   blocking all-reduce of their flags now, and the wave completes when that
   says nobody has work, or anybody is held;
@@ -65,7 +67,7 @@ class LockstepRank:
         collective: DPCollective | None,
         send: Send,
         join: JoinGroup | None = None,
-        attach: Callable[[Any], None] | None = None,
+        attach: Callable[[Any], object] | None = None,
         min_interval_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -77,8 +79,11 @@ class LockstepRank:
         self._pending: Regroup | None = None
         self._acked: tuple[int, bool] | None = None
         self.retired = False  # above the new size after a scale-down: never steps again
+        # Whether the engine's forward pass runs collectives over the group: then
+        # the ranks step together, and each must collect at the agreed step.
+        self._in_step = False
         if collective is not None and attach is not None:
-            attach(collective.group)
+            self._in_step = attach(collective.group) is not False
 
     def on_request(self, request_wave: int) -> None:
         start = self.waves.on_request(request_wave)
@@ -103,8 +108,7 @@ class LockstepRank:
     def after_step(self, has_unfinished: bool) -> None:
         """Count the step; once the all-reduce in flight has arrived, collect it, maybe confirm
         and pause, and start the next."""
-        collective = self.collective
-        sync = self.waves.after_step(collective.arrived if collective is not None else _never)
+        sync = self.waves.after_step(self._collectable)
         if sync is not Sync.NONE:
             assert self.collective is not None, "lockstep needs a DP collective"
             if sync is Sync.COLLECT:
@@ -115,6 +119,20 @@ class LockstepRank:
                 self.collective.start(has_unfinished, self.waves.held, self._pace())
                 self.waves.on_started()
         self.tick()
+
+    def _collectable(self) -> bool:
+        """Asked once the all-reduce in flight is due: may this step collect it?
+
+        Ranks that step together (the engine all-reduces every step) collect
+        at the step it is due, waiting if it has not arrived (it has had an
+        interval of collectives after it to do so): were one to collect a step
+        before its peers, its confirmation would pair with their forward
+        pass's all-reduce. Ranks that do not step together take it only once
+        it has arrived, so one never waits for a peer that is behind.
+        """
+        if self.collective is None:
+            return False
+        return self._in_step or self.collective.arrived()
 
     def _pace(self) -> int:
         """Steps that take ``min_interval_s`` at this rank's pace since the last start (0: unknown)."""
@@ -172,7 +190,7 @@ class LockstepRank:
             self.collective = self._join(msg)
             self.waves.wave = max(self.waves.wave, msg.wave)
             if self._attach is not None:
-                self._attach(self.collective.group)
+                self._in_step = self._attach(self.collective.group) is not False
             logger.info("rank %d: joined the DP group of %d ranks at %s", self.rank, msg.dp_size, msg.dp_master)
         self._send(Regrouped(self.rank, msg.epoch))
 
@@ -181,7 +199,3 @@ class LockstepRank:
         if position != self._acked and not self.retired:
             self._acked = position
             self._send(HoldAck(self.rank, self._epoch, *position))
-
-
-def _never() -> bool:
-    return False

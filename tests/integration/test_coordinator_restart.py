@@ -27,10 +27,17 @@ def coordinator_pid(name: str) -> int:
     return int(found[0].pid)
 
 
-def restarted(cluster: Any, engines: int) -> bool:
-    """The successor serves: it answers Ray calls and every live engine resubscribed to it."""
+def restarted(cluster: Any, engines: int, deaths: int = 1) -> bool:
+    """The successor serves: it answers Ray calls, every live engine resubscribed and reported its state.
+
+    ``deaths``: the coordinator deaths reported so far, this one included (until then, a
+    killed actor that has not gone yet may still answer as if nothing happened).
+    """
+    if len(cluster.deaths) < deaths:
+        return False
     try:
-        return len(cluster.coordinator_state()["subscribed"]) == engines
+        state = cluster.coordinator_state()
+        return len(state["subscribed"]) == engines and bool(state["resynced"])
     except Exception:  # the old actor is gone and the new one not there yet
         return False
 
@@ -87,14 +94,14 @@ def test_a_lockstep_coordinator_restarts_mid_wave_and_no_rank_is_stranded(two_no
         wave = cluster.coordinator_state()["wave"]
         # Killed while paused: the next request, to the other rank, needs the successor's START_DP_WAVE.
         ray.kill(ray.get_actor(coordinator_name(name), namespace=NAMESPACE), no_restart=True)
-        assert wait_until(lambda: restarted(cluster, 2), timeout=20)
+        assert wait_until(lambda: restarted(cluster, 2, deaths=1), timeout=20)
         assert cluster.coordinator_state()["wave"] == wave, "the wave came back from the engines"
         assert client.generate([4], max_tokens=2, rank=0, timeout=30) == [4, 4]
         # Killed mid-wave: rank 1 steps in the collective with rank 0; both finish.
         long = client.submit([6], max_tokens=400, rank=1)
         assert wait_until(lambda: cluster.coordinator_state()["running"], timeout=10)
         ray.kill(ray.get_actor(coordinator_name(name), namespace=NAMESPACE), no_restart=True)
-        assert wait_until(lambda: restarted(cluster, 2), timeout=20)
+        assert wait_until(lambda: restarted(cluster, 2, deaths=2), timeout=20)
         assert long.result(timeout=60) == [6] * 400
         assert client.generate([8], max_tokens=2, rank=0, timeout=30) == [8, 8]
         assert wait_until(lambda: not cluster.coordinator_state()["running"], timeout=30), "the wave ended"

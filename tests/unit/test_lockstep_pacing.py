@@ -41,6 +41,7 @@ class Member:
         self.started = self.collected = self.synced = 0
         self.last_pace = 0
         self.collect_steps: list[int] = []
+        self.late = False  # gloo's thread has not finished it yet
 
     def start(self, unfinished: bool, hold: bool, pace: int = 0) -> None:
         self.shared.rounds.setdefault(self.started, {})[self.rank] = (unfinished, hold, pace)
@@ -50,7 +51,7 @@ class Member:
         return self.shared.rounds.get(self.started - 1, {})
 
     def arrived(self) -> bool:
-        return self.started > self.collected and len(self._round()) == self.shared.size
+        return self.started > self.collected and len(self._round()) == self.shared.size and not self.late
 
     def collect(self) -> tuple[bool, bool]:
         found = self._round().values()
@@ -74,12 +75,16 @@ class Clock:
         return self.now
 
 
-def _ranks(step_s: list[float], floor_s: float = FLOOR_S) -> list[tuple[LockstepRank, Member, Clock, list[Any]]]:
+def _ranks(
+    step_s: list[float], floor_s: float = FLOOR_S, in_step: bool | None = False
+) -> list[tuple[LockstepRank, Member, Clock, list[Any]]]:
+    """Ranks whose engine says ``in_step`` from ``attach_dp_group`` (False: no collectives of its own)."""
     shared = Rounds(len(step_s))
     made = []
     for r, each in enumerate(step_s):
         member, clock, sent = Member(shared, r), Clock(each), []
-        rank = LockstepRank(r, EngineWaves(r, INTERVAL), member, sent.append, min_interval_s=floor_s, clock=clock)
+        rank = LockstepRank(r, EngineWaves(r, INTERVAL), member, sent.append, attach=lambda group: in_step,
+                            min_interval_s=floor_s, clock=clock)
         rank.waves.on_start_wave(0)
         made.append((rank, member, clock, sent))
     return made
@@ -141,3 +146,27 @@ def test_a_wave_completes_at_the_agreed_step_and_the_next_starts_at_the_interval
         assert rank.waves.due == 0, "a new wave starts from the plain interval"
     assert ranks[0][3] == [WaveComplete(rank=0, wave=0)]
     assert ranks[0][1].collect_steps == ranks[1][1].collect_steps
+
+
+@pytest.mark.parametrize("in_step", [True, None])
+def test_ranks_that_step_together_collect_when_due_even_before_it_arrived(in_step: bool | None) -> None:
+    """An engine all-reducing every step (``attach_dp_group`` returns True, or nothing): a rank that took
+    the result a step later than its peer would pair its confirmation with the peer's forward pass."""
+    ranks = _ranks([0.01, 0.01], in_step=in_step)
+    for _, member, _, _ in ranks:
+        member.late = True
+    _step_together(ranks, 2 * INTERVAL)
+    assert [m.collect_steps for _, m, _, _ in ranks] == [[2 * INTERVAL]] * 2
+
+
+def test_ranks_that_do_not_step_together_wait_for_it_to_arrive() -> None:
+    ranks = _ranks([0.01, 0.01], in_step=False)
+    ranks[1][1].late = True
+    _step_together(ranks, 3 * INTERVAL)
+    assert ranks[1][1].collect_steps == [], "it keeps stepping; it takes the result once it is there"
+    assert ranks[0][1].collect_steps == [2 * INTERVAL], "and its peer, the next one once rank 1 started it"
+    ranks[1][1].late = False
+    _step_together(ranks, 1)
+    assert ranks[1][1].collect_steps == [3 * INTERVAL + 1]
+    _step_together(ranks, 1)
+    assert ranks[0][1].collect_steps == [2 * INTERVAL, 3 * INTERVAL + 2]
