@@ -39,13 +39,16 @@ SHARE_TOLERANCE = 0.05
 
 @dataclass(frozen=True)
 class RoutingSizes:
-    seconds: float  # arrivals per policy and workload
+    seconds: float  # arrivals per policy, uniform workload
+    skewed_seconds: float  # and skewed: its p99 is the tail of 10% long requests, which needs samples
     skewed_rate: float  # requests per second, all sources together
     uniform_rate: float
 
 
-ROUTING_FULL = RoutingSizes(seconds=20.0, skewed_rate=50.0, uniform_rate=120.0)
-ROUTING_QUICK = RoutingSizes(seconds=5.0, skewed_rate=50.0, uniform_rate=120.0)
+# 20 s of the skewed workload hold ~100 long requests: its p99 rests on the slowest ten,
+# and the policies' order flipped from run to run; 60 s triples that.
+ROUTING_FULL = RoutingSizes(seconds=20.0, skewed_seconds=60.0, skewed_rate=50.0, uniform_rate=120.0)
+ROUTING_QUICK = RoutingSizes(seconds=5.0, skewed_seconds=5.0, skewed_rate=50.0, uniform_rate=120.0)
 
 
 @dataclass
@@ -128,7 +131,10 @@ def _run(policy: str, workload: str, sizes: RoutingSizes) -> RoutingResult:
     import raydp
     from raydp.serve.settings import ServerSettings
 
-    rate, long_share = (sizes.skewed_rate, LONG_SHARE) if workload == "skewed" else (sizes.uniform_rate, 0.0)
+    rate, long_share, seconds = (
+        (sizes.skewed_rate, LONG_SHARE, sizes.skewed_seconds) if workload == "skewed"
+        else (sizes.uniform_rate, 0.0, sizes.seconds)
+    )
     name = f"bench-route-{policy}"
     tally = _Tally()
     with raydp.launch(name=name, dp_size=DP, progress=False,
@@ -137,7 +143,7 @@ def _run(policy: str, workload: str, sizes: RoutingSizes) -> RoutingResult:
         client = cluster.client(balancer=policy)  # type: ignore[arg-type]
         senders = [(_http_sender(servers.url, name), rate * HTTP_SHARE),
                    (_driver_sender(client), rate * (1 - HTTP_SHARE))]
-        threads = [threading.Thread(target=_open_loop, args=(send, r, sizes.seconds, long_share, tally, i))
+        threads = [threading.Thread(target=_open_loop, args=(send, r, seconds, long_share, tally, i))
                    for i, (send, r) in enumerate(senders)]
         for thread in threads:
             thread.start()
@@ -169,9 +175,10 @@ def routing_table(results: list[RoutingResult], sizes: RoutingSizes) -> list[str
     lines = [
         "### Routing under skew (DP=4; 2 API server processes over HTTP + 1 driver client)",
         "",
-        f"Open-loop arrivals for {sizes.seconds:g} s: skewed = {sizes.skewed_rate:g} req/s, "
+        f"Open-loop arrivals: skewed = {sizes.skewed_seconds:g} s of {sizes.skewed_rate:g} req/s, "
         f"{1 - LONG_SHARE:.0%} of {SHORT} tokens and {LONG_SHARE:.0%} of {LONG}; uniform = "
-        f"{sizes.uniform_rate:g} req/s of {SHORT} tokens. Each rank runs {MAX_RUNNING} requests at a time, "
+        f"{sizes.seconds:g} s of {sizes.uniform_rate:g} req/s of {SHORT} tokens. "
+        f"Every policy gets the same arrivals. Each rank runs {MAX_RUNNING} requests at a time, "
         f"{STEP_S * 1e3:g} ms per step.",
         "",
         "| workload | policy | requests | errors | p50 ms | p99 ms | rank shares |",

@@ -132,14 +132,16 @@ def measure(world_size: int, steps: dict[str, Step], sizes: WorkerSizes) -> list
 def rank_group(world_size: int) -> Iterator[Any]:
     """A placement group shaped like a raydp rank's: one GPU bundle per worker, one CPU bundle."""
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.placement_group import placement_group
+
+    from raydp.placement.groups import remove_groups
 
     group = placement_group([{"GPU": 1}] * world_size + [{"CPU": 1}], strategy="STRICT_PACK")
     try:
         ray.get(group.ready(), timeout=TIMEOUT_S)
         yield group
     finally:
-        remove_placement_group(group)
+        remove_groups([group])  # and wait until its resources are back: the next section needs the GPUs
 
 
 def direct_step(world_size: int) -> Step:
