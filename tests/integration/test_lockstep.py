@@ -26,6 +26,9 @@ def lockstep(two_nodes: Any) -> Iterator[Any]:
         dp_size=3,
         lockstep=True,
         allreduce_interval=INTERVAL,
+        # Intervals of exactly INTERVAL steps, so the tests can bound a pause in steps (by
+        # default an interval also lasts 5 ms: the pacing has its own tests, test_lockstep_pacing.py).
+        allreduce_min_interval_s=0,
         engine_kwargs={"collective": True, "max_running": 8},
         progress=False,
     )
@@ -63,9 +66,9 @@ def test_requests_to_rank0_only_keep_every_rank_in_step_and_then_pause(lockstep:
     # Every forward pass all-reduced over the DP group: equal counts on every rank
     # are what lockstep means (a rank missing one would have hung the others).
     assert collectives[0] == collectives[1] == collectives[2] == forwards[0]
-    # They paused after the same step: the one whose all-reduce said nobody had work
-    # (paced: with fast steps an interval lasts more than INTERVAL steps, as the ranks agreed).
-    assert forwards[0] == forwards[1] == forwards[2] >= INTERVAL, forwards
+    # They paused after the same step: one whose all-reduce said nobody had work.
+    assert forwards[0] == forwards[1] == forwards[2], forwards
+    assert forwards[0] % INTERVAL == 0, "ranks pause only at an all-reduce"
     # The all-reduce is collected an interval after it starts, then confirmed: a wave
     # ends at most two intervals after its last work.
     assert forwards[0] - per_rank[0]["last_work_step"] <= 2 * INTERVAL, "paused within two intervals"
