@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -164,6 +165,7 @@ def notebook_factory() -> Iterator[Callable[[str], Notebook]]:
             nb.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             nb.proc.kill()
+        shutil.rmtree(nb.log.parent, ignore_errors=True)
 
 
 def _first_snapshot(cluster: Any) -> Any:
