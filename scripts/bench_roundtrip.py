@@ -94,7 +94,7 @@ def echo_reply(rank: int, body: bytes) -> bytes:
     from raydp.wire.protocol import Output, OutputBatch, encode, request_decoder
 
     request = request_decoder(body)
-    output = Output(request.request_id, request.prompt_token_ids[:1], True, "length")
+    output = Output(request.request_id, request.prompt_token_ids[:1], True, "length", seq=request.seq)
     return encode(OutputBatch(rank, [output]))
 
 

@@ -8,6 +8,7 @@ answer when something reached it behind its back.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -72,6 +73,10 @@ class RequestRouter:
         self.last_snapshot: StatsSnapshot | None = None
         self.last_heard = last_heard
         self._drops = DropLog(logger, "client")
+        # Every send of a request gets a new number, echoed in its outputs: what
+        # a rank still sends for an aborted or moved submission can never be taken
+        # for the answer to a later one under the same id.
+        self._seqs = itertools.count(1)
 
     def sender(self, sock: zmq.Socket[bytes]) -> str:
         """Who sent on ``sock``, as a dropped message names it: its role and the address it connects to."""
@@ -128,9 +133,9 @@ class RequestRouter:
 
     def _deliver(self, out: Output, rank: int) -> None:
         state = self.requests.get(out.request_id)
-        if state is None or state.rank != rank:
-            # Aborted, or moved to another rank (failed over, or off a draining one):
-            # a late output of the rank it left must not join its answer there.
+        if state is None or state.rank != rank or out.seq != state.request.seq:
+            # Aborted (and perhaps submitted again), or moved to another rank: a late
+            # output of an earlier submission must not join this one's answer.
             return
         if out.finished:
             del self.requests[out.request_id]
@@ -187,7 +192,7 @@ class RequestRouter:
             return
         wave = self.balancer.wave
         for state in states:
-            state.request.wave = wave
+            state.request.wave, state.request.seq = wave, next(self._seqs)
         body = encode(RequestBatch([state.request for state in states]))
         if len(body) > self.io.opts.max_message_bytes:  # too big together: each on its own
             for state in states:
@@ -207,7 +212,7 @@ class RequestRouter:
 
     def _send_request(self, state: RequestState) -> None:
         request, rank = state.request, state.rank
-        request.wave = self.balancer.wave
+        request.wave, request.seq = self.balancer.wave, next(self._seqs)
         body = encode(request)
         if len(body) > self.io.opts.max_message_bytes:  # refused before it can wake a paused cluster
             limit = self.io.opts.max_message_bytes

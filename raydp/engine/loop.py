@@ -142,7 +142,7 @@ class EngineLoop:
         self.lockstep = lockstep
         self._stats_gap, self._work_gap = stats_interval_s / 4, stats_interval_s
         self._reports_work = callable(getattr(engine, "work", None))
-        self._owners: dict[str, bytes] = {}
+        self._owners: dict[str, tuple[bytes, int]] = {}  # request id -> (client, seq)
         self._last_load: tuple[int, int, int] = (-1, -1, -1)
         self._last_load_sent = 0.0
         self._stopping = False
@@ -234,23 +234,27 @@ class EngineLoop:
         return None
 
     def _add(self, client: bytes, request: Request) -> None:
-        rid = request.request_id
+        rid, seq = request.request_id, request.seq
         if rid in self._owners:
-            self._send(client, [Output(rid, [], True, "error", f"duplicate request id {rid!r}")])
+            self._send(client, [Output(rid, [], True, "error", f"duplicate request id {rid!r}", seq)])
             return
         if self.lockstep is not None:
             self.lockstep.on_request(request.wave)
         try:
             self.engine.add_request(request)
         except Exception as exc:  # the user's engine refused this one request
-            self._send(client, [Output(rid, [], True, "error", f"rejected by engine: {exc!r}")])
+            self._send(client, [Output(rid, [], True, "error", f"rejected by engine: {exc!r}", seq)])
             return
-        self._owners[rid] = client
+        self._owners[rid] = (client, seq)
         self.counters["added"] += 1
 
     def _abort(self, client: bytes, msg: Abort) -> None:
         # Only the owner may abort: another client reusing the id must not.
-        self._abort_ids([rid for rid in msg.request_ids if self._owners.get(rid) == client])
+        self._abort_ids([rid for rid in msg.request_ids if self._owner(rid) == client])
+
+    def _owner(self, rid: str) -> bytes | None:
+        owner = self._owners.get(rid)
+        return owner[0] if owner is not None else None
 
     def _abort_ids(self, ids: list[str]) -> None:
         if ids:
@@ -301,7 +305,8 @@ class EngineLoop:
             owner = self._owners.get(out.request_id)
             if owner is None:
                 continue  # aborted meanwhile
-            by_client[owner].append(out)
+            out.seq = owner[1]
+            by_client[owner[0]].append(out)
             if out.finished:
                 del self._owners[out.request_id]
                 self.counters["finished"] += 1
@@ -348,14 +353,14 @@ class EngineLoop:
     def _forget_client(self, client: bytes, why: str) -> None:
         """The client is gone (or hopelessly behind): abort its requests, drop its backlog."""
         self._backlog.pop(client, None)
-        ids = [rid for rid, owner in self._owners.items() if owner == client]
+        ids = [rid for rid, (owner, _) in self._owners.items() if owner == client]
         logger.warning("rank %d: client %s %s; aborting its %d requests", self.rank, client.hex(), why, len(ids))
         self._abort_ids(ids)
 
     def _fail_all(self, reason: str) -> None:
         by_client: dict[bytes, list[Output]] = defaultdict(list)
-        for rid, client in self._owners.items():
-            by_client[client].append(Output(rid, [], True, "error", reason))
+        for rid, (client, seq) in self._owners.items():
+            by_client[client].append(Output(rid, [], True, "error", reason, seq))
         self._owners.clear()
         for client, outs in by_client.items():
             with contextlib.suppress(zmq.ZMQError):

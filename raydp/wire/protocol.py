@@ -53,13 +53,19 @@ RankCount = Annotated[int, msgspec.Meta(le=MAX_RANKS)]
 
 
 class Request(_Msg, gc=False):
-    """A request for one engine. ``wave`` is the sender's view of the current wave."""
+    """A request for one engine. ``wave`` is the sender's view of the current wave.
+
+    ``seq`` numbers the client's submissions. The engine echoes it in every
+    :class:`Output`, so that once an id is aborted and submitted again, a late
+    output of the first submission cannot join the second one's answer.
+    """
 
     request_id: str
     prompt_token_ids: list[int]
     max_tokens: int = 16
     wave: PeerWave = 0
     arrival_time: float = 0.0
+    seq: int = 0
 
 
 class RequestBatch(_Msg, gc=False):
@@ -84,13 +90,18 @@ class UtilityCall(_Msg):
 
 
 class Output(_Msg, gc=False):
-    """New tokens of one request. ``error`` set means the request failed."""
+    """New tokens of one request. ``error`` set means the request failed.
+
+    ``seq`` is the :attr:`Request.seq` it answers; the engine loop sets it, the
+    user's engine need not.
+    """
 
     request_id: str
     token_ids: list[int]
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    seq: int = 0
 
 
 class UtilityResult(_Msg):

@@ -49,7 +49,27 @@ def test_a_late_output_of_the_dead_rank_does_not_join_the_retried_answer(rig) ->
     identity, moved = receive(engines[other])  # failed over: nothing had streamed yet
     assert moved.request_id == request.request_id
     # The dead rank's output was already on its way: it arrives after the move.
-    engines[first].send_multipart([old_identity, encode(OutputBatch(first, [Output(request.request_id, [5])]))])
-    engines[other].send_multipart([identity, encode(OutputBatch(other, [Output(request.request_id, [5, 5], True,
-                                                                               "length")]))])
+    late = Output(request.request_id, [5], seq=request.seq)
+    engines[first].send_multipart([old_identity, encode(OutputBatch(first, [late]))])
+    answer = Output(request.request_id, [5, 5], True, "length", seq=moved.seq)
+    engines[other].send_multipart([identity, encode(OutputBatch(other, [answer]))])
     assert handle.result(timeout=10) == [5, 5]
+
+
+def test_a_late_output_of_an_aborted_submission_does_not_join_its_id_reused(rig) -> None:  # type: ignore[no-untyped-def]
+    client, engines = rig
+    first = client.submit([8], max_tokens=100, rank=0, request_id="long")
+    identity, aborted = receive(engines[0])
+    client.abort("long")
+    assert first.result(timeout=10) == [] and first.finish_reason == "abort"
+    again = client.submit([9], max_tokens=1, rank=0, request_id="long")
+    assert engines[0].poll(5000)
+    engines[0].recv_multipart()  # the abort
+    _, resubmitted = receive(engines[0])
+    assert resubmitted.request_id == "long" and resubmitted.seq != aborted.seq
+    # The engine stepped the first submission once more before it read the abort.
+    late = Output("long", [8], seq=aborted.seq)
+    answer = Output("long", [9], True, "length", seq=resubmitted.seq)
+    engines[0].send_multipart([identity, encode(OutputBatch(0, [late]))])
+    engines[0].send_multipart([identity, encode(OutputBatch(0, [answer]))])
+    assert again.result(timeout=10) == [9]

@@ -51,7 +51,7 @@ class EchoEngines:
                 self.seen[rank].append((tag, msg))
                 requests = msg.requests if isinstance(msg, RequestBatch) else [msg] if isinstance(msg, Request) else []
                 if self.answer and requests:
-                    outs = [Output(r.request_id, list(r.prompt_token_ids), True, "length") for r in requests]
+                    outs = [Output(r.request_id, list(r.prompt_token_ids), True, "length", seq=r.seq) for r in requests]
                     router.send_multipart([who, encode(OutputBatch(rank, outs))])  # type: ignore[union-attr]
 
     def close(self) -> None:

@@ -147,6 +147,21 @@ def test_a_request_batch_adds_each_of_its_requests(rig: Rig) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_every_output_echoes_the_submission_number_of_its_request(rig: Rig) -> None:
+    a = rig.client(b"ca")
+    send(a, RequestType.ADD, Request("x", [1], 10**6, seq=7))
+    send(a, RequestType.ADD, Request("x", [2], 1, seq=8))  # a duplicate: its error answers submission 8
+    send(a, RequestType.ADD_MANY, RequestBatch([Request("y", [3], 2, seq=9)]))
+    seen: dict[tuple[str, int], int] = {}
+    deadline = time.monotonic() + 5
+    while len(seen) < 3 and time.monotonic() < deadline:
+        if a.poll(100):
+            for out in output_decoder(a.recv()).outputs:
+                seen[(out.request_id, out.seq)] = seen.get((out.request_id, out.seq), 0) + 1
+    assert set(seen) == {("x", 7), ("x", 8), ("y", 9)}
+
+
+@pytest.mark.timeout(30)
 def test_with_two_input_sockets_each_client_is_answered_where_it_wrote() -> None:
     """The CURVE layout: same-node clients on a plain socket, remote ones on a secured one."""
     rig = start(EchoEngine(EngineContext(0, 0, 1, 1, "n")), input_count=2)

@@ -27,7 +27,7 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
     (p.RequestBatch(requests=[]), p.request_batch_decoder),
     (
         p.RequestBatch(requests=[p.Request(request_id="b1", prompt_token_ids=[1]),
-                                 p.Request(request_id="b2", prompt_token_ids=[2, 3], max_tokens=4, wave=1)]),
+                                 p.Request(request_id="b2", prompt_token_ids=[2, 3], max_tokens=4, wave=1, seq=8)]),
         p.request_batch_decoder,
     ),
     (p.Abort(request_ids=[]), p.abort_decoder),
@@ -39,7 +39,7 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
         p.OutputBatch(
             rank=3,
             outputs=[
-                p.Output(request_id="r1", token_ids=[5]),
+                p.Output(request_id="r1", token_ids=[5], seq=8),
                 p.Output(request_id="r2", token_ids=[], finished=True, finish_reason="length"),
                 p.Output(request_id="r3", token_ids=[], finished=True, finish_reason="error", error="boom"),
             ],

@@ -46,7 +46,7 @@ class Engines:
         return got
 
     def answer(self, rank: int, client: bytes, request: Request) -> None:
-        out = Output(request.request_id, list(request.prompt_token_ids), True, "length")
+        out = Output(request.request_id, list(request.prompt_token_ids), True, "length", seq=request.seq)
         self.routers[rank].send_multipart([client, encode(OutputBatch(rank, [out]))])
 
     def close(self) -> None:
