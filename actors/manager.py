@@ -7,7 +7,7 @@ handshake, and then watches every ``run()`` ref on a background thread with
 second as a typed :class:`~raydp.errors.ComponentDeadError`.
 
 In dense mode a dead rank is restarted in its own placement group while the
-restart policy (``max_restarts``) allows; in lockstep mode the whole gang
+restart policy (``max_restarts``) allows (:mod:`raydp.actors.rank_restart`); in lockstep mode the whole gang
 restarts (:mod:`raydp.actors.gang`); a dead coordinator is restarted at its
 addresses (:mod:`raydp.actors.coordinator_restart`). Everything it creates
 is recorded in an :class:`~raydp.actors.owned.Owned` that ``close()``,
@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +36,8 @@ from raydp.actors.deaths import death_of
 from raydp.actors.engine import DeviceProbe, EngineCoreActor
 from raydp.actors.gang import GangRestarts
 from raydp.actors.owned import Owned
-from raydp.actors.slots import RankSlot, place_ranks, probe_devices, replace_slot, start_device_probes
-from raydp.actors.terminate import kill_and_wait
+from raydp.actors.rank_restart import RankRestarts
+from raydp.actors.slots import RankSlot, place_ranks, start_device_probes
 from raydp.actors.watch import check_started, watch_run_refs
 from raydp.backend import APIServerGroup, DeathListener, DeathReports, RestartListener, ScaleListener
 from raydp.config import RaydpConfig
@@ -48,12 +48,10 @@ from raydp.errors import (
     ComponentDeadError,
     ConfigError,
     DeathCause,
-    EngineDeadError,
     RaydpError,
     StartupError,
 )
 from raydp.names import NAMESPACE, coordinator_name, rank_name
-from raydp.placement.groups import remove_groups
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.handshake import HandshakeResult, HandshakeServer, parallel_config
 from raydp.wire.protocol import EngineAddresses, Init
@@ -93,13 +91,13 @@ class ActorManager:
         self._user_groups = list(placement_groups) if placement_groups is not None else None
         self._progress = progress
         self._reports = DeathReports()
-        self._restarts_left: dict[int, int] = {}
         self._startup = _Startup()
         self._watch_queue: queue.SimpleQueue[tuple[Any, int]] = queue.SimpleQueue()
         self._retired_refs: set[Any] = set()  # run refs of ranks a scale-down removes: not deaths
         self._report_lock = threading.RLock()
         self._scale_lock = threading.Lock()
         self._gang = GangRestarts(self, config.max_restarts)
+        self._rank_restarts = RankRestarts(self, config.max_restarts)
         self._coordinator_restarts = CoordinatorRestarts(self, config.coordinator_max_restarts)
         self._api_server_records: list[dict[str, Any]] = []  # for a restarted coordinator
         self._place_lock = threading.Lock()
@@ -185,7 +183,7 @@ class ActorManager:
             # probes and the ranks' processes (and their imports) all start side by side.
             ranks = [s.rank for s in self.slots]
             probes = start_device_probes(self.config, self.slots)
-            self._start_engines(startup, ranks, probes)
+            self._start_engines(dict(zip(ranks, probes, strict=True)))
             coordinator = self._create_coordinator()
             self._run_coordinator(startup, coordinator)
             startup.dp_master = self._dp_master(startup)
@@ -208,7 +206,7 @@ class ActorManager:
             self.endpoints.coordinator, self.driver_node_id, self._sock_opts
         )
         self._owned.closers.append(self._reports.coordinator.close)
-        self._restarts_left = {s.rank: self.config.max_restarts for s in self.slots}
+        self._rank_restarts.grant([s.rank for s in self.slots])
         self._start_watcher(startup)
         return self.endpoints
 
@@ -266,25 +264,22 @@ class ActorManager:
         startup.run_refs[ref] = -1
         self._owned.run_refs.append(ref)
 
-    def _start_engines(
-        self, startup: _Startup, ranks: list[int], probes: Sequence[DeviceProbe] | None = None
-    ) -> None:
-        """Create the engine actors of ``ranks`` (all at startup, one on a restart).
+    def _start_engines(self, devices: Mapping[int, tuple[str, ...] | DeviceProbe]) -> None:
+        """Create the engine actors of the ranks in ``devices`` (all at startup, one on a restart).
 
-        Each gets its devices from ``probes`` (by position) if given, else from ``startup.devices``.
+        Each is handed its device ids, or a probe of them still running that it resolves itself.
         """
         cfg = self.config
         cls = ray.remote(EngineCoreActor)
         engines = self._owned.engines
-        for i, rank in enumerate(ranks):
+        for rank, rank_devices in devices.items():
             slot = self.slots[rank]
-            devices = probes[i] if probes is not None else startup.devices[rank]
             actor = cls.options(
                 num_cpus=1,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, cfg.world_size),
                 **self._actor_options(rank_name(cfg.name, rank)),
             ).remote(
-                cfg, rank, slot.local_rank, self.driver_node_id, devices, self.ipc_prefix,
+                cfg, rank, slot.local_rank, self.driver_node_id, rank_devices, self.ipc_prefix,
                 self._engine_cls, self._curve,
             )
             if rank < len(engines):
@@ -434,71 +429,7 @@ class ActorManager:
         if self.config.lockstep:
             self._gang.on_death(rank, cause, detail)
             return
-        restarting = self._may_restart(rank, cause)
-        err = EngineDeadError(rank, self.slots[rank].node_id, cause, detail, restarting)
-        self._reports.died(err)
-        if restarting:
-            thread = threading.Thread(target=self._restart, args=(rank, cause), name=f"raydp-restart-{rank}",
-                                      daemon=True)
-            self._owned.restarts.append(thread)
-            thread.start()
-
-    # ---- restarts (dense mode) ---------------------------------------------------------
-
-    def _may_restart(self, rank: int, cause: DeathCause) -> bool:
-        """Dense ranks restart while the policy allows (in their group, or re-placed if their node died)."""
-        if rank < 0 or rank >= len(self.slots) or self.config.lockstep or self._owned.stop.is_set():
-            return False
-        if self._restarts_left.get(rank, 0) <= 0:
-            return False
-        if cause is DeathCause.NODE_DIED and self.slots[rank].group not in self._owned.groups:
-            return False  # the user's own group died with its node: not ours to re-place
-        self._restarts_left[rank] -= 1
-        return True
-
-    def _restart(self, rank: int, cause: DeathCause = DeathCause.UNKNOWN) -> None:
-        try:
-            # An engine whose step raised is still alive, holding its name and its
-            # bundle: it must be gone before its successor can take them.
-            kill_and_wait(self._owned.engines[rank])
-            if cause is DeathCause.NODE_DIED:
-                self._replace_slot(rank)
-            with self._owned.lock:
-                if self._owned.released:
-                    return
-                self._start_engines(self._startup, [rank])
-            result, refs = self._handshake(self._startup, [rank], {})
-            try:
-                self._wait_coordinator(refs, len(self.slots))
-            except ray.exceptions.RayActorError:
-                # The coordinator died meanwhile: a successor resyncs this rank itself, and
-                # without one a dense rank serves the launcher's clients all the same.
-                logger.warning("engine rank %d rejoined while the coordinator is down", rank)
-        except Exception as exc:
-            kill_and_wait(self._owned.engines[rank])  # never leave a half-started successor
-            if not self._owned.stop.is_set():
-                with self._report_lock:
-                    self._restarts_left[rank] = 0
-                self._report(rank, DeathCause.INIT_FAILED, f"restart failed: {exc}")
-            return
-        with self._owned.lock:
-            if self._owned.released:
-                return
-            self._publish_restart(rank, result, refs)
-
-    def _replace_slot(self, rank: int) -> None:
-        """The rank's node died: a new group on the nodes that remain (or that join in time)."""
-        with self._place_lock:  # two ranks of one node must not plan onto the same free devices
-            old = self.slots[rank]
-            remove_groups([old.group])
-            with self._owned.lock:
-                self._owned.groups[:] = [g for g in self._owned.groups if g is not old.group]
-            slot = replace_slot(self.config, self.slots, rank, self.driver_node_id, self._owned)
-            self.slots = tuple(slot if s.rank == rank else s for s in self.slots)
-            self._startup.devices[rank] = probe_devices(self.config, [slot])[0]
-            self._owned.nodes.add(slot.node_id)
-        logger.warning("engine rank %d re-placed on node %s (its node %s died)", rank, slot.node_id[:12],
-                       old.node_id[:12])
+        self._rank_restarts.on_death(rank, cause, detail)
 
     def _publish_restart(self, rank: int, result: HandshakeResult, refs: dict[Any, int]) -> None:
         endpoint = EngineEndpoint(rank, self.slots[rank].node_id, result.ready[rank].input_addresses)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import ray
 
-from raydp.actors.slots import place_more, probe_devices
+from raydp.actors.slots import place_more, start_device_probes
 from raydp.actors.terminate import kill_and_wait
 from raydp.errors import DeathCause, StartupError
 from raydp.placement.groups import remove_groups
@@ -82,11 +82,12 @@ class Scaler:
         try:
             manager.slots = (*manager.slots, *new_slots)
             manager._owned.nodes.update(s.node_id for s in new_slots)
-            startup.devices += probe_devices(self.cfg, new_slots)
-            manager._start_engines(startup, new)
+            probes = start_device_probes(self.cfg, new_slots)  # resolved by the new ranks as they start
+            manager._start_engines(dict(zip(new, probes, strict=True)))
             # Built before any hold: a lockstep gang is held only while its group re-forms.
             engines = manager._owned.engines
             ray.get([engines[r].wait_for_init.remote() for r in new], timeout=self.cfg.startup_timeout_s)
+            startup.devices += [probe.resolve(self.cfg.startup_timeout_s) for probe in probes]
             if self.cfg.lockstep:
                 epoch = self._hold(n)
             self._tell_size(m, n)
@@ -110,8 +111,7 @@ class Scaler:
         for ep in added:
             self.coordinator.engine_revived(ep.rank, ep.input_addresses, ep.node_id)
         self._tell_size(m, m)
-        for rank in range(n, m):
-            manager._restarts_left[rank] = self.cfg.max_restarts
+        manager._rank_restarts.grant(range(n, m))
         for ref, rank in refs.items():
             manager._watch_queue.put((ref, rank))
         self._publish([*self._endpoints().engines, *added], m, None)
@@ -190,7 +190,7 @@ class Scaler:
                 ref = manager._startup.run_ref_of.pop(rank, None)
                 if ref is not None:
                     manager._retired_refs.add(ref)
-                manager._restarts_left.pop(rank, None)
+                manager._rank_restarts.forget(rank)
 
     def _stop_ranks(self, ranks: list[int]) -> None:
         """End the actors of ``ranks`` (the highest ranks) and remove their groups."""

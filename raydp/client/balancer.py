@@ -114,14 +114,18 @@ class LoadBalancer:
 
     def on_sent(self, rank: int, max_tokens: int = 1) -> None:
         self._since_snapshot[rank] += self.client_count
-        self._since_work[rank] += self.client_count * max(1, max_tokens)
+        self._since_work[rank] += self._booked_work(max_tokens)
         self._in_flight[rank] += 1
 
     def undo_sent(self, rank: int, max_tokens: int = 1) -> None:
         """Take back an :meth:`on_sent` (a batch books its choices first, then sends them)."""
         self._since_snapshot[rank] = max(0, self._since_snapshot[rank] - self.client_count)
-        self._since_work[rank] = max(0, self._since_work[rank] - self.client_count * max(1, max_tokens))
+        self._since_work[rank] = max(0, self._since_work[rank] - self._booked_work(max_tokens))
         self._in_flight[rank] = max(0, self._in_flight[rank] - 1)
+
+    def _booked_work(self, max_tokens: int) -> int:
+        """What one send adds to a rank's work until the next snapshot (peers assumed to send alike)."""
+        return self.client_count * max(1, max_tokens)
 
     def on_finished(self, rank: int) -> None:
         self._in_flight[rank] = max(0, self._in_flight[rank] - 1)

@@ -26,7 +26,6 @@ in-flight request with it and then propagates, so the rank is reported dead.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import time
@@ -39,6 +38,7 @@ import zmq
 from raydp.engine.core import EngineCore
 from raydp.engine.executor import WORKER_DESCRIBE, Executor
 from raydp.engine.lockstep import LockstepRank
+from raydp.engine.outbox import Outbox
 from raydp.errors import ProtocolError
 from raydp.wire.dropped import DropLog, identity_sender
 from raydp.wire.protocol import (
@@ -64,7 +64,6 @@ from raydp.wire.transport import SocketOptions, make_socket
 logger = logging.getLogger("raydp.engine.core")
 IDLE_POLL_MS = 1000
 INPUT_BUDGET = 512  # messages taken per socket between two steps
-BACKLOG_LIMIT = 10_000  # output batches a slow client may fall behind before it is dropped
 BUILTIN_COUNTERS = "raydp_counters"  # utilities the loop answers itself
 BUILTIN_WORKERS = "raydp_workers"
 COUNTERS = ("added", "finished", "aborted")  # what it counts, per rank
@@ -147,7 +146,7 @@ class EngineLoop:
         self._last_load_sent = 0.0
         self._stopping = False
         self._failure: BaseException | None = None
-        self._backlog: dict[bytes, collections.deque[bytes]] = {}
+        self._outbox = Outbox(sockets, self._forget_client)
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._drops = DropLog(logger, f"rank {rank}")
 
@@ -159,9 +158,9 @@ class EngineLoop:
             while not self._stopping:
                 if self._failure is not None:
                     raise self._failure
-                if self._backlog:
-                    self._flush_backlogs()
-                self._poll_inputs(block=not self._backlog and not self._should_step())
+                if self._outbox.behind:
+                    self._outbox.flush()
+                self._poll_inputs(block=not self._outbox.behind and not self._should_step())
                 if self._failure is not None:
                     raise self._failure
                 if self._stopping:
@@ -277,7 +276,7 @@ class EngineLoop:
         except Exception as exc:  # a bad call fails alone, never the rank
             error = UtilityResult(call.call_id, None, f"{type(exc).__name__}: {exc}")
             body = encode(OutputBatch(self.rank, [], error))
-        self._send_body(client, body)
+        self._outbox.send(client, body)
 
     def _counters(self) -> dict[str, int]:
         return dict(self.counters)
@@ -314,45 +313,10 @@ class EngineLoop:
             self._send(client, outs)
 
     def _send(self, client: bytes, outputs: list[Output]) -> None:
-        self._send_batch(client, OutputBatch(self.rank, outputs))
-
-    def _send_batch(self, client: bytes, batch: OutputBatch) -> None:
-        self._send_body(client, encode(batch))
-
-    def _send_body(self, client: bytes, body: bytes) -> None:
-        # Never block: a slow client's outputs wait in its own backlog, so it
-        # cannot stall the other clients of this rank, and nothing is dropped.
-        backlog = self._backlog.get(client)
-        if backlog is not None:
-            backlog.append(body)
-            if len(backlog) > BACKLOG_LIMIT:
-                self._forget_client(client, f"{len(backlog)} output batches behind")
-            return
-        if not self._try_send(client, body):
-            self._backlog[client] = collections.deque([body])
-
-    def _try_send(self, client: bytes, body: bytes) -> bool:
-        """Send now if the client's queue has room; False if it is full."""
-        try:
-            self.sockets.send_to(client, body)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.EHOSTUNREACH:
-                raise
-            self._forget_client(client, "disconnected")
-        return True
-
-    def _flush_backlogs(self) -> None:
-        for client, backlog in list(self._backlog.items()):
-            while backlog and self._try_send(client, backlog[0]):
-                backlog.popleft()
-            if not backlog:
-                self._backlog.pop(client, None)
+        self._outbox.send(client, encode(OutputBatch(self.rank, outputs)))
 
     def _forget_client(self, client: bytes, why: str) -> None:
-        """The client is gone (or hopelessly behind): abort its requests, drop its backlog."""
-        self._backlog.pop(client, None)
+        """The client is gone (or hopelessly behind; the outbox dropped its backlog): abort its requests."""
         ids = [rid for rid, (owner, _) in self._owners.items() if owner == client]
         logger.warning("rank %d: client %s %s; aborting its %d requests", self.rank, client.hex(), why, len(ids))
         self._abort_ids(ids)

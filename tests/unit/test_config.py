@@ -103,6 +103,21 @@ def test_config_is_frozen() -> None:
         cfg.dp_size = 4  # type: ignore[misc]
 
 
+@pytest.mark.parametrize(
+    ("value", "allowed"), [(-0.001, "greater than or equal to 0"), (10.5, "less than or equal to 10"),
+                           ("soon", "valid number")],
+)
+def test_allreduce_min_interval_out_of_bounds(value: object, allowed: str) -> None:
+    msg = _error(allreduce_min_interval_s=value)
+    assert f"allreduce_min_interval_s={value!r}" in msg and allowed in msg
+
+
+def test_allreduce_min_interval_zero_keeps_exact_step_intervals() -> None:
+    assert RaydpConfig.create(env={}).allreduce_min_interval_s == 0.005
+    cfg = RaydpConfig.create(env={"RAYDP_ALLREDUCE_MIN_INTERVAL_S": "0"})
+    assert cfg.allreduce_min_interval_s == 0
+
+
 # ---- environment --------------------------------------------------------------------------
 
 

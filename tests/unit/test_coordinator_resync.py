@@ -193,10 +193,12 @@ def test_peers_reconnect_to_a_successor_bound_at_the_same_addresses(
         successor = CoordinatorLoop(state, OPTS, transport="auto", node_id="n0", ip="127.0.0.1", rebind=endpoints)
         assert successor.endpoints == endpoints
         threading.Thread(target=successor.run, daemon=True).start()
+        assert successor.describe()["resynced"] is False  # what operators and restart waits read
         for rank, peer in enumerate(engines):  # each engine hears Resync on the socket it already had
             peer.next_broadcast(Resync, 15)
             peer.push.send(encode(report(rank, wave=4, stepping=rank == 1, load=(rank + 1, 2))))
         snap = engines[0].snapshot_where(lambda s: s.counts == [(1, 2), (2, 2)], 15)
+        assert successor.describe()["resynced"] is True
         assert snap.wave == 4 and snap.running  # rank 1 was stepping wave 4
         assert engines[0].next_broadcast(StartDPWave, 5).wave == 4  # its paused peer is woken
         assert successor.wait_for_engines(2, 5)
