@@ -27,6 +27,7 @@ class CoordinatorMetrics:
         self.cluster = cluster
         self.waiting = Gauge("raydp_rank_waiting", "requests waiting on the rank", TAGS)
         self.running = Gauge("raydp_rank_running", "requests running on the rank", TAGS)
+        self.work = Gauge("raydp_rank_work", "tokens the rank has left to generate (engines reporting work())", TAGS)
         self.deaths = Gauge("raydp_rank_deaths", "deaths of the rank since launch", TAGS)
         self.restarts = Gauge("raydp_rank_restarts", "restarts of the rank since launch", TAGS)
         self.dead = Gauge("raydp_rank_dead", "1 while the rank is dead", TAGS)
@@ -41,6 +42,9 @@ class CoordinatorMetrics:
             self.deaths.set(state["deaths"][rank], tags)
             self.restarts.set(state["restarts"][rank], tags)
             self.dead.set(1 if rank in dead else 0, tags)
+            work = state.get("work", [])
+            if rank < len(work) and work[rank] >= 0:
+                self.work.set(work[rank], tags)
         self.wave.set(state["wave"], {"cluster": self.cluster})
 
 

@@ -1,9 +1,10 @@
 """``raydp status [NAME]``: what a running cluster looks like, read from its coordinator.
 
-Lists the ranks with their nodes, devices and load, the wave, deaths and
-restarts, and the API servers with their URLs. Works for any cluster running
-on the Ray cluster (launched detached, or by another process that is still
-up); ``--json`` prints the same for machines. Creates nothing.
+Lists the ranks with their nodes, devices and load (requests waiting and
+running, and the tokens left to generate where the engine reports them), the
+wave, deaths and restarts, and the API servers with their URLs. Works for any
+cluster running on the Ray cluster (launched detached, or by another process
+that is still up); ``--json`` prints the same for machines. Creates nothing.
 """
 
 from __future__ import annotations
@@ -81,10 +82,12 @@ def describe_cluster(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
     ranks = []
     for ep in endpoints.engines if endpoints is not None else []:
         waiting, running = state["counts"][ep.rank]
+        work = state.get("work", [])
         ranks.append({
             "rank": ep.rank, "node_id": ep.node_id,
             "devices": devices[ep.rank] if ep.rank < len(devices) else [],
             "waiting": waiting, "running": running,
+            "work": work[ep.rank] if ep.rank < len(work) and work[ep.rank] >= 0 else None,
             "deaths": state["deaths"][ep.rank], "restarts": state["restarts"][ep.rank],
             "state": f"dead ({dead[ep.rank]})" if ep.rank in dead else "serving",
         })
@@ -101,10 +104,11 @@ def format_report(report: dict[str, Any]) -> str:
     wave = f"wave {report['wave']} ({'running' if report['running'] else 'paused'})"
     lines = [f"cluster {report['name']}: {report['dp_size']} ranks, {mode}, {wave}, "
              f"engine {report['engine']}, capacity {report['capacity']}"]
-    rows = [["rank", "node", "devices", "waiting", "running", "deaths", "restarts", "state"]]
+    rows = [["rank", "node", "devices", "waiting", "running", "work", "deaths", "restarts", "state"]]
     for r in report["ranks"]:
         devices = f"{report['accelerator']} {','.join(r['devices'])}" if r["devices"] else "-"
-        rows.append([str(r["rank"]), r["node_id"][:8], devices, str(r["waiting"]), str(r["running"]),
+        work = "-" if r.get("work") is None else str(r["work"])
+        rows.append([str(r["rank"]), r["node_id"][:8], devices, str(r["waiting"]), str(r["running"]), work,
                      str(r["deaths"]), str(r["restarts"]), r["state"]])
     lines += render_table(rows[0], rows[1:]).split("\n")
     servers = report["api_servers"]

@@ -253,6 +253,7 @@ class CoordinatorLoop:
                 "routable": s.size,
                 "hold": s.hold_phase(),
                 "counts": [list(c) for c in s.counts],
+                "work": list(s.work),  # -1 where the engine reports none (yet)
                 "dead": dict(s.dead),
                 "deaths": list(s.deaths),
                 "restarts": list(s.restarts),

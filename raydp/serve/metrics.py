@@ -10,6 +10,8 @@
 * ``raydp_generated_tokens_total``: tokens sent to clients;
 * ``raydp_rank_waiting{rank}`` / ``raydp_rank_running{rank}``: the load in
   the coordinator's latest snapshot, as this process last heard it;
+* ``raydp_rank_work{rank}``: tokens the rank has left to generate, for
+  engines that report ``work()`` (what routing breaks ties by);
 * ``raydp_rank_dead{rank}``: 1 while the coordinator reports the rank dead;
 * ``raydp_rank_deaths_total{rank}``: live-to-dead changes this process saw
   (snapshots are looked at every ``WATCH_INTERVAL_S`` and at each scrape);
@@ -107,6 +109,7 @@ class _SnapshotCollector:
         info.add_metric([str(client.client_index), str(client.client_count)], 1)
         waiting = GaugeMetricFamily("raydp_rank_waiting", "waiting requests per rank", labels=["rank"])
         running = GaugeMetricFamily("raydp_rank_running", "running requests per rank", labels=["rank"])
+        work = GaugeMetricFamily("raydp_rank_work", "tokens left to generate per rank", labels=["rank"])
         dead = GaugeMetricFamily("raydp_rank_dead", "1 while the rank is reported dead", labels=["rank"])
         snap = client.snapshot()
         if snap is not None:
@@ -114,7 +117,10 @@ class _SnapshotCollector:
                 waiting.add_metric([str(rank)], w)
                 running.add_metric([str(rank)], r)
                 dead.add_metric([str(rank)], 1 if rank in snap.dead else 0)
-        return [info, waiting, running, dead]
+            for rank, tokens in enumerate(snap.work):
+                if tokens >= 0:  # -1: the engine does not report work
+                    work.add_metric([str(rank)], tokens)
+        return [info, waiting, running, work, dead]
 
 
 class RequestMetrics:

@@ -174,5 +174,6 @@ def test_metrics_count_exactly_what_one_api_server_served() -> None:
         assert samples[("raydp_rank_waiting", (("rank", rank),), "raydp_rank_waiting")] == 0
         assert samples[("raydp_rank_running", (("rank", rank),), "raydp_rank_running")] == 0
         assert samples[("raydp_rank_dead", (("rank", rank),), "raydp_rank_dead")] == 0
+        assert samples[("raydp_rank_work", (("rank", rank),), "raydp_rank_work")] == 0  # echo reports work()
     info = ("raydp_api_server_info", (("client_count", "1"), ("client_index", "0")), "raydp_api_server_info")
     assert samples[info] == 1

@@ -42,12 +42,15 @@ def test_status_shows_ranks_devices_load_restarts_and_api_servers(two_nodes: Any
         assert [r["restarts"] for r in report["ranks"]] == [0, 0, 1]
         assert [r["deaths"] for r in report["ranks"]] == [0, 0, 1]
         assert all(r["state"] == "serving" for r in report["ranks"])
+        assert [r["work"] for r in report["ranks"]] == [0, 0, 0]  # echo engines report work(); all idle
         (api,) = report["api_servers"]
         assert (api["url"], api["count"], api["mode"]) == (servers.url, 2, "internal")
 
         table = status(address=two_nodes.address)  # every running cluster, as a table
         assert table.returncode == 0, table.stderr
         assert "cluster stat: 3 ranks, dense" in table.stdout and servers.url in table.stdout
+        header = ["rank", "node", "devices", "waiting", "running", "work", "deaths", "restarts", "state"]
+        assert any(line.split() == header for line in table.stdout.splitlines()), table.stdout
 
 
 @pytest.mark.timeout(120)
@@ -73,7 +76,9 @@ def test_the_coordinator_and_engines_export_ray_metrics(two_nodes: Any) -> None:
                                'rank="1"', lambda value: value == 1.0)
         finished = scrape_until(nodes[0], "ray_raydp_engine_requests", 'outcome="finished"',
                                 lambda value: value >= 3.0, also='rank="0"')
-        assert running == 1.0 and finished >= 3.0
+        work = scrape_until(cluster.endpoints.coordinator.node_id, "ray_raydp_rank_work", 'rank="1"',
+                            lambda value: value > 900_000)  # the tokens the long request has left
+        assert running == 1.0 and finished >= 3.0 and work <= 1_000_000
         assert not pending.done()  # what the gauge showed was this request, still running
 
 
