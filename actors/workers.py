@@ -43,38 +43,59 @@ class WorkerActor:
 
     Methods (control only; steps arrive on the channel):
 
-    * construction joins the rank's device group at the engine's store and
-      builds the user's worker class; its exception, with the traceback,
-      becomes the actor's death cause, which the engine's startup shows;
-    * ``ready()`` -> ``{node_id, pid, device}``;
+    * construction learns the worker's devices; TP rank 0's also starts the
+      store the rank's device group meets at (so the engine process needs no
+      torch: on a restart that is one import of torch fewer competing for the
+      node's CPU);
+    * ``ready()`` -> ``{node_id, pid, device, device_ids, store}`` (``store``:
+      the group's address, from TP rank 0 only);
+    * ``join(store)``: join the device group there and build the user's worker
+      class; its exception, with the traceback, is what the engine's startup shows;
     * ``call(method, args, kwargs)``: a public method of the worker
       (``Executor.collective_rpc``); an exception comes back as Ray's task error;
     * ``serve(addresses, driver_node_id, curve, max_bytes)``: connect the
       channel and answer steps until STOP or the engine's end closes; the
       engine watches this ref, so the actor's death is seen at once.
 
-    States: constructed -> serving -> stopped. Threaded (``max_concurrency=2``)
+    States: constructed -> joined -> serving -> stopped. Threaded (``max_concurrency=2``)
     so that ``call`` reaches it while ``serve`` runs; the engine never sends a
     call while a step is in flight.
     """
 
-    def __init__(self, spec: WorkerGroupSpec, tp_rank: int, store: str) -> None:
+    def __init__(self, spec: WorkerGroupSpec, tp_rank: int) -> None:
         node_id = ray.get_runtime_context().get_node_id()
         ids = ray.get_runtime_context().get_accelerator_ids().get(spec.accelerator, [])
+        self.spec = spec
         self.label = spec.label(tp_rank, node_id)
         configure_component_logging(self.label)
         set_process_title(f"raydp::{self.label}")
-        context = WorkerContext(spec.dp_rank, tp_rank, spec.world_size, node_id,
-                                local_device(spec.accelerator), tuple(str(i) for i in ids))
-        self.runtime = WorkerRuntime(context, spec.worker_class, store, spec.timeout_s)
+        self.context = WorkerContext(spec.dp_rank, tp_rank, spec.world_size, node_id,
+                                     local_device(spec.accelerator), tuple(str(i) for i in ids))
+        import torch.distributed  # noqa: F401  (every worker imports torch now, side by side, not in join())
+
+        # TP rank 0 hosts the group's store, at its node's IP (with span placement, peers may be elsewhere).
+        self._rendezvous = Rendezvous(node_ip(), spec.world_size, spec.timeout_s) if tp_rank == 0 else None
+        self._runtime: WorkerRuntime | None = None
 
     def __repr__(self) -> str:
         # Ray prefixes this actor's log lines with its repr.
         return f"WorkerActor({self.label})"
 
     def ready(self) -> dict[str, Any]:
-        ctx = self.runtime.context
-        return {"node_id": ctx.node_id, "pid": os.getpid(), "device": ctx.device, "device_ids": ctx.device_ids}
+        ctx = self.context
+        store = self._rendezvous.address if self._rendezvous is not None else ""
+        return {"node_id": ctx.node_id, "pid": os.getpid(), "device": ctx.device, "device_ids": ctx.device_ids,
+                "store": store}
+
+    def join(self, store: str) -> None:
+        hosted = self._rendezvous.store if self._rendezvous is not None else None
+        self._runtime = WorkerRuntime(self.context, self.spec.worker_class, store, self.spec.timeout_s, hosted)
+
+    @property
+    def runtime(self) -> WorkerRuntime:
+        if self._runtime is None:
+            raise RuntimeError(f"{self.label}: has not joined its device group")
+        return self._runtime
 
     def call(self, method: str, args: Any, kwargs: Any) -> Any:
         return self.runtime.call(method, args, kwargs)
@@ -101,15 +122,13 @@ class RayExecutor(ChannelExecutor):
             raise ConfigError(f"engine rank {spec.dp_rank}: device workers need the rank's placement group")
         self.spec = spec
         self._incarnation = secrets.token_hex(3)
-        # The workers start (and import torch) while this process starts the store.
-        self._rendezvous = Rendezvous(node_ip(), spec.world_size, serve=False)
         self.actors = [self._create(group, tp) for tp in range(spec.world_size)]
         self._refs: dict[Any, int] = {}
         self._zmq: zmq.Context[zmq.Socket[bytes]] | None = None
         self._gate: Any = None
         try:
-            self._rendezvous.serve()
             infos = self._wait_ready()
+            self._join(infos[0]["store"])
             super().__init__(_contexts(spec, infos), on_death)
             self._connect(any(i["node_id"] != spec.node_id for i in infos))
         except BaseException:
@@ -131,7 +150,7 @@ class RayExecutor(ChannelExecutor):
                 # rank's workers from colliding with their predecessors while those die.
                 name=f"{rank_name(spec.cluster, spec.dp_rank)}-tp{tp}-{self._incarnation}", namespace=NAMESPACE,
             )
-            .remote(spec, tp, self._rendezvous.address)
+            .remote(spec, tp)
         )
 
     def _wait_ready(self) -> list[dict[str, Any]]:
@@ -141,6 +160,22 @@ class RayExecutor(ChannelExecutor):
             raise StartupError(f"a device worker of rank {self.spec.dp_rank} failed to start:\n{exc}") from None
         except GetTimeoutError:
             raise StartupError(f"the device workers of rank {self.spec.dp_rank} did not start in time") from None
+
+    def _join(self, store: str) -> None:
+        """Every worker joins the group at ``store``; the first failure (with its traceback) fails startup."""
+        refs = {a.join.remote(store): tp for tp, a in enumerate(self.actors)}
+        pending = list(refs)
+        while pending:  # a worker that fails leaves its peers waiting in the group: do not wait for them
+            done, pending = ray.wait(pending, timeout=self.spec.timeout_s)
+            if not done:
+                raise StartupError(f"the device workers of rank {self.spec.dp_rank} did not form their group "
+                                   f"in {self.spec.timeout_s}s")
+            try:
+                ray.get(done[0])
+            except (RayTaskError, RayActorError) as exc:
+                detail = getattr(exc, "traceback_str", None) or str(exc)
+                raise StartupError(f"device worker tp{refs[done[0]]} of rank {self.spec.dp_rank} failed to "
+                                   f"start:\n{detail}") from None
 
     def _connect(self, remote: bool) -> None:
         spec = self.spec
@@ -223,7 +258,6 @@ class RayExecutor(ChannelExecutor):
             self._gate.stop()
         if self._zmq is not None:
             self._zmq.destroy(linger=0)
-        self._rendezvous.close()
 
 
 def _contexts(spec: WorkerGroupSpec, infos: list[dict[str, Any]]) -> list[WorkerContext]:

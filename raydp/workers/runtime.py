@@ -29,10 +29,11 @@ class WorkerRuntime:
     """A worker's lifecycle: constructed -> (group joined, worker built) -> serving -> stopped."""
 
     def __init__(self, context: WorkerContext, worker_class: str | type, store_address: str,
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, store: Any = None) -> None:
+        """``store``: the group's TCPStore when this worker hosts it (else it connects to ``store_address``)."""
         self.context = context
         self._stop = threading.Event()
-        self._joined = _join_group(context, store_address, timeout_s)
+        self._joined = _join_group(context, store_address, timeout_s, store)
         cls = load_worker_class(worker_class)
         self.worker: Worker = cls(context)
 
@@ -150,8 +151,8 @@ def local_device(accelerator: str) -> str:
     return "cuda:0" if torch.cuda.is_available() else "cpu"
 
 
-def _join_group(context: WorkerContext, store_address: str, timeout_s: float) -> bool:
-    """Form the rank's device group at the engine's store: nccl with CUDA, else gloo."""
+def _join_group(context: WorkerContext, store_address: str, timeout_s: float, store: Any = None) -> bool:
+    """Form the rank's device group at its store: nccl with CUDA, else gloo."""
     import torch
     import torch.distributed as dist
 
@@ -161,7 +162,8 @@ def _join_group(context: WorkerContext, store_address: str, timeout_s: float) ->
     host, _, port = store_address.rpartition(":")
     timeout = datetime.timedelta(seconds=timeout_s)
     started = time.monotonic()
-    store = dist.TCPStore(host, int(port), context.world_size, is_master=False, timeout=timeout)
+    if store is None:
+        store = dist.TCPStore(host, int(port), context.world_size, is_master=False, timeout=timeout)
     use_interface_of(node_ip())  # gloo: this node's own interface, not where the hostname resolves
     dist.init_process_group(backend, store=store, rank=context.tp_rank, world_size=context.world_size,
                             timeout=timeout)
