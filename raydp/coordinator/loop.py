@@ -263,6 +263,11 @@ class CoordinatorLoop:
                 "resynced": s.resync is None or s.resync.done,  # a successor heard every live rank
             }
 
+    def wait_for_rank(self, rank: int, timeout_s: float) -> bool:
+        """Block until engine ``rank`` has subscribed (a restarted one, whatever its peers do)."""
+        with self._subscribed_changed:
+            return self._subscribed_changed.wait_for(lambda: rank in self.subscribed, timeout=timeout_s)
+
     def wait_for_engines(self, ranks: int, timeout_s: float) -> bool:
         """Block until ``ranks`` engines have subscribed to the broadcast socket."""
         with self._subscribed_changed:

@@ -155,6 +155,7 @@ class EngineLoop:
     def run(self) -> None:
         """Loop until a Shutdown broadcast or :meth:`stop`; re-raises engine failures."""
         try:
+            self._publish_load(force=True)  # at once, not after the first (possibly idle) poll
             while not self._stopping:
                 if self._failure is not None:
                     raise self._failure
@@ -169,9 +170,10 @@ class EngineLoop:
                     self.lockstep.tick()
                 has_work = self.engine.has_unfinished()
                 busy = self._should_step(has_work)
-                if busy:
-                    self._step_once(has_work)
-                self._publish_load(force=not busy)
+                # The step that finishes the last request is published at once too: the
+                # next turn may block in poll for a second, with the load shown stale.
+                finished_all = busy and not self._step_once(has_work) and has_work
+                self._publish_load(force=not busy or finished_all)
         except BaseException as exc:
             self._fail_all(f"engine rank {self.rank} failed: {exc!r}")
             raise
@@ -203,13 +205,16 @@ class EngineLoop:
                 for frames in _drain(sock, INPUT_BUDGET):
                     self._on_input(frames)
 
-    def _step_once(self, has_work: bool) -> None:
+    def _step_once(self, has_work: bool) -> bool:
+        """One step (a dummy one for an idle lockstep rank); whether work is left after it."""
         if has_work:
             self._send_outputs(self.engine.step())
         else:
             self.engine.execute_dummy_batch()
+        left = self.engine.has_unfinished()
         if self.lockstep is not None:
-            self.lockstep.after_step(self.engine.has_unfinished())
+            self.lockstep.after_step(left)
+        return left
 
     # ---- inputs ----------------------------------------------------------------
 

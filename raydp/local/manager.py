@@ -5,9 +5,11 @@ For runs without a Ray cluster, on one node. It implements
 :class:`~raydp.cluster.Cluster` works unchanged: the same handshake, the same
 sockets, liveness from process sentinels (:mod:`raydp.processes`).
 
-A dead rank stays dead (no restarts); in lockstep mode a death stops the gang,
-whose collective is broken. The coordinator process is driven over a
-msgpack control pipe (no pickle crosses it either).
+In dense mode a dead rank is started again while ``max_restarts`` allows: a
+new process, handshaken alone, announced to the coordinator and the
+launcher's clients as the Ray backend does. In lockstep mode a death stops
+the gang, whose collective is broken. The coordinator is not restarted. It
+is driven over a msgpack control pipe (no pickle crosses it either).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from raydp.processes import (
     watch_processes,
 )
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
-from raydp.wire.handshake import HandshakeServer, parallel_config
+from raydp.wire.handshake import HandshakeResult, HandshakeServer, parallel_config
 from raydp.wire.protocol import EngineAddresses, Init
 from raydp.wire.transport import IpcDir, ipc_prefix, remove_cluster_ipc_dirs, socket_options
 
@@ -147,6 +149,8 @@ def _serve_coordinator_commands(loop: Any, conn: Connection, thread: threading.T
             return
         if command == "wait_for_engines":
             _send(conn, loop.wait_for_engines(*args))
+        elif command == "wait_for_rank":
+            _send(conn, loop.wait_for_rank(*args))
         elif command == "state":
             _send(conn, loop.describe())
         elif command == "shutdown":
@@ -185,6 +189,9 @@ class ProcessManager:
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, self._owned.release)
         self._mp = mp.get_context("spawn")
+        self._coordinator: CoordinatorEndpoints | None = None
+        self._restarts_left = dict.fromkeys(range(config.dp_size), config.max_restarts)
+        self._report_lock = threading.Lock()
 
     @property
     def procs(self) -> tuple[Proc, ...]:
@@ -198,7 +205,7 @@ class ProcessManager:
         self._reports.on_death(listener)
 
     def on_restart(self, listener: RestartListener) -> None:
-        """Local processes are not restarted: a dead rank stays dead."""
+        self._reports.on_restart(listener)
 
     def register_api_servers(self, record: dict[str, Any]) -> None:
         """``raydp status`` reads Ray clusters only: a local cluster keeps no registry."""
@@ -213,8 +220,8 @@ class ProcessManager:
 
     def start(self) -> ClusterEndpoints:
         try:
-            coordinator = self._start_coordinator()
-            endpoints = self._start_engines(coordinator)
+            self._coordinator = self._start_coordinator()
+            endpoints = self._start_engines(self._coordinator)
         except BaseException:
             self.close()
             raise
@@ -236,25 +243,15 @@ class ProcessManager:
             raise StartupError(f"the coordinator did not start ({describe_exit(proc.process.exitcode)})")
         return _recv(parent, CoordinatorEndpoints)
 
-    def _start_engines(self, coordinator: Any) -> ClusterEndpoints:
+    def _start_engines(self, coordinator: CoordinatorEndpoints) -> ClusterEndpoints:
         cfg = self.config
         owned = self._owned
         owned.ctx = zmq.Context()
         owned.ipc_dir = IpcDir(f"{self.ipc_prefix}-frontend")
-        server = HandshakeServer(owned.ctx, socket_options(cfg), transport="ipc", ipc_dir=owned.ipc_dir)
-        try:
-            for rank in range(cfg.dp_size):
-                self._spawn(
-                    rank_name(cfg.name, rank), _engine_main, cfg, rank, server.addresses, self.ipc_prefix, rank=rank
-                )
-            init = Init(
-                EngineAddresses(coordinator.collect[0], coordinator.broadcast[0]),
-                parallel_config(cfg, self._dp_master()),
-            )
-            result = server.run({r: True for r in range(cfg.dp_size)}, lambda _: init, cfg.config_hash(),
-                                cfg.startup_timeout_s, liveness=self._check_alive, progress=self._progress)
-        finally:
-            server.close()
+        init = Init(
+            EngineAddresses(coordinator.collect[0], coordinator.broadcast[0]), parallel_config(cfg, self._dp_master())
+        )
+        result = self._handshake(list(range(cfg.dp_size)), init, self._check_alive, self._progress)
         self._wait_coordinator()
         engines = [EngineEndpoint(r, LOCAL_NODE, result.ready[r].input_addresses) for r in range(cfg.dp_size)]
         self._reports.coordinator = CoordinatorClient(coordinator, LOCAL_NODE, socket_options(cfg))
@@ -262,6 +259,26 @@ class ProcessManager:
         return ClusterEndpoints(
             cfg.name, engines, coordinator, cfg.lockstep, result.capacity, self.ipc_prefix, cfg.heartbeat_interval_s
         )
+
+    def _handshake(
+        self, ranks: list[int], init: Init, liveness: Callable[[], None],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> HandshakeResult:
+        """Spawn the engine processes of ``ranks`` and run them through the handshake."""
+        cfg, owned = self.config, self._owned
+        assert owned.ctx is not None
+        server = HandshakeServer(owned.ctx, socket_options(cfg), transport="ipc", ipc_dir=owned.ipc_dir)
+        try:
+            with owned.lock:  # close() must not miss a process started behind its back (a restart's)
+                if owned.released:
+                    raise StartupError(f"cluster {cfg.name!r} is closing")
+                for rank in ranks:
+                    self._spawn(rank_name(cfg.name, rank), _engine_main, cfg, rank, server.addresses, self.ipc_prefix,
+                                rank=rank)
+            return server.run(dict.fromkeys(ranks, True), lambda _: init, cfg.config_hash(), cfg.startup_timeout_s,
+                              liveness=liveness, progress=progress)
+        finally:
+            server.close()
 
     def _dp_master(self) -> str:
         """The parent hosts the rendezvous: it outlives every rank, and binding here leaves no race."""
@@ -301,8 +318,8 @@ class ProcessManager:
     def on_scale(self, listener: ScaleListener) -> None:
         pass  # never scales
 
-    def _check_alive(self) -> None:
-        for proc in self._owned.procs:
+    def _check_alive(self, procs: list[Proc] | None = None) -> None:
+        for proc in self._owned.procs if procs is None else procs:
             if not proc.process.is_alive():
                 words = _decode_death(last_words(proc))
                 why = f":\n{words.message}" if words else ""
@@ -313,19 +330,66 @@ class ProcessManager:
         if words is None:
             proc.process.join(timeout=1)
         code = proc.process.exitcode
+        with self._report_lock:  # each restarted rank has a watcher thread of its own
+            restarting = proc.rank is not None and self._may_restart(proc.rank)
         err: ComponentDeadError
-        if words is not None:  # it said why (e.g. one of its workers died), and is exiting now
-            err = EngineDeadError(proc.rank or 0, LOCAL_NODE, DeathCause(words.cause),
-                                  f"{proc.name} pid {proc.process.pid}: {words.message}")
-        elif proc.rank is not None:
-            detail = f"{proc.name} pid {proc.process.pid} {describe_exit(code)}"
-            err = EngineDeadError(proc.rank, LOCAL_NODE, DeathCause.of_exit(code), detail)
-        else:
+        if proc.rank is None:
             err = ProcessDeadError(f"{proc.name} (pid {proc.process.pid})", code, LOCAL_NODE)
+        elif words is not None:  # it said why (e.g. one of its workers died), and is exiting now
+            err = EngineDeadError(proc.rank, LOCAL_NODE, DeathCause(words.cause),
+                                  f"{proc.name} pid {proc.process.pid}: {words.message}", restarting)
+        else:
+            detail = f"{proc.name} pid {proc.process.pid} {describe_exit(code)}"
+            err = EngineDeadError(proc.rank, LOCAL_NODE, DeathCause.of_exit(code), detail, restarting)
         self._reports.died(err)
         if self.config.lockstep:
             # A broken collective would hold the surviving ranks for minutes.
             shutdown([p for p in self._owned.procs if p.rank is not None and p is not proc], grace_s=0.5)
+        elif restarting:
+            threading.Thread(target=self._restart, args=(proc,), name=f"raydp-restart-{proc.rank}",
+                             daemon=True).start()
+
+    # ---- restarts (dense mode) ---------------------------------------------------------
+
+    def _may_restart(self, rank: int) -> bool:
+        if self.config.lockstep or self._owned.stop.is_set() or self._restarts_left.get(rank, 0) <= 0:
+            return False
+        self._restarts_left[rank] -= 1
+        return True
+
+    def _restart(self, old: Proc) -> None:
+        """A new process for ``old``'s rank; a failed restart ends the rank for good, reported ``INIT_FAILED``."""
+        rank = old.rank
+        assert rank is not None and self._coordinator is not None
+        shutdown([old], grace_s=0.5)  # one that failed on its own may still be tearing down
+        coordinator = self._coordinator
+        init = Init(EngineAddresses(coordinator.collect[0], coordinator.broadcast[0]), parallel_config(self.config, ""))
+        try:
+            with self._owned.lock:
+                if self._owned.released:
+                    return
+                self._owned.procs.remove(old)
+            result = self._handshake([rank], init, lambda: self._check_restarting(rank))
+            wait_s = self.config.handshake_timeout_s
+            if not self._ask("wait_for_rank", rank, wait_s, timeout_s=wait_s + CONTROL_TIMEOUT_S):
+                raise StartupError(f"engine rank {rank} did not subscribe to the coordinator's broadcast in time")
+        except Exception as exc:
+            if not self._owned.stop.is_set():
+                with self._report_lock:
+                    self._restarts_left[rank] = 0
+                self._reports.died(EngineDeadError(rank, LOCAL_NODE, DeathCause.INIT_FAILED, f"restart failed: {exc}"))
+            return
+        if self._owned.stop.is_set():
+            return  # closed meanwhile: release() ended the new process too
+        new = next(p for p in self._owned.procs if p.rank == rank)
+        watch_processes([new], self._owned.stop, self._report, f"raydp-proc-watcher-{rank}")
+        self._reports.revived(EngineEndpoint(rank, LOCAL_NODE, result.ready[rank].input_addresses))
+
+    def _check_restarting(self, rank: int) -> None:
+        """A restart fails at once if close() began or its new process died (other ranks may be dead)."""
+        if self._owned.stop.is_set():
+            raise StartupError(f"cluster {self.config.name!r} is closing")
+        self._check_alive([p for p in self._owned.procs if p.rank == rank])
 
     def close(self) -> None:
         self._finalizer()

@@ -73,3 +73,38 @@ def test_abort_finishes_the_handle_and_frees_the_engine() -> None:
         assert wait_until(idle, timeout=10), "the engine dropped the request"
         # The id is free again once the abort went through.
         assert client.generate([9], max_tokens=1, request_id="long") == [9]
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_rank_restarts_while_max_restarts_allows_then_stays_dead() -> None:
+    with raydp.launch(name="mprestart", dp_size=2, backend="mp", max_restarts=1, progress=False,
+                      engine_kwargs={"step_delay_s": 0.002}) as cluster:
+        client = cluster.client()
+        assert client.generate([4], max_tokens=2, rank=1) == [4, 4]
+        first = next(p for p in cluster._manager.procs if p.rank == 1)
+        pending = client.submit([1], max_tokens=1_000_000, rank=1)
+        os.kill(first.process.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError) as info:
+            pending.result(timeout=10)
+        assert info.value.rank == 1 and info.value.restarting and "restarting it" in str(info.value)
+
+        def serves() -> bool:
+            try:
+                return client.generate([5], max_tokens=1, rank=1, timeout=5) == [5]
+            except raydp.RaydpError:
+                return False
+
+        assert wait_until(serves, timeout=30), "rank 1 came back"
+        second = next(p for p in cluster._manager.procs if p.rank == 1)
+        assert second.process.pid != first.process.pid and not first.process.is_alive()
+        assert wait_until(lambda: cluster.coordinator_state()["restarts"] == [0, 1], timeout=10)
+        assert client.generate([6], max_tokens=1, rank=0) == [6], "rank 0 served throughout"
+
+        os.kill(second.process.pid, signal.SIGKILL)  # no restarts left
+        assert wait_until(lambda: len(cluster.deaths) == 2, timeout=10)
+        assert not cluster.deaths[-1].restarting  # type: ignore[attr-defined]
+        with pytest.raises(EngineDeadError):
+            client.generate([7], max_tokens=1, rank=1, timeout=10)
+        time.sleep(1.0)
+        assert [p.process.pid for p in cluster._manager.procs if p.rank == 1] == [second.process.pid]
+    assert socket_dirs("mprestart") == []

@@ -70,7 +70,9 @@ class Rig:
         self.thread.join(timeout=5)
 
 
-def start(engine: EchoEngine, input_opts: SocketOptions = OPTS, input_count: int = 1) -> Rig:
+def start(
+    engine: EchoEngine, input_opts: SocketOptions = OPTS, input_count: int = 1, stats_interval_s: float = 0.01
+) -> Rig:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     collect = make_socket(ctx, zmq.PULL, OPTS)
     collect.bind("inproc://collect")
@@ -84,7 +86,7 @@ def start(engine: EchoEngine, input_opts: SocketOptions = OPTS, input_count: int
     sub = make_socket(ctx, zmq.SUB, OPTS)
     sub.connect("inproc://broadcast")
     sockets = EngineSockets(ctx, inputs, push, sub, "inproc://wake", rank=0)
-    loop = EngineLoop(engine, 0, sockets, stats_interval_s=0.01)
+    loop = EngineLoop(engine, 0, sockets, stats_interval_s=stats_interval_s)
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -177,20 +179,51 @@ def test_with_two_input_sockets_each_client_is_answered_where_it_wrote() -> None
 
 
 @pytest.mark.timeout(30)
-def test_load_is_published_to_the_coordinator(rig: Rig) -> None:
-    a = rig.client(b"ca")
-    send(a, RequestType.ADD, Request("x", [1], 50))
-    seen, work = set(), []
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (0, 0) not in seen:
-        if rig.collect.poll(100):
-            msg = coordinator_decoder(rig.collect.recv())
-            assert isinstance(msg, EngineStats)
-            seen.add((msg.waiting, msg.running))
-            work.append(msg.work)
-    assert (0, 1) in seen and (0, 0) in seen, seen
-    # EchoEngine says how many tokens it has left: at most the 50 asked for, then down to none.
-    assert work[-1] == 0 and all(0 <= w <= 50 for w in work) and work == sorted(work, reverse=True), work
+def test_load_is_published_to_the_coordinator() -> None:
+    rig = start(EchoEngine(EngineContext(0, 0, 1, 1, "n"), step_delay_s=0.002))  # 0.1 s: several updates
+    try:
+        a = rig.client(b"ca")
+        send(a, RequestType.ADD, Request("x", [1], 50))
+        seen, work = [], []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (0, 0) not in seen[1:]:  # the first: idle, before the request
+            if rig.collect.poll(100):
+                msg = coordinator_decoder(rig.collect.recv())
+                assert isinstance(msg, EngineStats)
+                seen.append((msg.waiting, msg.running))
+                work.append(msg.work)
+        assert (0, 1) in seen and (0, 0) in seen[1:], seen
+        # EchoEngine says how many tokens it has left: at most the 50 asked for, then down to none.
+        work = work[1:]
+        assert work[-1] == 0 and all(0 <= w <= 50 for w in work) and work == sorted(work, reverse=True), work
+    finally:
+        rig.stop()
+        rig.ctx.destroy(linger=0)
+
+
+@pytest.mark.timeout(30)
+def test_the_load_is_published_at_start_and_when_the_last_request_finishes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Nothing else wakes the loop here: an idle poll lasts a minute.
+    monkeypatch.setattr("raydp.engine.loop.IDLE_POLL_MS", 60_000)
+    # Stats at most every second while busy: the step that finishes the request comes
+    # ~0.25 s after the busy state was published, too soon for a routine update.
+    rig = start(EchoEngine(EngineContext(0, 0, 1, 1, "n"), step_delay_s=0.05), stats_interval_s=4.0)
+    try:
+        assert rig.collect.poll(5000), "the idle load, reported before any request"
+        assert coordinator_decoder(rig.collect.recv()) == EngineStats(rank=0, waiting=0, running=0, work=0)
+        client = rig.client(b"ca")  # kept: a client that goes away has its requests aborted
+        send(client, RequestType.ADD, Request("x", [1], 25))
+        seen = []
+        deadline = time.monotonic() + 10
+        while (0, 0) not in seen and time.monotonic() < deadline:
+            if rig.collect.poll(100):
+                msg = coordinator_decoder(rig.collect.recv())
+                assert isinstance(msg, EngineStats)
+                seen.append((msg.waiting, msg.running))
+        assert seen[0] == (0, 1) and seen[-1] == (0, 0), seen
+    finally:
+        rig.stop()
+        rig.ctx.destroy(linger=0)
 
 
 @pytest.mark.timeout(30)
