@@ -157,6 +157,11 @@ def _serve_coordinator_commands(loop: Any, conn: Connection, thread: threading.T
             return  # the caller's loop.close() stops the loop and waits for its teardown
 
 
+def _init(config: RaydpConfig, coordinator: CoordinatorEndpoints, dp_master: str) -> Init:
+    """What every engine process is told in the handshake (all of them are on this node)."""
+    return Init(EngineAddresses(coordinator.collect[0], coordinator.broadcast[0]), parallel_config(config, dp_master))
+
+
 @dataclass
 class _Owned(OwnedResources):
     procs: list[Proc] = field(default_factory=list)
@@ -248,9 +253,7 @@ class ProcessManager:
         owned = self._owned
         owned.ctx = zmq.Context()
         owned.ipc_dir = IpcDir(f"{self.ipc_prefix}-frontend")
-        init = Init(
-            EngineAddresses(coordinator.collect[0], coordinator.broadcast[0]), parallel_config(cfg, self._dp_master())
-        )
+        init = _init(cfg, coordinator, self._dp_master())
         result = self._handshake(list(range(cfg.dp_size)), init, self._check_alive, self._progress)
         self._wait_coordinator()
         engines = [EngineEndpoint(r, LOCAL_NODE, result.ready[r].input_addresses) for r in range(cfg.dp_size)]
@@ -362,8 +365,7 @@ class ProcessManager:
         rank = old.rank
         assert rank is not None and self._coordinator is not None
         shutdown([old], grace_s=0.5)  # one that failed on its own may still be tearing down
-        coordinator = self._coordinator
-        init = Init(EngineAddresses(coordinator.collect[0], coordinator.broadcast[0]), parallel_config(self.config, ""))
+        init = _init(self.config, self._coordinator, "")
         try:
             with self._owned.lock:
                 if self._owned.released:
@@ -374,6 +376,7 @@ class ProcessManager:
             if not self._ask("wait_for_rank", rank, wait_s, timeout_s=wait_s + CONTROL_TIMEOUT_S):
                 raise StartupError(f"engine rank {rank} did not subscribe to the coordinator's broadcast in time")
         except Exception as exc:
+            shutdown([p for p in self._owned.procs if p.rank == rank], grace_s=0.5)  # no half-started successor
             if not self._owned.stop.is_set():
                 with self._report_lock:
                     self._restarts_left[rank] = 0
