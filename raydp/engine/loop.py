@@ -170,10 +170,10 @@ class EngineLoop:
                     self.lockstep.tick()
                 has_work = self.engine.has_unfinished()
                 busy = self._should_step(has_work)
+                left = self._step_once(has_work) if busy else has_work
                 # The step that finishes the last request is published at once too: the
                 # next turn may block in poll for a second, with the load shown stale.
-                finished_all = busy and not self._step_once(has_work) and has_work
-                self._publish_load(force=not busy or finished_all)
+                self._publish_load(force=not busy or (has_work and not left))
         except BaseException as exc:
             self._fail_all(f"engine rank {self.rank} failed: {exc!r}")
             raise
