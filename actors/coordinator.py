@@ -26,6 +26,7 @@ class CoordinatorActor:
     * ``endpoints()`` -> the publish, collect and broadcast socket addresses;
     * ``run()`` serves until ``shutdown()``;
     * ``wait_for_engines(n, timeout_s)`` -> True once ``n`` engines subscribed;
+      ``wait_for_rank(rank, timeout_s)`` -> True once that one has (a restarted rank);
     * ``set_cluster(endpoints, info, launch)`` / ``cluster()`` -> the cluster's endpoints, for
       ``raydp.attach``; ``launch()`` -> its config and engine class, for ``raydp scale``;
     * ``add_api_servers(record)`` / ``info()`` -> devices per rank and API servers, for ``raydp status``;
@@ -85,6 +86,9 @@ class CoordinatorActor:
 
     def wait_for_engines(self, engine_count: int, timeout_s: float) -> bool:
         return self._loop.wait_for_engines(engine_count, timeout_s)
+
+    def wait_for_rank(self, rank: int, timeout_s: float) -> bool:
+        return self._loop.wait_for_rank(rank, timeout_s)
 
     def set_cluster(
         self, endpoints: ClusterEndpoints, info: dict[str, Any] | None = None, launch: dict[str, Any] | None = None

@@ -360,10 +360,13 @@ class ActorManager:
             raise StartupError(f"cluster {self.config.name!r} is closing")
         check_started(watched)
 
-    def _wait_coordinator(self, watched: dict[Any, int], dp_size: int) -> None:
-        """Block until ``dp_size`` engines have subscribed to the coordinator's broadcast."""
-        coordinator = self._owned.coordinator
-        ref = coordinator.wait_for_engines.remote(dp_size, self.config.handshake_timeout_s)
+    def _wait_coordinator(self, watched: dict[Any, int], dp_size: int, rank: int | None = None) -> None:
+        """Block until ``dp_size`` engines (or, given, engine ``rank``) subscribed to the coordinator's broadcast."""
+        coordinator, wait_s = self._owned.coordinator, self.config.handshake_timeout_s
+        if rank is None:
+            ref = coordinator.wait_for_engines.remote(dp_size, wait_s)
+        else:  # a restarted rank: whatever its peers do (one may be dead for good meanwhile)
+            ref = coordinator.wait_for_rank.remote(rank, wait_s)
         while not ray.wait([ref], timeout=0.05)[0]:
             self._check_live(watched)
         if not ray.get(ref):

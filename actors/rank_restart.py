@@ -78,7 +78,7 @@ class RankRestarts:
                 m._start_engines({rank: m._startup.devices[rank]})
             result, refs = m._handshake(m._startup, [rank], {})
             try:
-                m._wait_coordinator(refs, len(m.slots))
+                m._wait_coordinator(refs, len(m.slots), rank)
             except ray.exceptions.RayActorError:
                 # The coordinator died meanwhile: a successor resyncs this rank itself, and
                 # without one a dense rank serves the launcher's clients all the same.

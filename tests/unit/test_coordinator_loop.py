@@ -114,3 +114,28 @@ def test_describe_from_other_threads_sees_consistent_state_while_the_loop_writes
     assert failures == [] and errors == []
     assert seen and all(len(d["counts"]) == 4 for d in seen)  # type: ignore[arg-type]
     assert loop.describe()["counts"][3] == [1999, 1]  # type: ignore[index]
+
+
+@pytest.mark.timeout(30)
+def test_wait_for_rank_follows_that_ranks_subscription_whatever_its_peers_do(loop: CoordinatorLoop) -> None:
+    from raydp.wire.protocol import presence_topic
+
+    thread, errors = run_in_thread(loop)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        engine = ctx.socket(zmq.SUB)  # rank 2 subscribes, as an engine does; ranks 0, 1, 3 never do
+        engine.setsockopt(zmq.SUBSCRIBE, BROADCAST_TOPIC)
+        engine.setsockopt(zmq.SUBSCRIBE, presence_topic(2))
+        engine.connect(loop.endpoints.broadcast[0])
+        assert loop.wait_for_rank(2, 10)
+        assert not loop.wait_for_rank(1, 0.2) and not loop.wait_for_engines(4, 0.2)
+        engine.close(linger=0)  # gone: unsubscribed
+        deadline = time.monotonic() + 10
+        while 2 in loop.describe()["subscribed"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not loop.wait_for_rank(2, 0.2)
+    finally:
+        ctx.destroy(linger=0)
+        loop.close()
+        thread.join(10)
+    assert errors == []
