@@ -7,9 +7,9 @@ handshake, and then watches every ``run()`` ref on a background thread with
 second as a typed :class:`~raydp.errors.ComponentDeadError`.
 
 In dense mode a dead rank is restarted in its own placement group while the
-restart policy (``max_restarts``) allows (:mod:`raydp.actors.rank_restart`); in lockstep mode the whole gang
-restarts (:mod:`raydp.actors.gang`); a dead coordinator is restarted at its
-addresses (:mod:`raydp.actors.coordinator_restart`). Everything it creates
+restart policy (``max_restarts``) allows (:mod:`raydp.actors.rank_restart`);
+in lockstep mode the whole gang restarts (:mod:`raydp.actors.gang`); a dead
+coordinator is restarted at its addresses (:mod:`raydp.actors.coordinator_restart`). Everything it creates
 is recorded in an :class:`~raydp.actors.owned.Owned` that ``close()``,
 garbage collection and interpreter exit all release, once.
 """
