@@ -206,7 +206,7 @@ class ActorManager:
             self.endpoints.coordinator, self.driver_node_id, self._sock_opts
         )
         self._owned.closers.append(self._reports.coordinator.close)
-        self._rank_restarts.grant([s.rank for s in self.slots])
+        self._rank_restarts.budget.grant(s.rank for s in self.slots)
         self._start_watcher(startup)
         return self.endpoints
 

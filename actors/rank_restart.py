@@ -19,6 +19,7 @@ import ray
 
 from raydp.actors.slots import probe_devices, replace_slot
 from raydp.actors.terminate import kill_and_wait
+from raydp.backend import RestartBudget
 from raydp.errors import DeathCause, EngineDeadError
 from raydp.placement.groups import remove_groups
 
@@ -33,16 +34,7 @@ class RankRestarts:
 
     def __init__(self, manager: ActorManager, max_restarts: int) -> None:
         self.m = manager
-        self.max_restarts = max_restarts
-        self.left: dict[int, int] = {}
-
-    def grant(self, ranks: range | list[int]) -> None:
-        """New ranks (at startup or a scale-up) get the full budget."""
-        for rank in ranks:
-            self.left[rank] = self.max_restarts
-
-    def forget(self, rank: int) -> None:
-        self.left.pop(rank, None)
+        self.budget = RestartBudget(max_restarts)  # granted at startup and on scale-ups
 
     def on_death(self, rank: int, cause: DeathCause, detail: str) -> None:
         """Report the death, restarting the rank on a thread of its own if the policy allows."""
@@ -57,12 +49,11 @@ class RankRestarts:
 
     def _may_restart(self, rank: int, cause: DeathCause) -> bool:
         m = self.m
-        if rank >= len(m.slots) or m._owned.stop.is_set() or self.left.get(rank, 0) <= 0:
+        if rank >= len(m.slots) or m._owned.stop.is_set():
             return False
         if cause is DeathCause.NODE_DIED and m.slots[rank].group not in m._owned.groups:
             return False  # the user's own group died with its node: not ours to re-place
-        self.left[rank] -= 1
-        return True
+        return self.budget.take(rank)
 
     def _restart(self, rank: int, cause: DeathCause) -> None:
         m = self.m
@@ -87,7 +78,7 @@ class RankRestarts:
             kill_and_wait(m._owned.engines[rank])  # never leave a half-started successor
             if not m._owned.stop.is_set():
                 with m._report_lock:
-                    self.left[rank] = 0
+                    self.budget.exhaust(rank)
                 m._report(rank, DeathCause.INIT_FAILED, f"restart failed: {exc}")
             return
         with m._owned.lock:

@@ -111,7 +111,7 @@ class Scaler:
         for ep in added:
             self.coordinator.engine_revived(ep.rank, ep.input_addresses, ep.node_id)
         self._tell_size(m, m)
-        manager._rank_restarts.grant(range(n, m))
+        manager._rank_restarts.budget.grant(range(n, m))
         for ref, rank in refs.items():
             manager._watch_queue.put((ref, rank))
         self._publish([*self._endpoints().engines, *added], m, None)
@@ -190,7 +190,7 @@ class Scaler:
                 ref = manager._startup.run_ref_of.pop(rank, None)
                 if ref is not None:
                     manager._retired_refs.add(ref)
-                manager._rank_restarts.forget(rank)
+                manager._rank_restarts.budget.forget(rank)
 
     def _stop_ranks(self, ranks: list[int]) -> None:
         """End the actors of ``ranks`` (the highest ranks) and remove their groups."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -104,6 +104,32 @@ def notify(listeners: Sequence[DeathListener], err: ComponentDeadError) -> None:
             listener(err)
         except Exception:
             logger.exception("death listener failed")
+
+
+class RestartBudget:
+    """Restarts left per rank (``max_restarts`` each); callers hold their own report lock."""
+
+    def __init__(self, max_restarts: int, ranks: Iterable[int] = ()) -> None:
+        self.max_restarts = max_restarts
+        self._left = dict.fromkeys(ranks, max_restarts)
+
+    def grant(self, ranks: Iterable[int]) -> None:
+        """New ranks (at startup or a scale-up) get the full budget."""
+        self._left.update(dict.fromkeys(ranks, self.max_restarts))
+
+    def take(self, rank: int) -> bool:
+        """Spend one restart of ``rank``; False when none is left."""
+        if self._left.get(rank, 0) <= 0:
+            return False
+        self._left[rank] -= 1
+        return True
+
+    def exhaust(self, rank: int) -> None:
+        """A restart failed: the rank's death is final."""
+        self._left[rank] = 0
+
+    def forget(self, rank: int) -> None:
+        self._left.pop(rank, None)
 
 
 class DeathReports:

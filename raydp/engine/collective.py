@@ -46,54 +46,29 @@ class Rendezvous:
     with every outgoing connection on the host (the kernel hands the same
     ephemeral ports to ``connect()``), and the store on its own would listen
     on every interface.
-
-    With ``serve=False`` only the socket is bound (``address`` is known at
-    once) and :meth:`serve` starts the store later: the members can be started
-    meanwhile, importing torch while this process does the same (their
-    connections wait in the socket's backlog).
     """
 
-    def __init__(self, ip: str, dp_size: int, timeout_s: float = 300.0, *, serve: bool = True) -> None:
-        self._size, self._timeout_s = dp_size, timeout_s
-        self.store: Any = None
-        self._listener: socket.socket | None = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
-        try:
-            self._listener.bind((ip, 0))
-            self._listener.listen(128)
-        except BaseException:
-            self._listener.close()
-            raise
-        self._ip, port = ip, self._listener.getsockname()[1]
-        self.address = f"{ip}:{port}"
-        if serve:
-            self.serve()
-
-    def serve(self) -> None:
-        """Start the store on the bound socket (once)."""
-        listener = self._listener
-        if listener is None:
-            return
+    def __init__(self, ip: str, dp_size: int, timeout_s: float = 300.0) -> None:
         import torch.distributed as dist
 
+        listener = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
         try:
-            self.store = dist.TCPStore(
-                self._ip, listener.getsockname()[1], self._size, is_master=True,
-                timeout=datetime.timedelta(seconds=self._timeout_s), wait_for_workers=False,
-                master_listen_fd=listener.fileno(),
+            listener.bind((ip, 0))
+            listener.listen(128)
+            port = listener.getsockname()[1]
+            self.store: Any = dist.TCPStore(
+                ip, port, dp_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                wait_for_workers=False, master_listen_fd=listener.fileno(),
             )
         except BaseException:
             listener.close()
-            self._listener = None
             raise
         listener.detach()  # the store owns the descriptor now, and closes it
-        self._listener = None
+        self.address = f"{ip}:{port}"
 
     def close(self) -> None:
         # The server stops when its last reference goes.
         self.store = None
-        if self._listener is not None:  # never served
-            self._listener.close()
-            self._listener = None
 
 
 class GlooDPGroup:

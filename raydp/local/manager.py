@@ -32,6 +32,7 @@ from raydp.backend import (
     DeathListener,
     DeathReports,
     OwnedResources,
+    RestartBudget,
     RestartListener,
     ScaleListener,
 )
@@ -195,7 +196,7 @@ class ProcessManager:
         self._finalizer = weakref.finalize(self, self._owned.release)
         self._mp = mp.get_context("spawn")
         self._coordinator: CoordinatorEndpoints | None = None
-        self._restarts_left = dict.fromkeys(range(config.dp_size), config.max_restarts)
+        self._restarts = RestartBudget(config.max_restarts, range(config.dp_size))
         self._report_lock = threading.Lock()
 
     @property
@@ -355,10 +356,7 @@ class ProcessManager:
     # ---- restarts (dense mode) ---------------------------------------------------------
 
     def _may_restart(self, rank: int) -> bool:
-        if self.config.lockstep or self._owned.stop.is_set() or self._restarts_left.get(rank, 0) <= 0:
-            return False
-        self._restarts_left[rank] -= 1
-        return True
+        return not self.config.lockstep and not self._owned.stop.is_set() and self._restarts.take(rank)
 
     def _restart(self, old: Proc) -> None:
         """A new process for ``old``'s rank; a failed restart ends the rank for good, reported ``INIT_FAILED``."""
@@ -379,7 +377,7 @@ class ProcessManager:
             shutdown([p for p in self._owned.procs if p.rank == rank], grace_s=0.5)  # no half-started successor
             if not self._owned.stop.is_set():
                 with self._report_lock:
-                    self._restarts_left[rank] = 0
+                    self._restarts.exhaust(rank)
                 self._reports.died(EngineDeadError(rank, LOCAL_NODE, DeathCause.INIT_FAILED, f"restart failed: {exc}"))
             return
         if self._owned.stop.is_set():
