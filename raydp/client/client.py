@@ -58,6 +58,7 @@ logger = logging.getLogger("raydp.client.client")
 # Up to this many of its requests in flight, a client sends from the caller's thread.
 INLINE_MAX_IN_FLIGHT = 4
 RECV_BUDGET = 256  # output batches taken from one engine per turn under the lock
+IDLE_WAIT_MS = 100  # the IO thread's longest wait: it checks the coordinator's silence, and in-flight work
 SILENCE_HEARTBEATS, SILENCE_MIN_S = 5, 5.0  # when a silent coordinator counts as dead
 Command = Callable[[], None]
 
@@ -94,6 +95,10 @@ class Client:
         self._reader: int | None = None  # the caller thread polling for its own answer, if any
         self._io_waiting = False  # the IO thread is (about to be) in poll, on signals a send may take
         self._rung = False  # the IO thread was woken for queued commands since its last turn
+        # Whether the IO thread polls the engines' sockets (under _lock). It does not while nothing is
+        # in flight: a caller waiting for its answer reads it itself, and an IO thread woken by the
+        # same output would only compete with it for the lock and the cores.
+        self._io_watching = False
         self._commands: collections.deque[Command | Submission] = collections.deque()  # queued under load
         # Guards the three fields above and the writes of _closed; taken inside _lock, never around it.
         self._queue_lock = threading.Lock()
@@ -103,6 +108,10 @@ class Client:
             last_heard=time.monotonic(),
         )
         self._id_prefix = self._io.identity.hex()  # request ids: unique per client, then a counter
+        # Read once before anyone waits on its FD: an edge-triggered FD signals only what
+        # arrives after a read found nothing (raydp.wire.polling). New engine sockets count
+        # as touched (ClientSockets) for the same reason.
+        self._backlogged.add(self._io.stats)
         self._thread = threading.Thread(target=self._io_loop, name="raydp-client-io", daemon=True)
         self._thread.start()
 
@@ -120,7 +129,7 @@ class Client:
         """Send one request; returns at once with a handle to wait on or stream."""
         request = self._make_request(prompt_token_ids, max_tokens, rank, request_id)
         handle = RequestHandle(request.request_id, self._read_for)
-        self._locked([Submission(request, rank, handle._on_item, retryable, handle)])
+        self._locked([Submission(request, rank, handle._on_item, retryable, handle, awaited=True)])
         return handle
 
     def submit_many(
@@ -140,7 +149,7 @@ class Client:
             except ConfigError as exc:
                 raise ConfigError(f"prompts[{i}]: {exc}") from None
             handle = RequestHandle(request.request_id, self._read_for)
-            items.append(Submission(request, None, handle._on_item, retryable, handle))
+            items.append(Submission(request, None, handle._on_item, retryable, handle, awaited=True))
         self._submit_batch(items)
         return [item.handle for item in items if item.handle is not None]
 
@@ -281,8 +290,9 @@ class Client:
         with self._lock:
             if self._refused(allow_closed):
                 return
+            ran_queued = False
             try:
-                self._run_queued()  # anything queued goes first, in order
+                ran_queued = self._run_queued()  # anything queued goes first, in order
                 if isinstance(command, list):
                     self._router.submit_many(command)
                 else:
@@ -290,6 +300,8 @@ class Client:
             finally:
                 if self._io_waiting:  # otherwise the IO thread reads them before it waits again
                     self._read_touched()
+                if ran_queued or not (isinstance(command, list) and all(s.awaited for s in command)):
+                    self._watch_engines()  # no caller will read what this is answered with
                 self._tell_reader()
 
     def _refused(self, allow_closed: bool) -> bool:
@@ -324,11 +336,13 @@ class Client:
         otherwise leave it polling for nothing.
         """
         with self._lock:
-            if self._closed or self._reader is not None or not self._io_waiting or self._commands:
+            if self._closed:
                 return False
-            if len(self._router.requests) > INLINE_MAX_IN_FLIGHT:
-                # Under load the IO thread reads: a caller that woke for every output and sent
-                # one request back each time would lock the client into one-message steps.
+            # Under load the IO thread reads: a caller that woke for every output and sent
+            # one request back each time would lock the client into one-message steps.
+            busy = len(self._router.requests) > INLINE_MAX_IN_FLIGHT
+            if busy or self._reader is not None or not self._io_waiting or self._commands:
+                self._watch_engines()  # the caller waits to be told: somebody must read
                 return False
             if answered():  # delivered since the caller last looked: nothing to wait for
                 return True
@@ -336,14 +350,26 @@ class Client:
             reader_set = self._io.reader_set
         ready: list[zmq.Socket[bytes]] = []
         try:
-            ready = self._io.wait(reader_set, max(1, min(int(timeout_s * 1000), 100)))
+            ready = reader_set.wait(max(1, min(int(timeout_s * 1000), 100)))
         finally:
             with self._lock:
                 self._reader = None
                 if not self._closed:
                     self._read_ready(ready)
                     self._read_touched()
+                    self._watch_engines()  # what is still in flight may have no reader now
         return True
+
+    def _watch_engines(self) -> None:
+        """Under the lock: if something is in flight that no caller may be reading for, or input
+        was left over a budget, make sure the IO thread reads the engines (ring it out of its
+        quiet poll). Ringing it for every request would cost a sequential one a thread wake-up."""
+        if (not self._io_watching and self._in_flight()) or self._backlogged:
+            self._io_watching = True  # from its next turn on; so it is rung once
+            self._io.ring()
+
+    def _in_flight(self) -> bool:
+        return bool(self._router.requests) or len(self._router.calls) > 0
 
     # ---- IO thread --------------------------------------------------------------------
 
@@ -363,11 +389,18 @@ class Client:
                     self._run_queued()  # commands first: a flood of outputs never delays an abort
                     self._read_ready(ready)
                     self._read_touched()
+                    watching = self._in_flight()
+                    if watching and not self._io_watching:
+                        # Not polled meanwhile: read each engine once, in case an operation
+                        # on a socket took the FD's signal of input nobody read.
+                        self._backlogged.update(self._io.engines)
+                    self._io_watching = watching
                     with self._queue_lock:  # a command queued after this rings the doorbell
                         busy = self._backlogged or self._commands
                         self._io_waiting = True
-                    poll_set, timeout_ms = self._io.poll_set, 0 if busy else 100
-                ready = self._io.wait(poll_set, timeout_ms)  # without the lock: senders go on
+                    poll_set = self._io.poll_set if watching else self._io.quiet_set
+                    timeout_ms = 0 if busy else IDLE_WAIT_MS
+                ready = poll_set.wait(timeout_ms)  # without the lock: senders go on
         except Exception as exc:
             logger.exception("client IO thread crashed")
             reason = ClusterClosedError(f"the client's IO thread crashed: {exc!r}")
@@ -379,11 +412,11 @@ class Client:
                 self._run_queued()
                 self._router.fail_everything(reason)
 
-    def _run_queued(self) -> None:
+    def _run_queued(self) -> bool:
         """Run what was queued, in order; submissions queued one after another go together, one
-        message per rank. One bad command must not take the IO thread down."""
+        message per rank. One bad command must not take the IO thread down. False if none was."""
         if not self._commands:  # the usual case: nothing to swap
-            return
+            return False
         with self._queue_lock:
             queued, self._commands = self._commands, collections.deque()
         batch: list[Submission] = []
@@ -396,6 +429,7 @@ class Client:
                 self._guarded(item)
         self._guarded(self._router.submit_many, batch)
         self._tell_reader()
+        return True
 
     @staticmethod
     def _guarded(command: Callable[..., None], *args: Any) -> None:

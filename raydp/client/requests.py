@@ -19,13 +19,19 @@ logger = logging.getLogger("raydp.client.client")
 
 @dataclass(frozen=True, slots=True)
 class Submission:
-    """A request on its way to the IO thread; ``rank`` set pins it."""
+    """A request on its way to the IO thread; ``rank`` set pins it.
+
+    ``awaited``: a caller will wait on ``handle``, reading the engines' sockets
+    itself while the client is quiet, so the IO thread need not be woken to
+    watch them for this request.
+    """
 
     request: Request
     rank: int | None
     listener: Listener
     retryable: bool
     handle: RequestHandle | None = None
+    awaited: bool = False
 
 
 class RequestState:

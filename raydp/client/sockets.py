@@ -4,8 +4,8 @@ Kept apart from :mod:`raydp.client.client` so that the request bookkeeping reads
 without the socket plumbing.
 
 ZMQ sockets are not thread-safe, so the client's threads take turns under one
-lock; its IO thread waits for input *outside* that lock, in ``select.poll``
-on the sockets' ``ZMQ_FD``s and the doorbell. A ``ZMQ_FD`` is edge-triggered:
+lock; its IO thread waits for input *outside* that lock, in one ``poll()`` on
+the sockets' ``ZMQ_FD``s and the doorbell (:mod:`raydp.wire.polling`). A ``ZMQ_FD`` is edge-triggered:
 any operation on a socket may consume its signal. So whoever sends on a
 socket checks it for input afterwards (:meth:`ClientSockets.touched`), and a
 socket left with input after a turn's budget is read again without waiting.
@@ -14,17 +14,16 @@ socket left with input after a turn's budget is read again without waiting.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
-import select
 from dataclasses import replace
 from typing import Any
 
 import zmq
 
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.wire.polling import Doorbell, EdgePoller, has_input
 from raydp.wire.protocol import RequestType, encode
-from raydp.wire.transport import SocketOptions, input_options, make_socket, pick_address
+from raydp.wire.transport import SocketOptions, input_options, make_socket, pick_address, send_two
 
 logger = logging.getLogger("raydp.client.client")
 
@@ -36,6 +35,7 @@ class ClientSockets:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.identity = b"c" + secrets.token_bytes(7)
         self.node_id, self.opts = node_id, replace(opts, curve=endpoints.curve)
+        self._touched: set[zmq.Socket[bytes]] = set()  # sent on, or new: check before waiting on their FDs
         try:
             self._connect(endpoints)
         except BaseException:  # e.g. a bad address: do not leak the context
@@ -54,29 +54,22 @@ class ClientSockets:
         self.collect.connect(pick_address(coord.collect, same_node=same))
         self.bell = Doorbell()
         self.reader_bell = Doorbell()  # wakes a caller polling for its own answer (see Client._read_for)
-        self._touched: set[zmq.Socket[bytes]] = set()
         self._rebuild_poll_set()
 
     def _rebuild_poll_set(self) -> None:
-        """A fresh poll set: the IO thread picks it up at its next turn (it may be polling the old one)."""
-        poll_set = select.poll()
-        by_fd: dict[int, zmq.Socket[bytes]] = {}
-        for sock in (*self.engines, self.stats):
-            fd = int(sock.getsockopt(zmq.FD))
-            by_fd[fd] = sock
-            poll_set.register(fd, select.POLLIN)
-        poll_set.register(self.bell.fileno, select.POLLIN)
-        reader_set = select.poll()  # the engines only: what a caller waiting for its answer polls
-        for fd, sock in by_fd.items():
-            if sock is not self.stats:
-                reader_set.register(fd, select.POLLIN)
-        reader_set.register(self.reader_bell.fileno, select.POLLIN)
-        self.poll_set, self.reader_set, self._by_fd = poll_set, reader_set, by_fd
+        """Fresh poll sets: the IO thread picks them up at its next turn (it may be polling an old one)."""
+        self.poll_set = EdgePoller([*self.engines, self.stats], [self.bell])
+        # The IO thread's while nothing is in flight: no engine to read.
+        self.quiet_set = EdgePoller([self.stats], [self.bell])
+        # What a caller waiting for its own answer polls: the engines only.
+        self.reader_set = EdgePoller(self.engines, [self.reader_bell])
 
     def _engine_socket(self, ep: EngineEndpoint) -> zmq.Socket[bytes]:
+        """A DEALER to ``ep``; counted as touched, so it is checked before anyone waits on its FD."""
         address = pick_address(ep.input_addresses, same_node=ep.node_id == self.node_id)
         sock = make_socket(self.ctx, zmq.DEALER, input_options(self.opts, address), identity=self.identity)
         sock.connect(address)
+        self._touched.add(sock)  # nothing has read it yet
         return sock
 
     def reconnect(self, ep: EngineEndpoint) -> None:
@@ -104,22 +97,6 @@ class ClientSockets:
         self._rebuild_poll_set()
         self.bell.ring()  # the IO thread may be polling a closed socket's FD: make it take the new set
 
-    def wait(self, poll_set: select.poll, timeout_ms: int) -> list[zmq.Socket[bytes]]:
-        """Block (without the client's lock) until input may be there; the sockets whose FD fired.
-
-        The doorbell is drained here, not returned. A socket may come back with
-        no input, or closed meanwhile: the caller checks under the lock.
-        """
-        ready = []
-        for fd, _ in poll_set.poll(timeout_ms):
-            if fd == self.bell.fileno:
-                self.bell.drain()
-            elif fd == self.reader_bell.fileno:
-                self.reader_bell.drain()
-            elif (sock := self._by_fd.get(fd)) is not None:
-                ready.append(sock)
-        return ready
-
     def touched(self) -> list[zmq.Socket[bytes]]:
         """The sockets sent on since the last call: their FD may have lost a signal, so check them."""
         if not self._touched:
@@ -132,10 +109,7 @@ class ClientSockets:
         """Wake the IO thread."""
         self.bell.ring()
 
-    @staticmethod
-    def has_input(sock: zmq.Socket[bytes]) -> bool:
-        """Whether a message waits (processing the socket's commands, so its FD signals the next)."""
-        return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+    has_input = staticmethod(has_input)
 
     @staticmethod
     def recv_nowait(sock: zmq.Socket[bytes]) -> list[bytes] | None:
@@ -155,7 +129,7 @@ class ClientSockets:
         sock = self.engines[rank]
         self._touched.add(sock)
         try:
-            sock.send_multipart([tag.value, body], flags=zmq.NOBLOCK)
+            send_two(sock, tag.value, body)
         except zmq.Again:
             return False
         return True
@@ -171,42 +145,3 @@ class ClientSockets:
         self.bell.close()
         self.reader_bell.close()
 
-
-class Doorbell:
-    """A pipe the IO thread polls next to its sockets, so user threads can wake it.
-
-    A pipe rather than an inproc ZMQ pair: a write and a wake-up from ``poll``
-    cost a few microseconds, where a ZMQ send and the receiver's mailbox
-    round trip cost tens, on every request.
-    """
-
-    def __init__(self) -> None:
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._read, False)
-        os.set_blocking(self._write, False)
-        self._closed = False
-
-    @property
-    def fileno(self) -> int:
-        return self._read
-
-    def ring(self) -> None:
-        if self._closed:
-            return  # nobody to wake
-        try:
-            os.write(self._write, b"!")
-        except BlockingIOError:
-            pass  # full: the IO thread has rings to read already
-
-    def drain(self) -> None:
-        try:
-            while os.read(self._read, 4096):
-                pass
-        except BlockingIOError:
-            pass
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            os.close(self._read)
-            os.close(self._write)

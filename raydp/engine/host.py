@@ -73,7 +73,6 @@ class EngineHost:
         self.tag = f"{config.name} dp{rank} lr{local_rank} node {node_id[:8]}"
         configure_component_logging(self.tag)
         self.ipc_dir = IpcDir(f"{ipc_prefix or config.name}-dp{rank}")
-        self._wake_address = f"inproc://raydp-engine-wake-{rank}"
         self._loop: EngineLoop | None = None
         self._failure: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None  # told when run() is about to raise
@@ -216,8 +215,9 @@ class EngineHost:
             broadcast = make_socket(self.ctx, zmq.SUB, opts)
             stack.callback(broadcast.close, 0)
             broadcast.connect(init.addresses.coordinator_broadcast)
-            sockets = EngineSockets(self.ctx, inputs, collect, broadcast, self._wake_address, self.rank)
+            sockets = EngineSockets(self.ctx, inputs, collect, broadcast, self.rank)
             stack.callback(sockets.close)
+            stack.callback(self._forget_loop)  # first: nobody rings the sockets while they close
             loop = self._make_loop(init, sockets)
             with self._lock:
                 if self._stopping.is_set():
@@ -259,16 +259,12 @@ class EngineHost:
     def _ring(self) -> None:
         """Wake the loop if it waits for input."""
         with self._lock:
-            if self._loop is None:
-                return
-            bell = make_socket(self.ctx, zmq.PAIR, SocketOptions())
-            try:
-                bell.connect(self._wake_address)
-                bell.send(b"", flags=zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass  # the loop is leaving anyway: it checks the flag every turn
-            finally:
-                bell.close(linger=0)
+            if self._loop is not None:
+                self._loop.sockets.ring()
+
+    def _forget_loop(self) -> None:
+        with self._lock:
+            self._loop = None
 
 
 def set_device_visibility(accelerator: str, device_ids: tuple[str, ...]) -> None:

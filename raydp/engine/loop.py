@@ -10,7 +10,11 @@
 * ``collect`` PUSH to the coordinator: load, ``WaveComplete``, ``StartWave``;
 * ``broadcast`` SUB from the coordinator: ``Shutdown``, and for lockstep ranks
   ``StartDPWave``, ``Hold``, ``Regroup``, ``Release`` (:mod:`raydp.engine.lockstep`);
-* ``wake`` PAIR (inproc): another thread of the process asks it to stop.
+* a doorbell (a pipe): another thread of the process wakes it to stop.
+
+It waits on them with one ``poll()`` of their ``ZMQ_FD``s
+(:mod:`raydp.wire.polling`), not ``zmq_poll``, whose per-socket checks cost
+more system calls than the request being waited for.
 
 The loop answers two utilities itself, before the user's engine sees them:
 ``raydp_counters`` returns ``{"added", "finished", "aborted"}``, the requests
@@ -41,6 +45,7 @@ from raydp.engine.lockstep import LockstepRank
 from raydp.engine.outbox import Outbox
 from raydp.errors import ProtocolError
 from raydp.wire.dropped import DropLog, identity_sender
+from raydp.wire.polling import Doorbell, EdgePoller, has_input
 from raydp.wire.protocol import (
     BROADCAST_TOPIC,
     Abort,
@@ -59,7 +64,7 @@ from raydp.wire.protocol import (
     engine_broadcast_decoder,
     presence_topic,
 )
-from raydp.wire.transport import SocketOptions, make_socket
+from raydp.wire.transport import send_two
 
 logger = logging.getLogger("raydp.engine.core")
 IDLE_POLL_MS = 1000
@@ -83,17 +88,41 @@ class EngineSockets:
         inputs: Sequence[zmq.Socket[bytes]],
         collect: zmq.Socket[bytes],
         broadcast: zmq.Socket[bytes],
-        wake_address: str,
         rank: int,
     ) -> None:
         self.ctx, self.inputs, self.collect, self.broadcast = ctx, tuple(inputs), collect, broadcast
         broadcast.setsockopt(zmq.SUBSCRIBE, BROADCAST_TOPIC)
         broadcast.setsockopt(zmq.SUBSCRIBE, presence_topic(rank))
-        self.wake = make_socket(ctx, zmq.PAIR, SocketOptions())
-        self.wake.bind(wake_address)
-        self.poller = zmq.Poller()
-        for sock in (*self.inputs, broadcast, self.wake):
-            self.poller.register(sock, zmq.POLLIN)
+        self.bell = Doorbell()
+        self._order = (broadcast, *self.inputs)  # a Shutdown is read before the inputs
+        self._poller = EdgePoller(self._order, [self.bell])
+        # Sent on, left with input over a budget, or never read: their FDs may not signal what
+        # waits (an edge-triggered FD signals only what arrives after a read found nothing).
+        self._recheck: set[zmq.Socket[bytes]] = set(self._order)
+
+    def ring(self) -> None:
+        """Wake the loop from another thread (it then checks why); does nothing once closed."""
+        self.bell.ring()
+
+    def wait(self, timeout_ms: int) -> list[zmq.Socket[bytes]]:
+        """The sockets that may have input, the broadcast first; blocks up to ``timeout_ms``
+        for a signal, unless a socket to recheck has input already."""
+        sure = [sock for sock in self._recheck if has_input(sock)]
+        self._recheck.clear()
+        fired = self._poller.wait(0 if sure else timeout_ms)
+        if not sure:
+            return fired if len(fired) < 2 else [s for s in self._order if s in fired]
+        return [s for s in self._order if s in fired or s in sure]
+
+    def drain(self, sock: zmq.Socket[bytes], budget: int) -> Iterator[list[bytes]]:
+        """Up to ``budget`` messages; a socket left with more is rechecked at the next wait,
+        since its FD will not signal them again."""
+        for _ in range(budget):
+            try:
+                yield sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+        self._recheck.add(sock)
 
     def send_to(self, client: bytes, body: bytes) -> None:
         """Queue ``body`` for ``client`` on whichever input it is connected to, without blocking.
@@ -103,13 +132,15 @@ class EngineSockets:
         unknown peer an immediate error) keeps no per-client state to leak.
         """
         for sock in self.inputs[:-1]:
+            self._recheck.add(sock)
             try:
-                sock.send_multipart([client, body], flags=zmq.NOBLOCK, copy=False)
+                send_two(sock, client, body)
                 return
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
-        self.inputs[-1].send_multipart([client, body], flags=zmq.NOBLOCK, copy=False)
+        self._recheck.add(self.inputs[-1])
+        send_two(self.inputs[-1], client, body)
 
     def to_coordinator(self, msg: Any) -> None:
         """Send without blocking: a wedged or dead coordinator is reported elsewhere."""
@@ -119,7 +150,8 @@ class EngineSockets:
             logger.warning("coordinator queue full, dropped %s", type(msg).__name__)
 
     def close(self) -> None:
-        for sock in (*self.inputs, self.collect, self.broadcast, self.wake):
+        self.bell.close()
+        for sock in (*self.inputs, self.collect, self.broadcast):
             sock.close(linger=0)
 
 
@@ -193,17 +225,13 @@ class EngineLoop:
 
     def _poll_inputs(self, block: bool) -> None:
         """Take what has arrived, at most a budget per socket, so steps are never starved."""
-        events = dict(self.sockets.poller.poll(IDLE_POLL_MS if block else 0))
-        if self.sockets.wake in events:
-            self._stopping = self._failure is None  # a failure is raised by the caller instead
-            return
-        if self.sockets.broadcast in events:
-            for frames in _drain(self.sockets.broadcast, INPUT_BUDGET):
-                self._on_broadcast(frames)
-        for sock in self.sockets.inputs:
-            if sock in events:
-                for frames in _drain(sock, INPUT_BUDGET):
-                    self._on_input(frames)
+        ready = self.sockets.wait(IDLE_POLL_MS if block else 0)
+        if self._stopping or self._failure is not None:
+            return  # woken by stop() or fail(): the caller acts on it
+        for sock in ready:
+            on_frames = self._on_broadcast if sock is self.sockets.broadcast else self._on_input
+            for frames in self.sockets.drain(sock, INPUT_BUDGET):
+                on_frames(frames)
 
     def _step_once(self, has_work: bool) -> bool:
         """One step (a dummy one for an idle lockstep rank); whether work is left after it."""
@@ -371,9 +399,3 @@ class EngineLoop:
         self._drops.drop(sender, why)
 
 
-def _drain(sock: zmq.Socket[bytes], budget: int) -> Iterator[list[bytes]]:
-    for _ in range(budget):
-        try:
-            yield sock.recv_multipart(flags=zmq.NOBLOCK)
-        except zmq.Again:
-            return

@@ -78,6 +78,21 @@ def make_socket(
     return sock
 
 
+_NOBLOCK, _NOBLOCK_MORE = int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
+
+
+def send_two(sock: zmq.Socket[bytes], first: bytes, second: bytes) -> None:
+    """``[first, second]`` as one message, without blocking (``zmq.Again`` if the queue is full).
+
+    What ``send_multipart`` does, less its per-frame flag arithmetic on enums:
+    a few microseconds on every request and every output. A queue that takes
+    the first frame takes the second: ZeroMQ refuses a message at its first
+    frame or not at all.
+    """
+    sock.send(first, _NOBLOCK_MORE)
+    sock.send(second, _NOBLOCK)
+
+
 def node_ip() -> str:
     """This node's own IP (the one Ray uses), falling back to the hostname's."""
     ray = sys.modules.get("ray")  # never import Ray here: local processes do without it

@@ -189,3 +189,62 @@ def test_submissions_queued_under_load_leave_as_one_message_per_rank() -> None:
     finally:
         client.close()
         engines.close()
+
+
+def test_a_caller_reading_its_own_answers_leaves_the_io_thread_asleep(echo: EchoEngines) -> None:
+    """One request at a time, the caller reads its answer itself: the IO thread, with nothing
+    else in flight, stays in its quiet poll instead of waking for every output."""
+    client = Client(echo.endpoints(), node_id="n", options=SocketOptions())
+    try:
+        assert client.generate([0], 1, timeout=10) == [0]
+        waits = {"full": 0, "quiet": 0}
+        for kind, poller in (("full", client._io.poll_set), ("quiet", client._io.quiet_set)):
+            def counted(timeout_ms: int, wait=poller.wait, kind=kind):  # type: ignore[no-untyped-def]
+                waits[kind] += 1
+                return wait(timeout_ms)
+            poller.wait = counted  # type: ignore[method-assign]
+        for i in range(300):
+            assert client.generate([1, i], 1, timeout=10) == [1, i]
+        # Woken per request, the IO thread would have waited 300 times or more; asleep, about
+        # once per 100 ms timeout (and once more for each snapshot it read, none here).
+        assert waits["full"] + waits["quiet"] < 150, waits
+    finally:
+        client.close()
+
+
+def test_work_nobody_reads_for_wakes_the_quiet_io_thread(echo: EchoEngines, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outputs no caller reads for itself reach their listeners though the IO thread's quiet
+    poll lasts a minute: AsyncClient requests, and callers that find another one reading."""
+    import asyncio
+
+    from raydp.client.aio import AsyncClient
+
+    monkeypatch.setattr("raydp.client.client.IDLE_WAIT_MS", 60_000)
+    client = Client(echo.endpoints(), node_id="n", options=SocketOptions())
+    try:
+        assert client.generate([0], 1, timeout=10) == [0]  # the IO thread is in its quiet poll now
+
+        async def over_asyncio() -> list[list[int]]:
+            aio = AsyncClient(client)
+            return await asyncio.wait_for(asyncio.gather(*(aio.generate([2, i], 1) for i in range(20))), 5)
+
+        for _ in range(3):  # a ZMQ_FD may signal spuriously and wake the IO thread once: not every time
+            assert asyncio.run(over_asyncio()) == [[2, i] for i in range(20)]
+            threading.Event().wait(0.2)  # back to its quiet poll
+        errors: list[BaseException] = []
+
+        def caller(t: int) -> None:  # at most one caller reads at a time; the others must be told
+            try:
+                for i in range(100):
+                    assert client.generate([t, i], 1, timeout=20) == [t, i]
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=50)
+        assert not any(t.is_alive() for t in threads) and errors == [], errors
+    finally:
+        client.close()

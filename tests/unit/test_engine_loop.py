@@ -85,7 +85,7 @@ def start(
     push.connect("inproc://collect")
     sub = make_socket(ctx, zmq.SUB, OPTS)
     sub.connect("inproc://broadcast")
-    sockets = EngineSockets(ctx, inputs, push, sub, "inproc://wake", rank=0)
+    sockets = EngineSockets(ctx, inputs, push, sub, rank=0)
     loop = EngineLoop(engine, 0, sockets, stats_interval_s=stats_interval_s)
     errors: list[BaseException] = []
 
@@ -372,3 +372,35 @@ def test_the_loop_counts_requests_and_answers_raydp_counters_itself(rig: Rig) ->
     assert not hasattr(rig.loop.engine, "raydp_counters"), "the loop answers, not the engine"
     bad = utility_reply(a, UtilityCall(3, "raydp_counters", [1]))
     assert bad.error is not None and bad.error.startswith("TypeError")
+
+
+@pytest.mark.timeout(30)
+def test_a_burst_over_the_input_budget_is_answered_without_another_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop waits on edge-triggered FDs: a socket left with input over its turn's budget
+    signals nothing more, so the loop must come back to it, not sleep on it."""
+    monkeypatch.setattr("raydp.engine.loop.IDLE_POLL_MS", 60_000)  # nothing else would wake it
+    monkeypatch.setattr("raydp.engine.loop.INPUT_BUDGET", 4)
+    rig = start(EchoEngine(EngineContext(0, 0, 1, 1, "n")))
+    try:
+        client = rig.client(b"cb")
+        for i in range(24):  # answered with nothing: no send that would make the loop look again
+            send(client, RequestType.ABORT, Abort([f"unknown-{i}"]))
+        send(client, RequestType.ADD, Request("last", [7], 1))
+        assert outputs(client, {"last"}, timeout=10) == {"last": [7]}
+    finally:
+        rig.stop()
+        rig.ctx.destroy(linger=0)
+
+
+@pytest.mark.timeout(30)
+def test_stop_wakes_an_idle_loop_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread stops the loop through its doorbell, whatever its idle wait."""
+    monkeypatch.setattr("raydp.engine.loop.IDLE_POLL_MS", 60_000)
+    rig = start(EchoEngine(EngineContext(0, 0, 1, 1, "n")))
+    try:
+        rig.loop.stop()
+        rig.loop.sockets.ring()
+        rig.thread.join(timeout=5)
+        assert not rig.thread.is_alive() and rig.errors == []
+    finally:
+        rig.ctx.destroy(linger=0)

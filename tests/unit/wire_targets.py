@@ -315,7 +315,7 @@ def start_engine(auth: str, ctx: zmq.Context[zmq.Socket[bytes]]) -> EngineTarget
     inputs = make_socket(ctx, zmq.ROUTER, server_opts(auth), serves=True)
     address = f"tcp://127.0.0.1:{inputs.bind_to_random_port('tcp://127.0.0.1')}"
     sockets = EngineSockets(ctx, [inputs], connect(ctx, zmq.PUSH, inproc, "inproc://fuzz-collect"),
-                            connect(ctx, zmq.SUB, inproc, "inproc://fuzz-broadcast"), "inproc://fuzz-wake", rank=0)
+                            connect(ctx, zmq.SUB, inproc, "inproc://fuzz-broadcast"), rank=0)
     loop = EngineLoop(EchoEngine(EngineContext(0, 0, 1, 1, "n")), 0, sockets, stats_interval_s=0.01)
     errors: list[BaseException] = []
 
