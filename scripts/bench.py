@@ -83,7 +83,7 @@ from bench_faults_extra import extra_benchmark, extra_table
 from bench_http import HttpResult, http_benchmark, http_failed, http_table
 from bench_http_load import HTTP_FULL, HTTP_QUICK, HttpSizes
 from bench_lockstep import StepRate, lockstep_benchmark, lockstep_table
-from bench_roundtrip import RoundTrip, round_trip_benchmark, round_trip_table
+from bench_roundtrip import RoundTrip
 from bench_routing import (
     ROUTING_FULL,
     ROUTING_QUICK,
@@ -93,6 +93,7 @@ from bench_routing import (
     routing_table,
 )
 from bench_scale import ScaleTiming, scale_benchmark, scale_failed, scale_table, startup_benchmark, startup_table
+from bench_turns import round_trip_benchmark, round_trip_table
 from bench_workers import (
     WORKERS_FULL,
     WORKERS_QUICK,

@@ -18,11 +18,11 @@ BUSY_MAX_TOKENS = 1_000_000
 class Sizes:
     """Every size the run uses; ``--quick`` picks the small set."""
 
-    pipelined: int  # requests in the pipelined run, at least
-    pipelined_s: float  # and it lasts at least this long: a fast system's 20,000 take 0.2 s, which
-    # a scheduler hiccup on a shared 2-core machine moves by 30%; whole seconds average it out
+    pipelined: int  # requests in one pipelined window, at least
+    pipelined_s: float  # and it lasts at least this long
     window: int  # requests in flight in the pipelined run
-    sequential: int  # requests in the sequential run
+    sequential: int  # requests in one sequential slice
+    turns: int  # windows and slices per system (the systems measured side by side take turns)
     warmup: int  # untimed sequential requests before each system
     busy_per_rank: int  # pinned long requests per rank in the step-rate runs with a step delay
     busy_per_rank_no_delay: int  # the same at step_delay_s=0 (see FULL)
@@ -37,12 +37,12 @@ class Sizes:
 # tens of seconds. A few requests keep both ranks busy with near-empty steps,
 # which is also the worst case for lockstep (its fixed costs weigh the most).
 FULL = Sizes(
-    pipelined=2_000, pipelined_s=2.0, window=256, sequential=2000, warmup=50,
+    pipelined=1_000, pipelined_s=0.5, window=256, sequential=250, turns=12, warmup=50,
     busy_per_rank=64, busy_per_rank_no_delay=4,
     step_window_s=1.5, step_windows=3, step_warmup_s=0.5, step_delays_s=(0.002, 0.0),
 )
 QUICK = Sizes(
-    pipelined=300, pipelined_s=0.2, window=256, sequential=40, warmup=10,
+    pipelined=300, pipelined_s=0.1, window=256, sequential=20, turns=2, warmup=10,
     busy_per_rank=64, busy_per_rank_no_delay=4,
     step_window_s=0.5, step_windows=1, step_warmup_s=0.2, step_delays_s=(0.002, 0.0),
 )

@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from bench_common import DP_SIZE, ECHO_ENGINE, PROMPT, TIMEOUT_S, Sizes
-from bench_roundtrip import EchoTarget, RoundTrip, echo_reply, encoded_request
+from bench_common import PROMPT, TIMEOUT_S
+from bench_roundtrip import EchoTarget, echo_reply, encoded_request
 
 STOP = b"\xff"
 
@@ -89,26 +89,27 @@ def pipe_target() -> Iterator[EchoTarget]:
         shutil.rmtree(ipc_dir, ignore_errors=True)
 
 
-def submit_many_round_trips(system: str, sizes: Sizes) -> RoundTrip:
-    """Pipelined throughput of ``submit_many`` batches of ``sizes.window``, two batches in flight."""
-    import raydp
+class ManyRunner:
+    """``submit_many`` batches of ``window`` requests, two batches in flight; pipelined only."""
 
-    with raydp.launch(name="bench-many", dp_size=DP_SIZE, engine=ECHO_ENGINE, progress=False) as cluster:
-        client = cluster.client()
-        batch = [PROMPT] * sizes.window
-        for handle in client.submit_many(batch, 1):  # warm up
-            handle.result(TIMEOUT_S)
+    def __init__(self, client: Any, window: int) -> None:
+        self.client, self.batch = client, [PROMPT] * window
+        self.pipelined(0)  # warm up
+
+    def pipelined(self, seconds: float) -> float:
         inflight: deque[list[Any]] = deque()
         batches = 0
         start = time.perf_counter()
-        while batches < max(2, sizes.pipelined // sizes.window) or time.perf_counter() - start < sizes.pipelined_s:
+        while batches < 2 or time.perf_counter() - start < seconds:
             batches += 1
             if len(inflight) >= 2:
                 for handle in inflight.popleft():
                     handle.result(TIMEOUT_S)
-            inflight.append(client.submit_many(batch, 1))
+            inflight.append(self.client.submit_many(self.batch, 1))
         while inflight:
             for handle in inflight.popleft():
                 handle.result(TIMEOUT_S)
-        took = time.perf_counter() - start
-    return RoundTrip(system, pipelined_rps=batches * sizes.window / took)
+        return batches * len(self.batch) / (time.perf_counter() - start)
+
+    def sequential(self, n: int) -> list[float]:
+        return []  # batches only

@@ -9,11 +9,11 @@ import statistics
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bench_common import DP_SIZE, ECHO_ENGINE, PROMPT, TIMEOUT_S, Sizes, log, quiet_serve_logs, ratio
+from bench_common import DP_SIZE, ECHO_ENGINE, PROMPT, TIMEOUT_S, Sizes, quiet_serve_logs
 
 STOP_TAG = b"\xff"
 
@@ -28,8 +28,8 @@ class RoundTrip:
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     error: str | None = None
-    rounds: list[float] = field(default_factory=list)  # pipelined req/s of each round (median reported)
-    p50_rounds: list[float] = field(default_factory=list)
+    windows: list[float] = field(default_factory=list)  # pipelined req/s of each window (median reported)
+    p50_windows: list[float] = field(default_factory=list)  # sequential p50 ms of each slice
 
 
 # ---- the shared request loops --------------------------------------------------------
@@ -43,8 +43,11 @@ class EchoTarget(Protocol):
     def wait(self, token: Any) -> None: ...
 
 
-def run_pipelined(target: EchoTarget, n: int, window: int, min_s: float = 0.0) -> float:
-    """Keep ``window`` requests in flight for ``n`` requests and ``min_s`` at least; return requests per second."""
+def run_pipelined(target: EchoTarget, n: int, window: int, min_s: float = 0.0, first: int = 0) -> float:
+    """Keep ``window`` requests in flight for ``n`` requests and ``min_s`` at least; return requests per second.
+
+    Request ``i`` is sent as ``target.send(first + i)``: runs given distinct ``first`` never reuse an id.
+    """
     inflight: deque[Any] = deque()
     start = time.perf_counter()
     sent = 0
@@ -52,7 +55,7 @@ def run_pipelined(target: EchoTarget, n: int, window: int, min_s: float = 0.0) -
         for _ in range(window):  # the clock is read once per window
             if len(inflight) >= window:
                 target.wait(inflight.popleft())
-            inflight.append(target.send(sent))
+            inflight.append(target.send(first + sent))
             sent += 1
     while inflight:
         target.wait(inflight.popleft())
@@ -69,17 +72,28 @@ def run_sequential(target: EchoTarget, n: int, first: int = 0) -> list[float]:
     return latencies
 
 
-def measure_round_trips(system: str, target: EchoTarget, sizes: Sizes) -> RoundTrip:
+def measure_round_trips(system: str, target: EchoTarget, sizes: Sizes, rounds: int) -> RoundTrip:
+    """One round of a system measured on its own: ``1 / rounds`` of the pipelined time and sequential
+    requests that each system taking turns gets in all."""
     run_sequential(target, sizes.warmup, first=-sizes.warmup)
-    pipelined = run_pipelined(target, sizes.pipelined, sizes.window, sizes.pipelined_s)
-    latencies = run_sequential(target, sizes.sequential, first=10**9)  # ids past the pipelined run's
-    quantiles = statistics.quantiles(latencies, n=100)
+    pipelined = run_pipelined(target, sizes.pipelined, sizes.window, sizes.pipelined_s * sizes.turns / rounds)
+    latencies = run_sequential(target, sizes.sequential * sizes.turns // rounds, first=10**9)  # past the ids above
+    return round_trip_of(system, [pipelined], [latencies])
+
+
+def round_trip_of(system: str, rates: list[float], slices: list[list[float]]) -> RoundTrip:
+    """A system's figures from its pipelined windows' rates and its sequential slices' latencies."""
+    latencies = [x for piece in slices for x in piece]
+    if not latencies:  # batches only: no one-at-a-time figures
+        return RoundTrip(system, pipelined_rps=statistics.median(rates), windows=rates)
     return RoundTrip(
         system,
-        pipelined_rps=pipelined,
+        pipelined_rps=statistics.median(rates),
         sequential_rps=len(latencies) / sum(latencies),
         p50_ms=statistics.median(latencies) * 1e3,
-        p99_ms=quantiles[98] * 1e3,
+        p99_ms=statistics.quantiles(latencies, n=100)[98] * 1e3,
+        windows=rates,
+        p50_windows=[statistics.median(piece) * 1e3 for piece in slices],
     )
 
 
@@ -317,147 +331,3 @@ def serve_target(window: int) -> Iterator[EchoTarget]:
         yield ServeTarget(handle)
     finally:
         serve.shutdown()
-
-
-# ---- benchmark 1 ---------------------------------------------------------------------------
-
-
-ROUNDS = 3  # every system runs once per round; the report gives medians and the spread
-
-
-def round_trip_benchmark(sizes: Sizes, rounds: int = ROUNDS) -> list[RoundTrip]:
-    """Every system once per round, rounds interleaved: a slow minute of the machine hits them all.
-
-    The figures of each system are its medians over the rounds; ``rounds``
-    keeps each round's pipelined rate, so the table can give the spread.
-    """
-    from bench_pipe import pipe_target, submit_many_round_trips
-
-    many = f"raydp submit_many (DP=2, batches of {sizes.window})"
-    systems: list[tuple[str, Callable[[], RoundTrip]]] = [
-        ("raydp (DP=2)", lambda: _measure("raydp (DP=2)", raydp_target, sizes)),
-        (many, lambda: _guarded(many, lambda: submit_many_round_trips(many, sizes))),
-    ]
-    for system, make in [
-        ("raydp over TCP + CURVE (the cross-node path)", lambda: raydp_target(transport="tcp")),
-        ("raydp over TCP, auth='none'", lambda: raydp_target(transport="tcp", auth="none")),
-        ("raw ZMQ + msgspec (2 server procs)", zmq_target),
-        ("raw ZMQ PUSH/PULL + msgspec, one pipe (the second floor)", pipe_target),
-        ("Ray actor calls (2 actors)", lambda: ray_actor_target(placement_groups=False)),
-        ("Ray actors in STRICT_PACK PGs", lambda: ray_actor_target(placement_groups=True)),
-        ("Ray Serve (2 replicas, handle)", lambda: serve_target(sizes.window)),
-    ]:
-        systems.append((system, lambda s=system, m=make: _measure(s, m, sizes)))  # type: ignore[misc]
-    runs: dict[str, list[RoundTrip]] = {name: [] for name, _ in systems}
-    # Untimed: whatever ran first after ray.init measured 3-6x slow (Ray was still
-    # starting its worker pool and agents), which once passed for an IPC deficit.
-    log("round trips: warm-up (untimed)")
-    _measure("warm-up", raydp_target, sizes)
-    for n in range(rounds):
-        for system, measure in systems:
-            log(f"round trips, round {n + 1}/{rounds}: {system}")
-            runs[system].append(measure())
-    return [_median_of(system, found) for system, found in runs.items()]
-
-
-def _guarded(system: str, run: Callable[[], RoundTrip]) -> RoundTrip:
-    try:
-        return run()
-    except Exception as exc:
-        return RoundTrip(system, error=f"{type(exc).__name__}: {exc}")
-
-
-def _measure(
-    system: str, make: Callable[[], contextlib.AbstractContextManager[EchoTarget]], sizes: Sizes
-) -> RoundTrip:
-    try:
-        with make() as target:
-            return measure_round_trips(system, target, sizes)
-    except Exception as exc:
-        return RoundTrip(system, error=f"{type(exc).__name__}: {exc}")
-
-
-def _median_of(system: str, found: list[RoundTrip]) -> RoundTrip:
-    ok = [r for r in found if r.error is None]
-    if not ok:
-        return found[0]
-
-    def med(attr: str) -> float:
-        return float(statistics.median(getattr(r, attr) for r in ok))
-
-    return RoundTrip(system, med("pipelined_rps"), med("sequential_rps"), med("p50_ms"), med("p99_ms"),
-                     rounds=[r.pipelined_rps for r in ok], p50_rounds=[r.p50_ms for r in ok])
-
-
-def _spread(values: list[float]) -> str:
-    return f"{min(values):,.0f} - {max(values):,.0f}" if len(values) > 1 else "-"
-
-
-def _ratio_range(a: RoundTrip, b: RoundTrip, attr: str = "rounds") -> str:
-    """The ratio's median over rounds, and its range (rounds are paired by index)."""
-    pairs = [x / y for x, y in zip(getattr(a, attr), getattr(b, attr), strict=False) if y]
-    if len(pairs) < 2:
-        return ""
-    return f" (median over rounds {statistics.median(pairs):.2f}, range {min(pairs):.2f} - {max(pairs):.2f})"
-
-
-def _floor_ratios(results: list[RoundTrip]) -> list[str]:
-    """The issue's targets: raydp against both floors (and over TCP), with their spread over rounds."""
-    ours = next((r for r in results if r.system == "raydp (DP=2)" and not r.error), None)
-    floor = next((r for r in results if r.system.startswith("raw ZMQ + msgspec") and not r.error), None)
-    pipe = next((r for r in results if "one pipe" in r.system and not r.error), None)
-    many = next((r for r in results if "submit_many" in r.system and not r.error), None)
-    tcp = next((r for r in results if r.system.startswith("raydp over TCP + CURVE") and not r.error), None)
-    lines = [""]
-    if ours and floor:
-        lines.append(f"Targets: same-node IPC pipelined / raw floor = {ours.pipelined_rps / floor.pipelined_rps:.2f} "
-                     f"(>= 0.9){_ratio_range(ours, floor)}; sequential p50 / raw floor p50 = "
-                     f"{ours.p50_ms / floor.p50_ms:.2f} (<= 1.3){_ratio_range(ours, floor, 'p50_rounds')}")
-    if ours and tcp:
-        lines.append(f"same-node IPC / TCP+CURVE pipelined = {ours.pipelined_rps / tcp.pipelined_rps:.2f} "
-                     f"(>= 1){_ratio_range(ours, tcp)}")
-    if many and pipe:
-        lines.append(f"submit_many / one raw pipe = {many.pipelined_rps / pipe.pipelined_rps:.2f} "
-                     f"(>= 0.3){_ratio_range(many, pipe)}")
-    return lines
-
-
-# ---- benchmark 2 ---------------------------------------------------------------------------
-
-
-def round_trip_table(results: list[RoundTrip], sizes: Sizes) -> list[str]:
-    ours = results[0]
-    lines = [
-        f"### Request round trips (DP=2, prompt of {len(PROMPT)} tokens, max_tokens=1)",
-        "",
-        f"Pipelined: {sizes.pipelined_s:g} s and {sizes.pipelined:,} requests at least, {sizes.window} in flight. "
-        f"Sequential: {sizes.sequential} requests one at a time.",
-        "",
-        "| system | pipelined req/s | min - max | raydp / it | sequential req/s | raydp / it | p50 ms | p99 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        if r.error is not None:
-            lines.append(f"| {r.system} | failed: {r.error} | | | | | | |")
-            continue
-        if not r.sequential_rps:  # batches only: no one-at-a-time figures
-            lines.append(f"| {r.system} | {r.pipelined_rps:,.0f} | {_spread(r.rounds)} "
-                         f"| {ratio(ours.pipelined_rps, r.pipelined_rps)} | - | - | - | - |")
-            continue
-        lines.append(
-            f"| {r.system} | {r.pipelined_rps:,.0f} | {_spread(r.rounds)} "
-            f"| {ratio(ours.pipelined_rps, r.pipelined_rps)} | {r.sequential_rps:,.0f} "
-            f"| {ratio(ours.sequential_rps, r.sequential_rps)} | {r.p50_ms:.2f} | {r.p99_ms:.2f} |"
-        )
-    lines += _floor_ratios(results)
-    others = [r for r in results[1:] if r.error is None and r.sequential_rps]
-    if ours.error is None and others:
-        for kind, attr in (("pipelined", "pipelined_rps"), ("sequential", "sequential_rps")):
-            parts = [f"{ratio(getattr(ours, attr), getattr(r, attr))} {r.system}" for r in others]
-            lines += ["", f"{kind}: raydp is " + ", ".join(parts) + "."]
-    lines += [
-        "",
-        "raydp's engine answers every request that arrived in one step with one message, so when "
-        "pipelining it can match or beat the raw floor, which answers each request on its own.",
-    ]
-    return lines
