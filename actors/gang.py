@@ -99,7 +99,7 @@ class GangRestarts:
             # so its first request's StartWave (for a later wave) wakes every rank at once. In the
             # running wave it would step alone until the coordinator's heartbeat repeats the wave.
             startup.wave = int(state["wave"]) + (1 if state["running"] else 0)
-            m._start_engines({rank: startup.devices[rank] for rank in ranks})
+            m._start_engines({rank: startup.devices[rank] for rank in ranks}, successors=True)
         phases.mark("created")
         coordinator = {ref: r for ref, r in startup.run_refs.items() if r < 0}  # the old ranks' refs ended
         startup.dp_master = m._dp_master(startup, coordinator)

@@ -16,6 +16,7 @@ garbage collection and interpreter exit all release, once.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -38,6 +39,7 @@ from raydp.actors.gang import GangRestarts
 from raydp.actors.owned import Owned
 from raydp.actors.rank_restart import RankRestarts
 from raydp.actors.slots import RankSlot, place_ranks, start_device_probes
+from raydp.actors.terminate import create_successor
 from raydp.actors.watch import check_started, watch_run_refs
 from raydp.backend import APIServerGroup, DeathListener, DeathReports, RestartListener, ScaleListener
 from raydp.config import RaydpConfig
@@ -241,20 +243,23 @@ class ActorManager:
         """The coordinator actor (a restart passes its predecessor's addresses and state)."""
         cfg = self.config
         node = successor_of[0].node_id if successor_of is not None else self.slots[0].node_id
-        actor = (
-            ray.remote(CoordinatorActor)
-            .options(
-                num_cpus=0,
-                # Pinned to rank 0's node (it needs no CPU, so it always fits there): a soft
-                # affinity let Ray's spreading put it on another node, whose loss then took
-                # the coordinator with it even though rank 0 lived on. A successor goes
-                # where its addresses are.
-                scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
-                **self._actor_options(coordinator_name(cfg.name)),
+        def create() -> Any:
+            return (
+                ray.remote(CoordinatorActor)
+                .options(
+                    num_cpus=0,
+                    # Pinned to rank 0's node (it needs no CPU, so it always fits there): a soft
+                    # affinity let Ray's spreading put it on another node, whose loss then took
+                    # the coordinator with it even though rank 0 lived on. A successor goes
+                    # where its addresses are.
+                    scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
+                    **self._actor_options(coordinator_name(cfg.name)),
+                )
+                .remote(len(self.slots), cfg.stats_interval_s, cfg.heartbeat_interval_s, cfg.transport,
+                        self._sock_opts, cfg.name, self.ipc_prefix, successor_of)
             )
-            .remote(len(self.slots), cfg.stats_interval_s, cfg.heartbeat_interval_s, cfg.transport,
-                    self._sock_opts, cfg.name, self.ipc_prefix, successor_of)
-        )
+
+        actor = create() if successor_of is None else create_successor(create)
         self._owned.coordinator = actor
         return actor
 
@@ -264,28 +269,31 @@ class ActorManager:
         startup.run_refs[ref] = -1
         self._owned.run_refs.append(ref)
 
-    def _start_engines(self, devices: Mapping[int, tuple[str, ...] | DeviceProbe]) -> None:
+    def _start_engines(self, devices: Mapping[int, tuple[str, ...] | DeviceProbe], successors: bool = False) -> None:
         """Create the engine actors of the ranks in ``devices`` (all at startup, one on a restart).
 
         Each is handed its device ids, or a probe of them still running that it resolves itself.
+        ``successors``: the ranks' names were held by actors that have just ended (a restart, a
+        scale-up after a scale-down), which Ray may not have released yet.
         """
-        cfg = self.config
-        cls = ray.remote(EngineCoreActor)
         engines = self._owned.engines
         for rank, rank_devices in devices.items():
-            slot = self.slots[rank]
-            actor = cls.options(
-                num_cpus=1,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, cfg.world_size),
-                **self._actor_options(rank_name(cfg.name, rank)),
-            ).remote(
-                cfg, rank, slot.local_rank, self.driver_node_id, rank_devices, self.ipc_prefix,
-                self._engine_cls, self._curve,
-            )
+            create = functools.partial(self._create_engine, rank, rank_devices)
+            actor = create_successor(create) if successors else create()
             if rank < len(engines):
                 engines[rank] = actor
             else:
                 engines.append(actor)
+
+    def _create_engine(self, rank: int, devices: tuple[str, ...] | DeviceProbe) -> Any:
+        cfg, slot = self.config, self.slots[rank]
+        return ray.remote(EngineCoreActor).options(
+            num_cpus=1,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, cfg.world_size),
+            **self._actor_options(rank_name(cfg.name, rank)),
+        ).remote(
+            cfg, rank, slot.local_rank, self.driver_node_id, devices, self.ipc_prefix, self._engine_cls, self._curve,
+        )
 
     def _handshake(
         self,

@@ -66,7 +66,7 @@ class RankRestarts:
             with m._owned.lock:
                 if m._owned.released:
                     return
-                m._start_engines({rank: m._startup.devices[rank]})
+                m._start_engines({rank: m._startup.devices[rank]}, successors=True)
             result, refs = m._handshake(m._startup, [rank], {})
             try:
                 m._wait_coordinator(refs, len(m.slots), rank)

@@ -83,7 +83,7 @@ class Scaler:
             manager.slots = (*manager.slots, *new_slots)
             manager._owned.nodes.update(s.node_id for s in new_slots)
             probes = start_device_probes(self.cfg, new_slots)  # resolved by the new ranks as they start
-            manager._start_engines(dict(zip(new, probes, strict=True)))
+            manager._start_engines(dict(zip(new, probes, strict=True)), successors=True)
             # Built before any hold: a lockstep gang is held only while its group re-forms.
             engines = manager._owned.engines
             ray.get([engines[r].wait_for_init.remote() for r in new], timeout=self.cfg.startup_timeout_s)

@@ -4,12 +4,16 @@ attached handle), and one actor whose name and bundle a successor needs."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import ray
+import tenacity
 
 from raydp.actors.owned import Owned
 from raydp.names import NAMESPACE, coordinator_name, rank_name
+
+T = TypeVar("T")
 
 
 def terminate_cluster(name: str, prefix: str) -> None:
@@ -57,3 +61,25 @@ def kill_and_wait(actor: Any, timeout_s: float = 10.0) -> None:
         except Exception:  # RayActorError: gone; a get timeout: wedged, and Ray will reap it
             return
         time.sleep(0.05)
+
+
+def create_successor(create: Callable[[], T], timeout_s: float = 10.0) -> T:
+    """``create()`` an actor under the name of one that has just ended (a restarted rank or
+    coordinator, a restarted gang, a rank added again by a scale-up).
+
+    Ray tells a caller that an actor died (a failed call, a finished ref) before its GCS has
+    released the actor's name, and creating the successor in that window raises
+    ``ValueError: The name ... is already taken``. Retried until ``timeout_s``: a name held
+    longer than that belongs to a live actor, and the error is raised.
+    """
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(_name_taken),
+        wait=tenacity.wait_exponential(multiplier=0.01, max=0.25),
+        stop=tenacity.stop_after_delay(timeout_s),
+        reraise=True,
+    )
+    return retrying(create)
+
+
+def _name_taken(exc: BaseException) -> bool:
+    return isinstance(exc, ValueError) and "already taken" in str(exc)
