@@ -102,11 +102,11 @@ class GangRestarts:
             m._start_engines({rank: startup.devices[rank] for rank in ranks}, successors=True)
         phases.mark("created")
         coordinator = {ref: r for ref, r in startup.run_refs.items() if r < 0}  # the old ranks' refs ended
-        startup.dp_master = m._dp_master(startup, coordinator)
+        startup.dp_master = m.joining.dp_master(startup, coordinator)
         phases.mark("rendezvous")
-        result, refs = m._handshake(startup, ranks, {})
+        result, refs = m.joining.handshake(startup, ranks, {})
         phases.mark("handshake")
-        m._wait_coordinator(refs, len(ranks))
+        m.joining.wait_coordinator(refs, len(ranks))
         phases.mark("subscribed")
         with m._owned.lock:
             if m._owned.released:

@@ -20,27 +20,25 @@ import functools
 import logging
 import queue
 import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-import zmq
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raydp.actors.coordinator import CoordinatorActor
 from raydp.actors.coordinator_restart import CoordinatorRestarts
-from raydp.actors.deaths import death_of
 from raydp.actors.engine import DeviceProbe, EngineCoreActor
 from raydp.actors.gang import GangRestarts
+from raydp.actors.joining import RankJoining
 from raydp.actors.owned import Owned
 from raydp.actors.rank_restart import RankRestarts
 from raydp.actors.slots import RankSlot, place_ranks, start_device_probes
 from raydp.actors.terminate import create_successor
-from raydp.actors.watch import check_started, watch_run_refs
+from raydp.actors.watch import watch_run_refs
 from raydp.backend import APIServerGroup, DeathListener, DeathReports, RestartListener, ScaleListener
 from raydp.config import RaydpConfig
 from raydp.coordinator.client import CoordinatorClient
@@ -55,16 +53,15 @@ from raydp.errors import (
 )
 from raydp.names import NAMESPACE, coordinator_name, rank_name
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
-from raydp.wire.handshake import HandshakeResult, HandshakeServer, parallel_config
-from raydp.wire.protocol import EngineAddresses, Init
-from raydp.wire.security import CurveKeys, guard
-from raydp.wire.transport import IpcDir, ipc_prefix, pick_address, socket_options
+from raydp.wire.handshake import HandshakeResult
+from raydp.wire.security import CurveKeys
+from raydp.wire.transport import ipc_prefix, socket_options
 
 logger = logging.getLogger("raydp.manager")
 
 
 @dataclass
-class _Startup:
+class Startup:
     """What startup learned, kept for restarts; ``run_refs`` maps a ref to its rank (-1: coordinator)."""
 
     coordinator_endpoints: CoordinatorEndpoints | None = None
@@ -93,11 +90,12 @@ class ActorManager:
         self._user_groups = list(placement_groups) if placement_groups is not None else None
         self._progress = progress
         self._reports = DeathReports()
-        self._startup = _Startup()
+        self._startup = Startup()
         self._watch_queue: queue.SimpleQueue[tuple[Any, int]] = queue.SimpleQueue()
         self._retired_refs: set[Any] = set()  # run refs of ranks a scale-down removes: not deaths
         self._report_lock = threading.RLock()
         self._scale_lock = threading.Lock()
+        self.joining = RankJoining(self)
         self._gang = GangRestarts(self, config.max_restarts)
         self._rank_restarts = RankRestarts(self, config.max_restarts)
         self._coordinator_restarts = CoordinatorRestarts(self, config.coordinator_max_restarts)
@@ -188,11 +186,11 @@ class ActorManager:
             self._start_engines(dict(zip(ranks, probes, strict=True)))
             coordinator = self._create_coordinator()
             self._run_coordinator(startup, coordinator)
-            startup.dp_master = self._dp_master(startup)
-            result, refs = self._handshake(startup, ranks, startup.run_refs, self._progress)
+            startup.dp_master = self.joining.dp_master(startup)
+            result, refs = self.joining.handshake(startup, ranks, startup.run_refs, self._progress)
             startup.run_refs.update(refs)
             startup.devices = [probe.resolve(self.config.startup_timeout_s) for probe in probes]
-            self._wait_coordinator(startup.run_refs, self.config.dp_size)
+            self.joining.wait_coordinator(startup.run_refs, self.config.dp_size)
         except RaydpError:
             self.close()
             raise
@@ -263,7 +261,7 @@ class ActorManager:
         self._owned.coordinator = actor
         return actor
 
-    def _run_coordinator(self, startup: _Startup, actor: Any) -> None:
+    def _run_coordinator(self, startup: Startup, actor: Any) -> None:
         startup.coordinator_endpoints = ray.get(actor.endpoints.remote(), timeout=self.config.startup_timeout_s)
         ref = actor.run.remote()
         startup.run_refs[ref] = -1
@@ -295,92 +293,7 @@ class ActorManager:
             cfg, rank, slot.local_rank, self.driver_node_id, devices, self.ipc_prefix, self._engine_cls, self._curve,
         )
 
-    def _handshake(
-        self,
-        startup: _Startup,
-        ranks: list[int],
-        also_watch: dict[Any, int],
-        progress: Callable[[int, int], None] | None = None,
-    ) -> tuple[HandshakeResult, dict[Any, int]]:
-        """Run ``ranks`` through the handshake; return the result and their run refs."""
-        cfg = self.config
-        owned = self._owned
-        if owned.ctx is None:
-            owned.ctx = zmq.Context()
-            owned.ipc_dir = IpcDir(f"{self.ipc_prefix}-frontend")
-            gate = guard(owned.ctx, self._curve)
-            if gate is not None:
-                owned.closers.append(gate.stop)  # before the context is destroyed
-        server = HandshakeServer(
-            owned.ctx, self._sock_opts, transport=cfg.transport, ipc_dir=owned.ipc_dir
-        )
-        watched = dict(also_watch)
-        refs = {}
-        for rank in ranks:
-            ref = owned.engines[rank].run.remote(server.addresses)
-            refs[ref] = rank
-            owned.run_refs.append(ref)
-        watched.update(refs)
-        for ref, rank in refs.items():
-            startup.run_ref_of[rank] = ref
-        try:
-            result = server.run(
-                {r: self.slots[r].node_id == self.driver_node_id for r in ranks},
-                lambda rank: self._init_for(rank, startup, startup.dp_master),
-                cfg.config_hash(),
-                cfg.startup_timeout_s,
-                liveness=lambda: self._check_live(watched),
-                progress=progress,
-            )
-        finally:
-            server.close()
-        startup.capacity.update({rank: ready.capacity for rank, ready in result.ready.items()})
-        return result, refs
-
-    def _dp_master(self, startup: _Startup, watched: dict[Any, int] | None = None) -> str:
-        """Rank 0's new rendezvous; fails at once if one of ``watched`` (default: startup's refs) ends."""
-        if not self.config.lockstep:
-            return ""
-        ref = self._owned.engines[0].dp_master.remote(startup.dp_size or None)
-        deadline = time.monotonic() + self.config.startup_timeout_s
-        while not ray.wait([ref], timeout=0.05)[0]:
-            check_started(startup.run_refs if watched is None else watched)
-            if time.monotonic() > deadline:
-                raise StartupError("rank 0 did not start in time to host the DP rendezvous")
-        found = death_of(ref)
-        if found is not None:
-            raise StartupError(f"engine rank 0 failed during startup ({found[0].value}):\n{found[1]}")
-        return str(ray.get(ref))
-
-    def _init_for(self, rank: int, startup: _Startup, dp_master: str) -> Init:
-        cfg = self.config
-        coord = startup.coordinator_endpoints
-        assert coord is not None
-        same = self.slots[rank].node_id == coord.node_id
-        return Init(
-            EngineAddresses(pick_address(coord.collect, same_node=same), pick_address(coord.broadcast, same_node=same)),
-            parallel_config(cfg, dp_master, startup.dp_size, startup.wave),
-        )
-
-    def _check_live(self, watched: dict[Any, int]) -> None:
-        """Startup (or a restart) fails at once if a watched ref finished or close() began."""
-        if self._owned.stop.is_set():
-            raise StartupError(f"cluster {self.config.name!r} is closing")
-        check_started(watched)
-
-    def _wait_coordinator(self, watched: dict[Any, int], dp_size: int, rank: int | None = None) -> None:
-        """Block until ``dp_size`` engines (or, given, engine ``rank``) subscribed to the coordinator's broadcast."""
-        coordinator, wait_s = self._owned.coordinator, self.config.handshake_timeout_s
-        if rank is None:
-            ref = coordinator.wait_for_engines.remote(dp_size, wait_s)
-        else:  # a restarted rank: whatever its peers do (one may be dead for good meanwhile)
-            ref = coordinator.wait_for_rank.remote(rank, wait_s)
-        while not ray.wait([ref], timeout=0.05)[0]:
-            self._check_live(watched)
-        if not ray.get(ref):
-            raise StartupError("engines did not subscribe to the coordinator's broadcast in time")
-
-    def _cluster_endpoints(self, startup: _Startup, result: HandshakeResult) -> ClusterEndpoints:
+    def _cluster_endpoints(self, startup: Startup, result: HandshakeResult) -> ClusterEndpoints:
         assert startup.coordinator_endpoints is not None
         engines = [
             EngineEndpoint(s.rank, s.node_id, result.ready[s.rank].input_addresses) for s in self.slots
@@ -398,7 +311,7 @@ class ActorManager:
         for record in self._api_server_records:
             coordinator.add_api_servers.remote(record)
 
-    def _status_info(self, startup: _Startup) -> dict[str, Any]:
+    def _status_info(self, startup: Startup) -> dict[str, Any]:
         cfg = self.config
         return {
             "accelerator": cfg.accelerator,
@@ -409,7 +322,7 @@ class ActorManager:
 
     # ---- watching -------------------------------------------------------------------
 
-    def _start_watcher(self, startup: _Startup) -> None:
+    def _start_watcher(self, startup: Startup) -> None:
         refs = dict(startup.run_refs)
         # A weak reference, so the running watcher does not keep the manager
         # alive: dropping the last handle must still close the cluster.

@@ -67,9 +67,9 @@ class RankRestarts:
                 if m._owned.released:
                     return
                 m._start_engines({rank: m._startup.devices[rank]}, successors=True)
-            result, refs = m._handshake(m._startup, [rank], {})
+            result, refs = m.joining.handshake(m._startup, [rank], {})
             try:
-                m._wait_coordinator(refs, len(m.slots), rank)
+                m.joining.wait_coordinator(refs, len(m.slots), rank)
             except ray.exceptions.RayActorError:
                 # The coordinator died meanwhile: a successor resyncs this rank itself, and
                 # without one a dense rank serves the launcher's clients all the same.

@@ -95,8 +95,8 @@ class Scaler:
                 regrouping = True
                 self._regroup(epoch, m)
             startup.dp_size = m
-            result, refs = manager._handshake(startup, new, {})
-            manager._wait_coordinator(refs, m)
+            result, refs = manager.joining.handshake(startup, new, {})
+            manager.joining.wait_coordinator(refs, m)
             if self.cfg.lockstep:
                 self._wait_phase("regrouped")
                 self.coordinator.release(epoch)

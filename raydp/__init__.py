@@ -32,9 +32,10 @@ from raydp.errors import (
 )
 
 if TYPE_CHECKING:
+    from raydp.api import attach, launch
     from raydp.client.aio import AsyncClient
     from raydp.client.client import Client
-    from raydp.cluster import Cluster, attach, launch
+    from raydp.cluster import Cluster
     from raydp.engine.core import EchoEngine, EngineContext, EngineCore
 
 __all__ = [
@@ -72,8 +73,8 @@ _LAZY = {
     "AsyncClient": "raydp.client.aio",
     "Client": "raydp.client.client",
     "Cluster": "raydp.cluster",
-    "attach": "raydp.cluster",
-    "launch": "raydp.cluster",
+    "attach": "raydp.api",
+    "launch": "raydp.api",
     "EchoEngine": "raydp.engine.core",
     "EngineContext": "raydp.engine.core",
     "EngineCore": "raydp.engine.core",

@@ -1,24 +1,18 @@
-"""``launch`` and ``attach``: the public way to get a running cluster handle."""
+"""The :class:`Cluster` handle that :func:`raydp.launch` and :func:`raydp.attach` return (:mod:`raydp.api`)."""
 
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import weakref
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from raydp.actors.connection import connect
 from raydp.backend import APIServerGroup, Backend
 from raydp.config import RaydpConfig
-from raydp.engine.core import check_engine_class, engine_path, load_engine_class
 from raydp.errors import (
     ClusterClosedError,
     ComponentDeadError,
     ConfigError,
-    CoordinatorDeadError,
-    DeathCause,
     EngineDeadError,
 )
 from raydp.names import NAMESPACE, coordinator_name
@@ -333,99 +327,3 @@ def _node_id() -> str | None:
     import ray
 
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-
-
-def launch(
-    config: RaydpConfig | None = None,
-    *,
-    engine: str | type | None = None,
-    placement_groups: Sequence[Any] | None = None,
-    address: str | None = None,
-    progress: bool | None = None,
-    backend: str = "ray",
-    **fields: Any,
-) -> Cluster:
-    """Start a DP cluster and return its handle.
-
-    Either pass a :class:`RaydpConfig`, or its fields as keywords (validated,
-    with ``RAYDP_*`` environment overrides). ``engine`` is an engine core class
-    or ``'module:Class'`` path; ``placement_groups`` are user-made groups, one
-    per rank, used instead of planning. ``backend="ray"`` (the default) joins
-    the Ray cluster at ``address`` (or the ambient one, or starts a local
-    one); ``backend="mp"`` runs the ranks as local processes without Ray.
-    """
-    if backend not in ("ray", "mp"):
-        raise ConfigError(f"backend={backend!r}: must be 'ray' or 'mp'")
-    if backend == "mp" and placement_groups is not None:
-        raise ConfigError("placement_groups: only the 'ray' backend uses placement groups")
-    config = _resolve_config(config, engine, fields)
-    engine_cls = engine if isinstance(engine, type) else None
-    if engine_cls is not None:
-        check_engine_class(engine_cls, config.engine)
-        if backend == "mp":
-            load_engine_class(config.engine)  # spawned processes import it by path: it must be importable
-    bar = _progress_bar(progress, config)
-    manager: Backend
-    if backend == "mp":
-        from raydp.local import ProcessManager
-
-        manager = ProcessManager(config, progress=bar)
-    else:
-        connect(address)
-        from raydp.actors.manager import ActorManager
-
-        manager = ActorManager(config, placement_groups=placement_groups, progress=bar, engine_cls=engine_cls)
-    endpoints = manager.start()
-    try:
-        return Cluster(manager, endpoints)
-    except BaseException:
-        manager.close()
-        raise
-
-
-def _resolve_config(config: RaydpConfig | None, engine: str | type | None, fields: dict[str, Any]) -> RaydpConfig:
-    if config is not None and fields:
-        raise ConfigError(f"pass either config or fields, not both (got fields {sorted(fields)})")
-    if engine is not None:
-        fields["engine"] = engine_path(engine)
-    if config is None:
-        return RaydpConfig.create(**fields)
-    return config.with_changes(**fields) if fields else config
-
-
-def attach(name: str, *, address: str | None = None) -> Cluster:
-    """A handle to a cluster launched elsewhere (e.g. ``detached=True``) by its name.
-
-    ``close()`` on it closes only its clients, never the cluster's actors.
-    """
-    connect(address)
-    import ray
-
-    try:
-        coordinator = ray.get_actor(coordinator_name(name), namespace=NAMESPACE)
-    except ValueError:
-        raise ConfigError(f"name={name!r}: no raydp cluster of that name is running") from None
-    try:
-        endpoints = ray.get(coordinator.cluster.remote(), timeout=30)
-    except ray.exceptions.RayError as exc:
-        raise CoordinatorDeadError(f"of cluster {name!r}", None, DeathCause.UNKNOWN, repr(exc)) from exc
-    if endpoints is None:
-        raise ConfigError(f"name={name!r}: the cluster is still starting")
-    return Cluster(None, endpoints)
-
-
-def _progress_bar(enabled: bool | None, config: RaydpConfig) -> Any:
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    bar = tqdm(total=config.dp_size, desc=f"{config.name}: ranks ready", unit="rank", leave=False)
-
-    def update(done: int, total: int) -> None:
-        bar.update(done - bar.n)
-        if done >= total:
-            bar.close()
-
-    return update

@@ -41,7 +41,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import ray
 
-    from raydp.cluster import launch
+    from raydp.api import launch
 
     config = config_from_args(args, CONFIG_FLAGS, {**PRESETS, "name": f"demo-{os.getpid()}"})
     started_ray = _start_ray(args, config.dp_size)

@@ -33,7 +33,8 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import ray
 
-    from raydp.cluster import attach, check_scale_args
+    from raydp.api import attach
+    from raydp.cluster import check_scale_args
 
     check_scale_args(args.dp_size, args.drain_timeout)
     started = connect(args.address, quiet=True)

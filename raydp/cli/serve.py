@@ -46,7 +46,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from raydp.cluster import launch
+    from raydp.api import launch
 
     config = config_from_args(args, CONFIG_FLAGS, PRESETS)
     settings = _server_settings(args)

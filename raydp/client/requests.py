@@ -12,7 +12,7 @@ from raydp.errors import RaydpError, RequestError
 from raydp.wire.protocol import Output, Request
 
 Listener = Callable[["Output | RaydpError"], None]
-# Client._read_for: poll the engine sockets for up to the given seconds, unless the check says the answer is in.
+# ClientTurns.read_for: poll the engine sockets for up to the given seconds, unless the check says the answer is in.
 ReadFor = Callable[[float, Callable[[], bool]], bool]
 logger = logging.getLogger("raydp.client.client")
 
@@ -68,7 +68,7 @@ class RequestHandle:
 
     def __init__(self, request_id: str, read_for: ReadFor | None = None) -> None:
         self.request_id = request_id
-        self._read_for = read_for  # lets a waiter read its own answer (Client._read_for)
+        self._read_for = read_for  # lets a waiter read its own answer (ClientTurns.read_for)
         self.rank: int | None = None
         self.finish_reason: str | None = None
         self.error: RaydpError | None = None

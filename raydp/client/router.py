@@ -59,14 +59,14 @@ class RequestRouter:
         balancer: LoadBalancer,
         *,
         follow_liveness: bool,
-        tell_reader: Callable[[], None],
         last_heard: float,
     ) -> None:
         self.endpoints, self.io, self.balancer = endpoints, io, balancer
         # Clients in the launching process hear of deaths from the manager directly;
         # every other client (API servers, attached notebooks) from the coordinator.
         self.follow_liveness = follow_liveness
-        self.tell_reader = tell_reader
+        # Wakes a caller polling for its own answer; set by the client's ClientTurns.
+        self.tell_reader: Callable[[], None] = _nobody
         self.requests: dict[str, RequestState] = {}
         self.calls = PendingCalls()
         self.dead: dict[int, EngineDeadError] = {}
@@ -335,3 +335,7 @@ def _one_frame(frames: list[bytes]) -> bytes:
     if len(frames) != 1:
         raise ProtocolError(f"a message of {len(frames)} frames (want 1)")
     return frames[0]
+
+
+def _nobody() -> None:
+    """No caller reads for itself (until a ClientTurns takes the router)."""

@@ -53,7 +53,7 @@ class ClientSockets:
         self.collect = make_socket(self.ctx, zmq.PUSH, opts)
         self.collect.connect(pick_address(coord.collect, same_node=same))
         self.bell = Doorbell()
-        self.reader_bell = Doorbell()  # wakes a caller polling for its own answer (see Client._read_for)
+        self.reader_bell = Doorbell()  # wakes a caller polling for its own answer (see ClientTurns.read_for)
         self._rebuild_poll_set()
 
     def _rebuild_poll_set(self) -> None:

@@ -21,7 +21,8 @@ from raydp.engine.collective import DPCollective, GlooDPGroup, Rendezvous
 from raydp.engine.core import EngineContext, check_engine_class, load_engine_class
 from raydp.engine.executor import WORKER_CLASS_ATTR, Executor, ExecutorFactory, WorkerGroupSpec
 from raydp.engine.lockstep import LockstepRank
-from raydp.engine.loop import COUNTERS, EngineLoop, EngineSockets
+from raydp.engine.loop import COUNTERS, EngineLoop
+from raydp.engine.sockets import EngineSockets
 from raydp.engine.waves import EngineWaves
 from raydp.errors import ConfigError
 from raydp.logs import configure_component_logging

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from raydp.client.client import INLINE_MAX_IN_FLIGHT, Client
+from raydp.client.client import Client
 from raydp.client.requests import RequestHandle
+from raydp.client.turns import INLINE_MAX_IN_FLIGHT
 from raydp.errors import DeathCause, EngineDeadError
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.protocol import Abort, Output, OutputBatch, Request, RequestBatch, decode_input, encode
@@ -176,7 +177,7 @@ def test_submissions_queued_under_load_leave_as_one_message_per_rank() -> None:
     client = Client(engines.endpoints(), node_id="n", options=SocketOptions())
     try:
         first = [client.submit([i], 4) for i in range(INLINE_MAX_IN_FLIGHT)]  # sent inline, one message each
-        with client._lock:  # the IO thread cannot take a turn: the next submissions queue
+        with client._turns.lock:  # the IO thread cannot take a turn: the next submissions queue
             queued = [client.submit([i], 4) for i in range(40)]
         for _ in range(100):
             adds = [sum(len(events(m)) for _, m in seen) for seen in engines.seen]
@@ -219,7 +220,7 @@ def test_work_nobody_reads_for_wakes_the_quiet_io_thread(echo: EchoEngines, monk
 
     from raydp.client.aio import AsyncClient
 
-    monkeypatch.setattr("raydp.client.client.IDLE_WAIT_MS", 60_000)
+    monkeypatch.setattr("raydp.client.turns.IDLE_WAIT_MS", 60_000)
     client = Client(echo.endpoints(), node_id="n", options=SocketOptions())
     try:
         assert client.generate([0], 1, timeout=10) == [0]  # the IO thread is in its quiet poll now

@@ -12,7 +12,8 @@ import pytest
 import zmq
 
 from raydp.engine.core import EchoEngine, EngineContext
-from raydp.engine.loop import EngineLoop, EngineSockets
+from raydp.engine.loop import EngineLoop
+from raydp.engine.sockets import EngineSockets
 from raydp.wire.protocol import (
     BROADCAST_TOPIC,
     Abort,

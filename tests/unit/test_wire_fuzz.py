@@ -407,7 +407,7 @@ def test_client_stats_survive_fuzz(auth: str, caplog: pytest.LogCaptureFixture) 
                 target.pub.send_multipart(parts)
             target.settle()
             assert target.dropped() - before == sum(map(client_drops, batch)), "one drop per message"
-            assert target.client._thread.is_alive()
+            assert target.client._turns.thread.is_alive()
 
         fuzz()
         elapsed = time.monotonic() - start

@@ -34,7 +34,8 @@ from raydp.client.client import Client
 from raydp.coordinator.loop import CoordinatorLoop
 from raydp.coordinator.state import CoordinatorState
 from raydp.engine.core import EchoEngine, EngineContext
-from raydp.engine.loop import EngineLoop, EngineSockets
+from raydp.engine.loop import EngineLoop
+from raydp.engine.sockets import EngineSockets
 from raydp.errors import ProtocolError
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.protocol import (
@@ -361,7 +362,7 @@ class StatsTarget:
         marker = encode(StatsSnapshot([(0, 0)], 0, False, seq=mark))
 
         def seen() -> bool:
-            assert self.client._thread.is_alive(), "the client's IO thread died"
+            assert self.client._turns.thread.is_alive(), "the client's IO thread died"
             self.pub.send(marker)
             snap = self.client.snapshot()
             return wait_until(lambda: (s := self.client.snapshot()) is not None and s.seq == mark, 0.1) or (
@@ -434,7 +435,7 @@ def serve_component(kind: str, publish: str, conn: Connection) -> None:
             ), node_id="n", follow_liveness=False)
             stack.callback(client.close)
             conn.send(publish)
-            alive = client._thread.is_alive
+            alive = client._turns.thread.is_alive
             drops = lambda: client._router._drops.dropped  # noqa: E731
         while conn.recv() != "stop":
             gc.collect()
