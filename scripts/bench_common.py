@@ -39,7 +39,7 @@ class Sizes:
 FULL = Sizes(
     pipelined=1_000, pipelined_s=0.5, window=256, sequential=250, turns=12, warmup=50,
     busy_per_rank=64, busy_per_rank_no_delay=4,
-    step_window_s=1.5, step_windows=3, step_warmup_s=0.5, step_delays_s=(0.002, 0.0),
+    step_window_s=1.5, step_windows=5, step_warmup_s=0.5, step_delays_s=(0.002, 0.0),
 )
 QUICK = Sizes(
     pipelined=300, pipelined_s=0.1, window=256, sequential=20, turns=2, warmup=10,

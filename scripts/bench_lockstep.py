@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,67 +37,84 @@ MODES = {
 BUSY_STEPS = 64  # steps every rank takes before the warm-up starts (gloo init, first wave)
 
 
-def step_rate(mode: str, step_delay_s: float, sizes: Sizes, name: str) -> StepRate:
-    """Launch a DP=2 cluster in ``mode``, keep both ranks busy, count steps per second."""
+@contextlib.contextmanager
+def busy_cluster(mode: str, step_delay_s: float, name: str) -> Iterator[tuple[Any, Any, Any]]:
+    """A DP=2 cluster in ``mode``; yields it, a load client and a probe client for its stats."""
     import raydp
 
     lockstep, collective = MODES[mode]
-    cluster = raydp.launch(
+    with raydp.launch(
         name=name,
         dp_size=DP_SIZE,
         engine=ECHO_ENGINE,
         lockstep=lockstep,
         engine_kwargs={"collective": collective, "step_delay_s": step_delay_s},
         progress=False,
-    )
-    try:
-        load = cluster.client()
+    ) as cluster:
         # Stats go through a second client: its replies do not queue behind the
         # flood of outputs the first one may be slow to read.
-        probe = cluster.client()
-        busy = sizes.busy_per_rank if step_delay_s else sizes.busy_per_rank_no_delay
-        handles = [load.submit(PROMPT, BUSY_MAX_TOKENS, rank=rank) for rank in range(DP_SIZE) for _ in range(busy)]
-        try:
-            wait_stepping(probe, BUSY_STEPS)
-            time.sleep(sizes.step_warmup_s)
-            return measure_windows(probe, mode, step_delay_s, sizes)
-        finally:
-            for handle in handles:
-                load.abort(handle.request_id)
-            wait_done(handles)
-            if lockstep:
-                wait_paused(cluster)
-    finally:
-        cluster.close()
+        yield cluster, cluster.client(), cluster.client()
 
 
-def measure_windows(probe: Any, mode: str, step_delay_s: float, sizes: Sizes) -> StepRate:
-    windows: list[list[float]] = []
-    total = dummies = collectives = 0
-    elapsed = 0.0
-    for _ in range(sizes.step_windows):
+@dataclass
+class Window:
+    rates: list[float]  # steps/s of each rank
+    steps: int
+    dummies: int
+    collectives: int
+    elapsed: float
+
+
+def busy_window(cluster: Any, load: Any, probe: Any, mode: str, step_delay_s: float, sizes: Sizes) -> Window:
+    """Keep both ranks busy, count their steps over one window, then let the cluster go quiet again."""
+    busy = sizes.busy_per_rank if step_delay_s else sizes.busy_per_rank_no_delay
+    handles = [load.submit(PROMPT, BUSY_MAX_TOKENS, rank=rank) for rank in range(DP_SIZE) for _ in range(busy)]
+    try:
+        wait_stepping(probe, BUSY_STEPS)
+        time.sleep(sizes.step_warmup_s)
         before, t0 = rank_stats(probe), time.perf_counter()
         time.sleep(sizes.step_window_s)
         after, t1 = rank_stats(probe), time.perf_counter()
-        rates = []
-        for b, a in zip(before, after, strict=True):
-            steps = a["steps"] + a["dummy_steps"] - b["steps"] - b["dummy_steps"]
-            rates.append(steps / (t1 - t0))
-            total += steps
-            dummies += a["dummy_steps"] - b["dummy_steps"]
-            collectives += a["collectives"] - b["collectives"]
-        elapsed += t1 - t0
-        windows.append(rates)
-    means = [statistics.fmean(rates) for rates in windows]
+    finally:
+        for handle in handles:
+            load.abort(handle.request_id)
+        wait_done(handles)
+        if MODES[mode][0]:
+            wait_paused(cluster)
+    steps = [a["steps"] + a["dummy_steps"] - b["steps"] - b["dummy_steps"] for b, a in zip(before, after, strict=True)]
+    return Window(
+        [n / (t1 - t0) for n in steps], sum(steps),
+        sum(a["dummy_steps"] - b["dummy_steps"] for b, a in zip(before, after, strict=True)),
+        sum(a["collectives"] - b["collectives"] for b, a in zip(before, after, strict=True)), t1 - t0,
+    )
+
+
+def step_rates(modes: list[str], step_delay_s: float, sizes: Sizes) -> list[StepRate]:
+    """The clusters of ``modes`` open at once, taking turns at being busy (the order rotating),
+    one window each per turn: a ratio of two modes is taken between windows seconds apart."""
+    found: dict[str, list[Window]] = {mode: [] for mode in modes}
+    with contextlib.ExitStack() as stack:
+        clusters = {mode: stack.enter_context(busy_cluster(mode, step_delay_s, f"bench-step-{i}"))
+                    for i, mode in enumerate(modes)}
+        for turn in range(sizes.step_windows):
+            for mode in modes[turn % len(modes):] + modes[: turn % len(modes)]:
+                log(f"step rate: {mode}, step_delay_s={step_delay_s}, turn {turn + 1}/{sizes.step_windows}")
+                found[mode].append(busy_window(*clusters[mode], mode, step_delay_s, sizes))
+    return [_step_rate(mode, step_delay_s, windows) for mode, windows in found.items()]
+
+
+def _step_rate(mode: str, step_delay_s: float, windows: list[Window]) -> StepRate:
+    means = [statistics.fmean(w.rates) for w in windows]
     median = means.index(statistics.median_low(means))
+    steps, elapsed = sum(w.steps for w in windows), sum(w.elapsed for w in windows)
     return StepRate(
         mode,
         step_delay_s,
         steps_per_s=means[median],
-        per_rank=windows[median],
+        per_rank=windows[median].rates,
         windows=means,
-        dummy_fraction=dummies / total if total else 0.0,
-        collectives_per_s=collectives / DP_SIZE / elapsed,
+        dummy_fraction=sum(w.dummies for w in windows) / steps if steps else 0.0,
+        collectives_per_s=sum(w.collectives for w in windows) / DP_SIZE / elapsed,
     )
 
 
@@ -207,12 +226,12 @@ def lockstep_benchmark(sizes: Sizes) -> tuple[list[StepRate], dict[float, tuple[
         floor = f"{type(exc).__name__}: {exc}"
     results = []
     for delay in sizes.step_delays_s:
-        for i, mode in enumerate(MODES):
-            log(f"step rate: {mode}, step_delay_s={delay}")
+        # The target's two modes side by side; the per-step all-reduce mode alone (4 logical GPUs).
+        for modes in (["dense", "lockstep"], ["lockstep+collective"]):
             try:
-                results.append(step_rate(mode, delay, sizes, name=f"bench-step-{i}"))
+                results += step_rates(modes, delay, sizes)
             except Exception as exc:
-                results.append(StepRate(mode, delay, error=f"{type(exc).__name__}: {exc}"))
+                results += [StepRate(mode, delay, error=f"{type(exc).__name__}: {exc}") for mode in modes]
     return results, floor
 
 
@@ -224,7 +243,10 @@ def lockstep_table(results: list[StepRate], floor: dict[float, tuple[float, floa
         "### Lockstep overhead (DP=2, both ranks busy)",
         "",
         f"Steps per second per rank (steps + dummy steps), median of {sizes.step_windows} window(s) "
-        f"of {sizes.step_window_s:g} s, allreduce_interval=32. EchoEngine's `step_delay_s` sleeps in every "
+        f"of {sizes.step_window_s:g} s. The dense and lockstep clusters are open at once and take turns at "
+        "being busy, one window each per turn, so their ratio is taken between windows seconds apart "
+        "(the per-step all-reduce cluster runs on its own). allreduce_interval=32. "
+        "EchoEngine's `step_delay_s` sleeps in every "
         f"step to stand in for device time ({sizes.busy_per_rank} running requests per rank). "
         f"`step_delay_s=0` is the worst case ({sizes.busy_per_rank_no_delay} requests per rank): the step is "
         "pure raydp + Python overhead, and the driver's client, decoding every output, competes for the "
@@ -265,6 +287,12 @@ def lockstep_table(results: list[StepRate], floor: dict[float, tuple[float, floa
             f"| {delay:g} | **{ratio(lock, dense)}** | {verdict} | {ratio(coll, dense)} "
             f"| {ratio(dense, alone) if delay else 'n/a'} | {ratio(coll, reduced)} |"
         )
+    for delay in sizes.step_delays_s:
+        pairs = [a / b for a, b in zip(rows[("lockstep", delay)].windows, rows[("dense", delay)].windows,
+                                       strict=False) if b]
+        if len(pairs) > 1:
+            lines.append(f"\nlockstep / dense at step_delay_s={delay:g}, turn by turn: "
+                         f"{', '.join(f'{p:.2f}' for p in pairs)}")
     return lines
 
 

@@ -113,7 +113,7 @@ def test_allreduce_min_interval_out_of_bounds(value: object, allowed: str) -> No
 
 
 def test_allreduce_min_interval_zero_keeps_exact_step_intervals() -> None:
-    assert RaydpConfig.create(env={}).allreduce_min_interval_s == 0.005
+    assert RaydpConfig.create(env={}).allreduce_min_interval_s == 0.02
     cfg = RaydpConfig.create(env={"RAYDP_ALLREDUCE_MIN_INTERVAL_S": "0"})
     assert cfg.allreduce_min_interval_s == 0
 
