@@ -46,8 +46,10 @@ from raydp.wire.transport import IpcDir, SocketOptions, bind_endpoints, make_soc
 
 logger = logging.getLogger("raydp.coordinator")
 _PRESENCE = presence_topic(0)[:-2]
-# How long the loop waits in a blocking recv for the next engine message before going back to the poller.
-_BUSY_WAIT_MS = 1
+# How long the loop lets engine messages pile up between batches while they keep coming (see _follow_collect).
+_NAP_S = 0.001
+# The most messages one batch takes: a flood must not hold back snapshots, subscriptions and the stop flag.
+_BATCH = 256
 
 
 def _ipc_dir(rebind: CoordinatorEndpoints | None, transport: TransportKind, prefix: str) -> IpcDir | None:
@@ -143,7 +145,6 @@ class CoordinatorLoop:
         poller = zmq.Poller()
         poller.register(self.collect, zmq.POLLIN)
         poller.register(self.broadcast, zmq.POLLIN)
-        self.collect.setsockopt(zmq.RCVTIMEO, _BUSY_WAIT_MS)  # see _follow_collect
         while not self._stop.is_set():
             # Rounded up: truncating a deadline under 1 ms to poll(0) spins until it passes.
             timeout_ms = math.ceil(min(100.0, 1000 * self.state.next_deadline(time.monotonic())))
@@ -165,29 +166,36 @@ class CoordinatorLoop:
             self._broadcast(msg)
 
     def _follow_collect(self) -> None:
-        """Handle messages while they keep coming (gaps under ``_BUSY_WAIT_MS``), then return to the poller.
+        """Take messages in batches while they keep coming, then return to the poller.
 
-        With many engines nearly every message arrives alone and wakes the loop
-        alone, and a wake-up in ``zmq_poll`` over two sockets costs about twice
-        one in a blocking ``recv`` on this socket (and draining to ``Again``
-        adds an exception per wake-up). So the next message is awaited here;
-        due snapshots are looked at after each one and subscriptions at most
-        every ``_BUSY_WAIT_MS``, so neither waits more than that longer than
-        under the poller.
+        With many engines nearly every message arrives alone, and waking for
+        each one (in ``zmq_poll`` or a blocking ``recv``) costs more than
+        handling it. So once the socket runs dry the loop naps ``_NAP_S`` and
+        takes whatever piled up meanwhile in one go; a nap that brings nothing
+        ends the burst. The first message of a burst is handled at once; the
+        others wait at most one nap. Snapshots and subscriptions are looked at
+        after every batch, and a batch is at most ``_BATCH`` messages (then no
+        nap: more are waiting).
         """
-        look_at_subscriptions = 0.0
         while not self._stop.is_set():
-            try:
-                frame = self.collect.recv(copy=False)  # blocks up to _BUSY_WAIT_MS (RCVTIMEO)
-            except zmq.Again:
+            taken = self._take_batch()
+            if not taken:
                 return
+            if cast(int, self.broadcast.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                self._drain_subscriptions()
+            self._send_due(time.monotonic())
+            if taken < _BATCH:
+                time.sleep(_NAP_S)
+
+    def _take_batch(self) -> int:
+        """Handle the messages waiting on the collect socket, at most ``_BATCH``; return how many."""
+        for count in range(_BATCH):
+            try:
+                frame = self.collect.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return count
             self._handle(frame)
-            now = time.monotonic()
-            if now >= look_at_subscriptions:  # at most every _BUSY_WAIT_MS: getsockopt(EVENTS) is a syscall
-                look_at_subscriptions = now + _BUSY_WAIT_MS / 1000
-                if cast(int, self.broadcast.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                    self._drain_subscriptions()
-            self._send_due(now)
+        return _BATCH
 
     def _handle(self, frame: zmq.Frame) -> None:
         if frame.more:  # every message here is one frame: a multipart one is dropped whole, once

@@ -139,3 +139,27 @@ def test_wait_for_rank_follows_that_ranks_subscription_whatever_its_peers_do(loo
         loop.close()
         thread.join(10)
     assert errors == []
+
+
+@pytest.mark.timeout(30)
+def test_a_flood_is_taken_in_bounded_batches_so_snapshots_and_stop_are_looked_at_between(
+    loop: CoordinatorLoop,
+) -> None:
+    from raydp.coordinator import loop as loop_module
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        push = ctx.socket(zmq.PUSH)
+        push.connect(loop.endpoints.collect[0])
+        total = 2 * loop_module._BATCH + 88
+        for i in range(total):
+            push.send(encode(EngineStats(rank=i % 4, waiting=0, running=i + 1)))
+        deadline = time.monotonic() + 10  # every message reaches the coordinator's queue before the first batch
+        while not loop.collect.poll(10) and time.monotonic() < deadline:
+            pass
+        time.sleep(0.3)
+        batches = [loop._take_batch() for _ in range(4)]
+        assert batches == [loop_module._BATCH, loop_module._BATCH, 88, 0]
+        assert [c[1] for c in loop.describe()["counts"]] == [total - 3 + r for r in range(4)]  # type: ignore[union-attr]
+    finally:
+        ctx.destroy(linger=0)
