@@ -45,8 +45,18 @@ def number(cell: str) -> float | None:
     return float(found.group(1).replace(",", "")) if found else None
 
 
+_NOT_APPLICABLE = ("-", "n/a")
+
+
 def _numeric_column(cells: list[str]) -> bool:
-    return any(c != "-" for c in cells) and all(c == "-" or number(c) is not None for c in cells)
+    return any(c not in _NOT_APPLICABLE for c in cells) and all(
+        c in _NOT_APPLICABLE or number(c) is not None for c in cells)
+
+
+def columns(header: list[str], rows: list[list[str]]) -> tuple[list[int], list[int]]:
+    """The columns drawn as bars and those naming a row: the first always names it (a step delay too)."""
+    numeric = [c for c in range(1, len(header)) if _numeric_column([r[c] for r in rows])]
+    return numeric, [c for c in range(len(header)) if c not in numeric]
 
 
 def plot_sections(sections: dict[str, list[str]], out_dir: Path) -> list[Path]:
@@ -69,11 +79,10 @@ def _plot_table(title: str, header: list[str], rows: list[list[str]], path: Path
 
     # A failed measurement has no numbers to draw; a '-' is a figure that does not apply (no bar).
     rows = [r for r in rows if len(r) == len(header) and not any(c.startswith("failed") for c in r)]
-    numeric = [c for c in range(len(header)) if _numeric_column([r[c] for r in rows])]
-    text = [c for c in range(len(header)) if c not in numeric]
+    numeric, text = columns(header, rows)
     if not numeric:
         return False
-    labels = [" / ".join(r[c] for c in text if r[c] not in ("", "-"))[:70] for r in rows]
+    labels = [" / ".join(r[c] for c in text if r[c] not in ("", *_NOT_APPLICABLE))[:70] for r in rows]
     cols = min(3, len(numeric))
     grid = -(-len(numeric) // cols)
     fig, axes = plt.subplots(grid, cols, figsize=(4.2 * cols + 3, (0.4 * len(rows) + 1.2) * grid + 0.4),
@@ -82,11 +91,11 @@ def _plot_table(title: str, header: list[str], rows: list[list[str]], path: Path
     for ax in panels[len(numeric):]:
         ax.set_visible(False)
     for ax, c in zip(panels, numeric, strict=False):
-        values = [number(r[c]) if r[c] != "-" else float("nan") for r in rows]
+        values = [number(r[c]) if r[c] not in _NOT_APPLICABLE else float("nan") for r in rows]
         ax.barh(range(len(rows)), values, color="#4878a8")
         ax.set_title(header[c], fontsize=9)
         ax.tick_params(labelsize=8)
-        if all(r[c].rstrip("*").endswith("x") for r in rows):
+        if all(r[c].rstrip("*").endswith("x") for r in rows if r[c] not in _NOT_APPLICABLE):
             ax.axvline(1.0, color="#c44", linewidth=1)
     for row in axes:
         row[0].set_yticks(range(len(rows)), labels)

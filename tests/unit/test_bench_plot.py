@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from bench_plot import number, parse_tables, plot_sections
+from bench_plot import columns, number, parse_tables, plot_sections
 
 pytestmark = pytest.mark.timeout(60)
 TABLE = """### Round trips
@@ -37,3 +37,16 @@ def test_every_table_becomes_a_png(tmp_path: Path) -> None:
     written = plot_sections({"round-trips": TABLE, "empty": ["no table here"]}, tmp_path)
     assert written == [tmp_path / "round-trips-1.png"]
     assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_first_column_names_the_rows_even_when_it_is_a_number() -> None:
+    [(_, header, rows)] = parse_tables("""### Lockstep
+
+| step_delay_s | **lockstep / dense** | >= 0.8 | dense / bare loop |
+|---:|---:|---|---:|
+| 0.002 | **0.98x** | yes | 0.91x |
+| 0 | **0.87x** | yes | n/a |
+""".splitlines())
+    bars, names = columns(header, rows)
+    assert [header[c] for c in bars] == ["**lockstep / dense**", "dense / bare loop"]
+    assert [header[c] for c in names] == ["step_delay_s", ">= 0.8"]
