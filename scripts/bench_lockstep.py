@@ -81,12 +81,14 @@ def busy_window(cluster: Any, load: Any, probe: Any, mode: str, step_delay_s: fl
         wait_done(handles)
         if MODES[mode][0]:
             wait_paused(cluster)
-    steps = [a["steps"] + a["dummy_steps"] - b["steps"] - b["dummy_steps"] for b, a in zip(before, after, strict=True)]
-    return Window(
-        [n / (t1 - t0) for n in steps], sum(steps),
-        sum(a["dummy_steps"] - b["dummy_steps"] for b, a in zip(before, after, strict=True)),
-        sum(a["collectives"] - b["collectives"] for b, a in zip(before, after, strict=True)), t1 - t0,
-    )
+    ranks = list(zip(before, after, strict=True))
+
+    def grew(key: str) -> list[int]:
+        return [a[key] - b[key] for b, a in ranks]
+
+    steps = [n + d for n, d in zip(grew("steps"), grew("dummy_steps"), strict=True)]
+    return Window([n / (t1 - t0) for n in steps], sum(steps), sum(grew("dummy_steps")), sum(grew("collectives")),
+                  t1 - t0)
 
 
 def step_rates(modes: list[str], step_delay_s: float, sizes: Sizes) -> list[StepRate]:

@@ -22,7 +22,7 @@ import logging
 import math
 import threading
 import time
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
@@ -31,6 +31,7 @@ from raydp.coordinator.state import CoordinatorState
 from raydp.errors import ProtocolError
 from raydp.wire.dropped import DropLog, frame_sender
 from raydp.wire.endpoints import CoordinatorEndpoints
+from raydp.wire.polling import has_input
 from raydp.wire.protocol import (
     BROADCAST_TOPIC,
     Release,
@@ -181,7 +182,7 @@ class CoordinatorLoop:
             taken = self._take_batch()
             if not taken:
                 return
-            if cast(int, self.broadcast.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if has_input(self.broadcast):
                 self._drain_subscriptions()
             self._send_due(time.monotonic())
             if taken < _BATCH:
