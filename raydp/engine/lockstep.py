@@ -109,7 +109,7 @@ class LockstepRank:
         """Count the step; once the all-reduce in flight has arrived, collect it, maybe confirm
         and pause, and start the next."""
         sync = self.waves.after_step(self._collectable)
-        if sync is not Sync.NONE:
+        if sync is not None:
             assert self.collective is not None, "lockstep needs a DP collective"
             if sync is Sync.COLLECT:
                 flags = self.collective.collect()
@@ -118,7 +118,8 @@ class LockstepRank:
             if self.waves.running:  # the wave goes on: keep one all-reduce in flight
                 self.collective.start(has_unfinished, self.waves.held, self._pace())
                 self.waves.on_started()
-        self.tick()
+        if self.waves.held:  # what tick() checks first; this runs every step
+            self.tick()
 
     def _collectable(self) -> bool:
         """Asked once the all-reduce in flight is due: may this step collect it?

@@ -96,24 +96,30 @@ class EngineLoop:
         """Loop until a Shutdown broadcast or :meth:`stop`; re-raises engine failures."""
         try:
             self._publish_load(force=True)  # at once, not after the first (possibly idle) poll
+            has_work, stepping = self._recheck()
             while not self._stopping:
                 if self._failure is not None:
                     raise self._failure
                 if self._outbox.behind:
                     self._outbox.flush()
-                self._poll_inputs(block=not self._outbox.behind and not self._should_step())
+                took = self._poll_inputs(block=not self._outbox.behind and not stepping)
                 if self._failure is not None:
                     raise self._failure
                 if self._stopping:
                     break
-                if self.lockstep is not None:
-                    self.lockstep.tick()
-                has_work = self.engine.has_unfinished()
-                busy = self._should_step(has_work)
-                left = self._step_once(has_work) if busy else has_work
+                # A busy turn that took no input needs no new look: only inputs change
+                # the engine's requests or the wave between two steps, and the look
+                # is a good share of a near-empty step's cost.
+                if took or not stepping:
+                    has_work, stepping = self._recheck()
+                if not stepping:
+                    self._publish_load(force=True)
+                    continue
+                left = self._step_once(has_work)
                 # The step that finishes the last request is published at once too: the
                 # next turn may block in poll for a second, with the load shown stale.
-                self._publish_load(force=not busy or (has_work and not left))
+                self._publish_load(force=has_work and not left)
+                has_work, stepping = left, self._should_step(left)
         except BaseException as exc:
             self._fail_all(f"engine rank {self.rank} failed: {exc!r}")
             raise
@@ -126,20 +132,29 @@ class EngineLoop:
         """From another thread: fail every in-flight request with ``exc`` and raise it (e.g. a worker died)."""
         self._failure = exc
 
-    def _should_step(self, has_work: bool | None = None) -> bool:
-        if has_work is None:
-            has_work = self.engine.has_unfinished()
+    def _recheck(self) -> tuple[bool, bool]:
+        """``(has_work, stepping)``: whether the engine has unfinished requests, whether to step."""
+        if self.lockstep is not None:
+            self.lockstep.tick()
+        has_work = self.engine.has_unfinished()
+        return has_work, self._should_step(has_work)
+
+    def _should_step(self, has_work: bool) -> bool:
         return self.lockstep.should_step(has_work) if self.lockstep else has_work
 
-    def _poll_inputs(self, block: bool) -> None:
-        """Take what has arrived, at most a budget per socket, so steps are never starved."""
+    def _poll_inputs(self, block: bool) -> bool:
+        """Take what has arrived, at most a budget per socket, so steps are never starved;
+        whether any message came."""
         ready = self.sockets.wait(IDLE_POLL_MS if block else 0)
         if self._stopping or self._failure is not None:
-            return  # woken by stop() or fail(): the caller acts on it
+            return False  # woken by stop() or fail(): the caller acts on it
+        took = False
         for sock in ready:
             on_frames = self._on_broadcast if sock is self.sockets.broadcast else self._on_input
             for frames in self.sockets.drain(sock, INPUT_BUDGET):
+                took = True
                 on_frames(frames)
+        return took
 
     def _step_once(self, has_work: bool) -> bool:
         """One step (a dummy one for an idle lockstep rank); whether work is left after it."""

@@ -32,9 +32,8 @@ from dataclasses import dataclass
 
 
 class Sync(enum.Enum):
-    """What the DP all-reduce does at the end of a step."""
+    """What the DP all-reduce does at the end of a step (``None``: nothing, the usual case)."""
 
-    NONE = "none"
     START = "start"  # start one (non-blocking) with this rank's flags
     COLLECT = "collect"  # take the result of the one in flight (it has arrived), then maybe confirm
 
@@ -90,18 +89,23 @@ class EngineWaves:
         """
         return self.running or (has_local_work and not self.held and not self.stopped)
 
-    def after_step(self, arrived: Callable[[], bool] = lambda: True) -> Sync:
-        """Count one step of this wave; say what the all-reduce does at its end.
+    def after_step(self, arrived: Callable[[], bool] = lambda: True) -> Sync | None:
+        """Count one step of this wave; say what the all-reduce does at its end, if anything.
 
         ``arrived`` says whether the one in flight has completed; it is asked
-        only once that one is an interval old.
+        only once that one is an interval old. This runs every step: with
+        near-empty steps its cost is the lockstep tax, hence no enum member
+        and no ``max()`` on the way to "nothing" (each costs as much as the
+        rest of the method).
         """
         self.running = True
         self.steps += 1
         if self.pending:
-            due = self.steps - self.started_at >= max(self.interval, self.due)
-            return Sync.COLLECT if due and arrived() else Sync.NONE
-        return Sync.START if self.steps % self.interval == 0 else Sync.NONE
+            age, interval, due = self.steps - self.started_at, self.interval, self.due
+            if age >= (interval if interval > due else due) and arrived():
+                return Sync.COLLECT
+            return None
+        return Sync.START if self.steps % self.interval == 0 else None
 
     def on_started(self) -> None:
         self.pending = True

@@ -405,3 +405,56 @@ def test_stop_wakes_an_idle_loop_at_once(monkeypatch: pytest.MonkeyPatch) -> Non
         assert not rig.thread.is_alive() and rig.errors == []
     finally:
         rig.ctx.destroy(linger=0)
+
+
+class CountingEngine(EchoEngine):
+    """Counts how often the loop asks whether it has unfinished work."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked = 0
+
+    def has_unfinished(self) -> bool:
+        self.asked += 1
+        return super().has_unfinished()
+
+
+@pytest.mark.timeout(30)
+def test_a_busy_loop_asks_the_engine_once_per_step() -> None:
+    """With near-empty steps, asking again after every poll was a measurable share of a step:
+    a turn that took no input goes on from what the last step left."""
+    engine = CountingEngine(EngineContext(0, 0, 1, 1, "n"))
+    rig = start(engine)
+    try:
+        client = rig.client(b"cc")
+        send(client, RequestType.ADD, Request("long", [1, 2, 3], 5_000))
+        got = outputs(client, {"long"}, timeout=20)
+        assert len(got["long"]) == 5_000
+        steps, asked = engine.steps, engine.asked
+        assert steps == 5_000 and asked <= steps + 20, f"asked {asked} times over {steps} steps"
+    finally:
+        rig.stop()
+        rig.ctx.destroy(linger=0)
+
+
+class SelfFeedingEngine(EchoEngine):
+    """Gains a request without any input, as an engine with a thread of its own may."""
+
+    def feed(self, request: Request) -> None:
+        self.add_request(request)
+
+
+@pytest.mark.timeout(30)
+def test_work_an_engine_gains_on_its_own_is_stepped_at_the_next_idle_wake(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("raydp.engine.loop.IDLE_POLL_MS", 50)
+    engine = SelfFeedingEngine(EngineContext(0, 0, 1, 1, "n"))
+    rig = start(engine)
+    try:
+        engine.feed(Request("own", [4], 3))
+        deadline = time.monotonic() + 5
+        while engine.has_unfinished() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not engine.has_unfinished() and engine.steps == 3, "the idle loop never stepped it"
+    finally:
+        rig.stop()
+        rig.ctx.destroy(linger=0)
