@@ -1,4 +1,9 @@
-"""The seeded chaos soak, 2 minutes: every request is accounted for while every kind of fault hits the cluster."""
+"""The seeded chaos soak, 1 minute: every request is accounted for while every kind of fault hits the cluster.
+
+One minute keeps the suite under its budget: the soak injects every kind once before any
+random ones (about 14 faults with this seed), and longer soaks are the same script with more
+``--minutes``.
+"""
 
 from __future__ import annotations
 
@@ -18,13 +23,13 @@ KINDS = {"rank-sigkill", "rank-ray-kill", "worker-sigkill", "coordinator-sigkill
          "api-server-sigkill", "node-remove"}
 
 
-@pytest.mark.timeout(420)
-def test_a_two_minute_seeded_chaos_soak_loses_no_request_and_leaves_nothing(cluster_pool: ClusterPool) -> None:
+@pytest.mark.timeout(300)
+def test_a_one_minute_seeded_chaos_soak_loses_no_request_and_leaves_nothing(cluster_pool: ClusterPool) -> None:
     cluster_pool.shutdown()  # the soak starts a Ray of its own; on 2 cores the shared one would only slow it down
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, never an ambient one
     env |= {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.run([sys.executable, "scripts/chaos.py", "--seed", "7", "--minutes", "2", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, check=False)
+    proc = subprocess.run([sys.executable, "scripts/chaos.py", "--seed", "7", "--minutes", "1", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False)
     tail = proc.stderr[-6000:]
     assert proc.stdout.strip(), f"no summary (exit code {proc.returncode}):\n{tail}"
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
