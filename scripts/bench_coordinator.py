@@ -117,7 +117,8 @@ def _sender_main(address: str, ranks: list[int], total: int, rate_hz: float, con
     """
     import zmq
 
-    from raydp.wire.protocol import EngineStats, encode
+    from raydp.wire.codec import encode
+    from raydp.wire.control import EngineStats
     from raydp.wire.transport import SocketOptions, make_socket
 
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -162,7 +163,7 @@ def _listen(sub: Any, until: float, ranks: int, on_time: list[tuple[float, Any]]
     import numpy as np
     import zmq
 
-    from raydp.wire.protocol import snapshot_decoder
+    from raydp.wire.control import snapshot_decoder
 
     got = _Snapshots([], [], [])
     pending = sorted(on_time, key=lambda p: p[0])

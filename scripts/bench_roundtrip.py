@@ -98,14 +98,16 @@ def round_trip_of(system: str, rates: list[float], slices: list[list[float]]) ->
 
 
 def encoded_request(i: int) -> bytes:
-    from raydp.wire.protocol import Request, encode
+    from raydp.wire.codec import encode
+    from raydp.wire.protocol import Request
 
     return encode(Request(f"r{i}", PROMPT, 1))
 
 
 def echo_reply(rank: int, body: bytes) -> bytes:
     """What every baseline server does: what EchoEngine answers for ``max_tokens=1``."""
-    from raydp.wire.protocol import Output, OutputBatch, encode, request_decoder
+    from raydp.wire.codec import encode
+    from raydp.wire.protocol import Output, OutputBatch, request_decoder
 
     request = request_decoder(body)
     output = Output(request.request_id, request.prompt_token_ids[:1], True, "length", seq=request.seq)

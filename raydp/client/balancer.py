@@ -22,7 +22,7 @@ from collections.abc import Collection
 from typing import Literal, get_args
 
 from raydp.errors import ConfigError
-from raydp.wire.protocol import StatsSnapshot
+from raydp.wire.control import StatsSnapshot
 
 WAITING_WEIGHT = 4
 Policy = Literal["least-loaded", "power-of-two", "round-robin"]

@@ -36,14 +36,10 @@ from raydp.errors import (
     ConfigError,
     EngineDeadError,
 )
+from raydp.wire.codec import encode
+from raydp.wire.control import StatsSnapshot
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
-from raydp.wire.protocol import (
-    MAX_TOKEN_ID,
-    Request,
-    StatsSnapshot,
-    UtilityCall,
-    encode,
-)
+from raydp.wire.protocol import MAX_TOKEN_ID, Request, UtilityCall
 from raydp.wire.transport import SocketOptions
 
 

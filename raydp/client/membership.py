@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from raydp.wire.control import StatsSnapshot
 from raydp.wire.endpoints import EngineEndpoint
-from raydp.wire.protocol import StatsSnapshot
 
 
 def membership(known: Sequence[EngineEndpoint], snap: StatsSnapshot) -> tuple[list[EngineEndpoint], int]:

@@ -31,19 +31,11 @@ from raydp.errors import (
     RaydpError,
     ScaleDownError,
 )
+from raydp.wire.codec import encode
+from raydp.wire.control import FirstRequest, StatsSnapshot, snapshot_decoder
 from raydp.wire.dropped import DropLog
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
-from raydp.wire.protocol import (
-    Abort,
-    FirstRequest,
-    Output,
-    RequestBatch,
-    RequestType,
-    StatsSnapshot,
-    encode,
-    output_decoder,
-    snapshot_decoder,
-)
+from raydp.wire.protocol import Abort, Output, RequestBatch, RequestType, output_decoder
 
 logger = logging.getLogger("raydp.client.client")
 _NONE: frozenset[str] = frozenset()  # a single submit has no batch to clash with

@@ -20,9 +20,10 @@ from typing import Any
 
 import zmq
 
+from raydp.wire.codec import encode
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.wire.polling import Doorbell, EdgePoller, has_input
-from raydp.wire.protocol import RequestType, encode
+from raydp.wire.protocol import RequestType
 from raydp.wire.transport import SocketOptions, input_options, make_socket, pick_address, send_two
 
 logger = logging.getLogger("raydp.client.client")

@@ -12,8 +12,8 @@ import threading
 
 import zmq
 
-from raydp.wire.endpoints import CoordinatorEndpoints
-from raydp.wire.protocol import (
+from raydp.wire.codec import encode
+from raydp.wire.control import (
     EngineDead,
     EngineRevived,
     HoldCluster,
@@ -21,8 +21,8 @@ from raydp.wire.protocol import (
     ReleaseCluster,
     ScaleEngines,
     ToCoordinator,
-    encode,
 )
+from raydp.wire.endpoints import CoordinatorEndpoints
 from raydp.wire.transport import SocketOptions, make_socket, pick_address
 
 logger = logging.getLogger("raydp.coordinator")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from raydp.wire.protocol import Hold, HoldAck, Regroup, Release
+from raydp.wire.control import Hold, HoldAck, Regroup, Release
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Sockets (all bound by the coordinator):
 
-* ``publish`` PUB -> clients' SUB: a :class:`~raydp.wire.protocol.StatsSnapshot`
+* ``publish`` PUB -> clients' SUB: a :class:`~raydp.wire.control.StatsSnapshot`
   at most every stats interval when something changed, a heartbeat otherwise;
 * ``collect`` PULL <- engines' and clients' PUSH: ``EngineStats``,
   ``WaveComplete``, ``StartWave``, ``FirstRequest``, ``HoldAck``, ``EngineReport``,
@@ -29,19 +29,19 @@ import zmq
 from raydp.config import TransportKind
 from raydp.coordinator.state import CoordinatorState
 from raydp.errors import ProtocolError
-from raydp.wire.dropped import DropLog, frame_sender
-from raydp.wire.endpoints import CoordinatorEndpoints
-from raydp.wire.polling import has_input
-from raydp.wire.protocol import (
+from raydp.wire.codec import encode
+from raydp.wire.control import (
     BROADCAST_TOPIC,
     Release,
     Shutdown,
     StartDPWave,
     ToEngines,
     coordinator_decoder,
-    encode,
     presence_topic,
 )
+from raydp.wire.dropped import DropLog, frame_sender
+from raydp.wire.endpoints import CoordinatorEndpoints
+from raydp.wire.polling import has_input
 from raydp.wire.security import guard
 from raydp.wire.transport import IpcDir, SocketOptions, bind_endpoints, make_socket
 

@@ -1,7 +1,7 @@
 """The coordinator's state machine: per-rank load, the wave, the running flag, the size.
 
 Pure logic, no Ray and no sockets. :class:`CoordinatorState` takes the messages
-of :mod:`raydp.wire.protocol` addressed to the coordinator and returns the
+of :mod:`raydp.wire.control` addressed to the coordinator and returns the
 broadcast to send to engines, if any; :meth:`CoordinatorState.due_snapshot`
 decides when to publish to clients (at most once per stats interval when
 something changed, a heartbeat otherwise), :meth:`CoordinatorState.due_broadcasts`
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from raydp.coordinator.hold import GangHold
 from raydp.coordinator.resync import WITHHOLD_S, Restored, ResyncTracker
-from raydp.wire.protocol import (
+from raydp.wire.control import (
     EngineDead,
     EngineReport,
     EngineRevived,

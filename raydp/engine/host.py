@@ -26,8 +26,9 @@ from raydp.engine.sockets import EngineSockets
 from raydp.engine.waves import EngineWaves
 from raydp.errors import ConfigError
 from raydp.logs import configure_component_logging
+from raydp.wire.control import Regroup
 from raydp.wire.handshake import engine_handshake
-from raydp.wire.protocol import Init, Ready, Regroup
+from raydp.wire.protocol import Init, Ready
 from raydp.wire.security import CurveKeys, guard
 from raydp.wire.transport import IpcDir, SocketOptions, bind_inputs, make_socket, node_ip, pick_address, socket_options
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from raydp.engine.collective import DPCollective
 from raydp.engine.waves import EngineWaves, Sync
-from raydp.wire.protocol import (
+from raydp.wire.control import (
     Hold,
     HoldAck,
     Regroup,

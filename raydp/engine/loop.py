@@ -32,22 +32,18 @@ from raydp.engine.lockstep import LockstepRank
 from raydp.engine.outbox import Outbox
 from raydp.engine.sockets import EngineSockets
 from raydp.errors import ProtocolError
+from raydp.wire.codec import encode
+from raydp.wire.control import EngineReport, EngineStats, Resync, Shutdown, engine_broadcast_decoder
 from raydp.wire.dropped import DropLog, identity_sender
 from raydp.wire.protocol import (
     Abort,
-    EngineReport,
-    EngineStats,
     Output,
     OutputBatch,
     Request,
     RequestBatch,
-    Resync,
-    Shutdown,
     UtilityCall,
     UtilityResult,
     decode_input,
-    encode,
-    engine_broadcast_decoder,
 )
 
 logger = logging.getLogger("raydp.engine.core")

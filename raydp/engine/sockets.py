@@ -23,8 +23,9 @@ from typing import Any
 
 import zmq
 
+from raydp.wire.codec import encode
+from raydp.wire.control import BROADCAST_TOPIC, presence_topic
 from raydp.wire.polling import Doorbell, EdgePoller, has_input
-from raydp.wire.protocol import BROADCAST_TOPIC, encode, presence_topic
 from raydp.wire.transport import send_two
 
 logger = logging.getLogger("raydp.engine.core")

@@ -28,6 +28,7 @@ import zmq
 
 from raydp.config import RaydpConfig, TransportKind
 from raydp.errors import HandshakeError, ProtocolError, StartupError
+from raydp.wire.codec import encode
 from raydp.wire.dropped import DropLog, identity_sender
 from raydp.wire.protocol import (
     Hello,
@@ -35,7 +36,6 @@ from raydp.wire.protocol import (
     ParallelConfig,
     Ready,
     Reject,
-    encode,
     handshake_decoder,
     identity_rank,
     rank_identity,

@@ -16,7 +16,9 @@ import pytest
 import zmq
 
 import raydp
-from raydp.wire.protocol import EngineStats, Request, encode
+from raydp.wire.codec import encode
+from raydp.wire.control import EngineStats
+from raydp.wire.protocol import Request
 from raydp.wire.transport import SocketOptions, make_socket
 from tests.integration.helpers import wait_until
 

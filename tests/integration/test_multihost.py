@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 import zmq
 
-from raydp.wire.protocol import Request, RequestType, encode
+from raydp.wire.codec import encode
+from raydp.wire.protocol import Request, RequestType
 from raydp.wire.transport import IpcDir
 from tests.integration import netns
 from tests.integration.ray_hosts import Driver, Processes, clean_env, free_port

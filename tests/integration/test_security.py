@@ -6,7 +6,8 @@ import pytest
 import zmq
 
 import raydp
-from raydp.wire.protocol import Request, RequestType, encode
+from raydp.wire.codec import encode
+from raydp.wire.protocol import Request, RequestType
 
 
 def _tcp(addresses: list[str]) -> str:

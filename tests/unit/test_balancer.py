@@ -6,7 +6,7 @@ import pytest
 
 from raydp.client.balancer import WAITING_WEIGHT, LoadBalancer
 from raydp.errors import ConfigError
-from raydp.wire.protocol import StatsSnapshot
+from raydp.wire.control import StatsSnapshot
 
 
 def test_least_loaded_rank_wins_by_waiting_weight() -> None:

@@ -11,8 +11,9 @@ import zmq
 
 from raydp.client.client import Client
 from raydp.errors import DeathCause, EngineDeadError
+from raydp.wire.codec import encode
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
-from raydp.wire.protocol import OutputBatch, RequestType, UtilityResult, encode, utility_decoder
+from raydp.wire.protocol import OutputBatch, RequestType, UtilityResult, utility_decoder
 
 pytestmark = pytest.mark.timeout(30)
 

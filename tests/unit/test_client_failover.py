@@ -9,8 +9,9 @@ import zmq
 
 from raydp.client.client import Client
 from raydp.errors import DeathCause, EngineDeadError
+from raydp.wire.codec import encode
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
-from raydp.wire.protocol import Output, OutputBatch, Request, RequestType, encode, request_decoder
+from raydp.wire.protocol import Output, OutputBatch, Request, RequestType, request_decoder
 
 pytestmark = pytest.mark.timeout(30)
 

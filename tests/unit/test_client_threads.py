@@ -13,8 +13,9 @@ from raydp.client.client import Client
 from raydp.client.requests import RequestHandle
 from raydp.client.turns import INLINE_MAX_IN_FLIGHT
 from raydp.errors import DeathCause, EngineDeadError
+from raydp.wire.codec import encode
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
-from raydp.wire.protocol import Abort, Output, OutputBatch, Request, RequestBatch, decode_input, encode
+from raydp.wire.protocol import Abort, Output, OutputBatch, Request, RequestBatch, decode_input
 from raydp.wire.transport import SocketOptions
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,8 +9,8 @@ import zmq
 
 from raydp.client.client import Client
 from raydp.errors import ConfigError
+from raydp.wire.control import FirstRequest, coordinator_decoder
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
-from raydp.wire.protocol import FirstRequest, coordinator_decoder
 from raydp.wire.transport import SocketOptions
 
 pytestmark = pytest.mark.timeout(30)

@@ -12,7 +12,8 @@ import zmq
 
 from raydp.coordinator.loop import CoordinatorLoop
 from raydp.coordinator.state import CoordinatorState
-from raydp.wire.protocol import BROADCAST_TOPIC, EngineDead, EngineStats, Shutdown, encode, engine_broadcast_decoder
+from raydp.wire.codec import encode
+from raydp.wire.control import BROADCAST_TOPIC, EngineDead, EngineStats, Shutdown, engine_broadcast_decoder
 from raydp.wire.transport import SocketOptions
 
 
@@ -118,7 +119,7 @@ def test_describe_from_other_threads_sees_consistent_state_while_the_loop_writes
 
 @pytest.mark.timeout(30)
 def test_wait_for_rank_follows_that_ranks_subscription_whatever_its_peers_do(loop: CoordinatorLoop) -> None:
-    from raydp.wire.protocol import presence_topic
+    from raydp.wire.control import presence_topic
 
     thread, errors = run_in_thread(loop)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()

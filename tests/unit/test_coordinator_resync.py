@@ -17,8 +17,8 @@ import zmq
 from raydp.coordinator.loop import CoordinatorLoop
 from raydp.coordinator.resync import RESYNC_S, WITHHOLD_S, Restored
 from raydp.coordinator.state import CoordinatorState
-from raydp.wire.endpoints import CoordinatorEndpoints
-from raydp.wire.protocol import (
+from raydp.wire.codec import encode
+from raydp.wire.control import (
     BROADCAST_TOPIC,
     EngineReport,
     EngineStats,
@@ -26,11 +26,11 @@ from raydp.wire.protocol import (
     StartDPWave,
     StatsSnapshot,
     WaveComplete,
-    encode,
     engine_broadcast_decoder,
     presence_topic,
     snapshot_decoder,
 )
+from raydp.wire.endpoints import CoordinatorEndpoints
 from raydp.wire.transport import SocketOptions
 
 OPTS = SocketOptions(high_water_mark=1000, max_message_bytes=1 << 20)

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from raydp.coordinator.state import CoordinatorState
-from raydp.wire.protocol import (
+from raydp.wire.control import (
     EngineDead,
     EngineRevived,
     EngineStats,

@@ -14,20 +14,9 @@ import zmq
 from raydp.engine.core import EchoEngine, EngineContext
 from raydp.engine.loop import EngineLoop
 from raydp.engine.sockets import EngineSockets
-from raydp.wire.protocol import (
-    BROADCAST_TOPIC,
-    Abort,
-    EngineStats,
-    OutputBatch,
-    Request,
-    RequestBatch,
-    RequestType,
-    Shutdown,
-    UtilityCall,
-    coordinator_decoder,
-    encode,
-    output_decoder,
-)
+from raydp.wire.codec import encode
+from raydp.wire.control import BROADCAST_TOPIC, EngineStats, Shutdown, coordinator_decoder
+from raydp.wire.protocol import Abort, OutputBatch, Request, RequestBatch, RequestType, UtilityCall, output_decoder
 from raydp.wire.transport import SocketOptions, make_socket
 
 OPTS = SocketOptions()

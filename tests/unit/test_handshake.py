@@ -10,6 +10,7 @@ import pytest
 import zmq
 
 from raydp.errors import HandshakeError, StartupError
+from raydp.wire.codec import encode
 from raydp.wire.handshake import HandshakeServer, engine_handshake
 from raydp.wire.protocol import (
     EngineAddresses,
@@ -18,7 +19,6 @@ from raydp.wire.protocol import (
     ParallelConfig,
     Ready,
     Reject,
-    encode,
     handshake_decoder,
     rank_identity,
 )

@@ -16,7 +16,7 @@ import pytest
 
 from raydp.engine.lockstep import LockstepRank
 from raydp.engine.waves import EngineWaves
-from raydp.wire.protocol import WaveComplete
+from raydp.wire.control import WaveComplete
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -12,7 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raydp.errors import ProtocolError
+from raydp.wire import codec
+from raydp.wire import control as c
 from raydp.wire import protocol as p
+
+MESSAGE_MODULES = (p, c)  # every module that defines wire messages and their decoders
 
 Decode = Any  # one of the module's Decoder instances (or a wrapper of decode_input)
 
@@ -48,18 +52,18 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
         p.output_decoder,
     ),
     (p.OutputBatch(rank=1, utility=p.UtilityResult(call_id=9, error="no such method")), p.output_decoder),
-    (p.EngineStats(rank=1, waiting=2, running=3), p.coordinator_decoder),
-    (p.EngineStats(rank=1, waiting=2, running=3, work=640), p.coordinator_decoder),
-    (p.WaveComplete(rank=0, wave=5), p.coordinator_decoder),
-    (p.StartWave(rank=2, wave=6), p.coordinator_decoder),
-    (p.FirstRequest(rank=3, wave=7), p.coordinator_decoder),
-    (p.ScaleEngines(engine_count=8), p.coordinator_decoder),
-    (p.StatsSnapshot(counts=[], wave=0, running=False), p.snapshot_decoder),
-    (p.StatsSnapshot(counts=[(1, 2), (0, 5)], wave=3, running=True, seq=11), p.snapshot_decoder),
-    (p.StatsSnapshot(counts=[(1, 2), (0, 5)], wave=3, running=True, seq=12, work=[70, -1]), p.snapshot_decoder),
-    (p.StartDPWave(wave=4), p.engine_broadcast_decoder),
-    (p.StartDPWave(wave=4, exclude=2), p.engine_broadcast_decoder),
-    (p.Shutdown(), p.engine_broadcast_decoder),
+    (c.EngineStats(rank=1, waiting=2, running=3), c.coordinator_decoder),
+    (c.EngineStats(rank=1, waiting=2, running=3, work=640), c.coordinator_decoder),
+    (c.WaveComplete(rank=0, wave=5), c.coordinator_decoder),
+    (c.StartWave(rank=2, wave=6), c.coordinator_decoder),
+    (c.FirstRequest(rank=3, wave=7), c.coordinator_decoder),
+    (c.ScaleEngines(engine_count=8), c.coordinator_decoder),
+    (c.StatsSnapshot(counts=[], wave=0, running=False), c.snapshot_decoder),
+    (c.StatsSnapshot(counts=[(1, 2), (0, 5)], wave=3, running=True, seq=11), c.snapshot_decoder),
+    (c.StatsSnapshot(counts=[(1, 2), (0, 5)], wave=3, running=True, seq=12, work=[70, -1]), c.snapshot_decoder),
+    (c.StartDPWave(wave=4), c.engine_broadcast_decoder),
+    (c.StartDPWave(wave=4, exclude=2), c.engine_broadcast_decoder),
+    (c.Shutdown(), c.engine_broadcast_decoder),
     (p.Hello(local=True), p.handshake_decoder),
     (p.Hello(local=False), p.handshake_decoder),
     (
@@ -84,33 +88,33 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
         p.handshake_decoder,
     ),
     (p.Reject(reason="duplicate rank 1"), p.handshake_decoder),
-    (p.EngineDead(rank=2, cause="node died"), p.coordinator_decoder),
-    (p.EngineRevived(rank=2, input_addresses=["ipc:///tmp/x", "tcp://10.0.0.3:7000"]), p.coordinator_decoder),
+    (c.EngineDead(rank=2, cause="node died"), c.coordinator_decoder),
+    (c.EngineRevived(rank=2, input_addresses=["ipc:///tmp/x", "tcp://10.0.0.3:7000"]), c.coordinator_decoder),
     (
-        p.StatsSnapshot(counts=[(0, 1), (2, 3)], wave=4, running=False, seq=9, dead={1: "killed"},
+        c.StatsSnapshot(counts=[(0, 1), (2, 3)], wave=4, running=False, seq=9, dead={1: "killed"},
                         moved={0: ["tcp://10.0.0.4:7001"]}),
-        p.snapshot_decoder,
+        c.snapshot_decoder,
     ),
     # ---- elastic scaling
-    (p.ScaleEngines(engine_count=4, size=2), p.coordinator_decoder),
-    (p.EngineRevived(rank=3, input_addresses=["tcp://10.0.0.5:7002"], node_id="node-b"), p.coordinator_decoder),
+    (c.ScaleEngines(engine_count=4, size=2), c.coordinator_decoder),
+    (c.EngineRevived(rank=3, input_addresses=["tcp://10.0.0.5:7002"], node_id="node-b"), c.coordinator_decoder),
     (
-        p.StatsSnapshot(counts=[(0, 0), (1, 0), (0, 2)], wave=2, running=True, seq=3, size=2,
+        c.StatsSnapshot(counts=[(0, 0), (1, 0), (0, 2)], wave=2, running=True, seq=3, size=2,
                         moved={2: ["tcp://10.0.0.5:7002"]}, nodes={2: "node-b"}),
-        p.snapshot_decoder,
+        c.snapshot_decoder,
     ),
-    (p.HoldCluster(epoch=1, gang=4), p.coordinator_decoder),
-    (p.HoldAck(rank=2, epoch=1, wave=7, running=True), p.coordinator_decoder),
-    (p.HoldAck(rank=0, epoch=1, wave=8, running=False), p.coordinator_decoder),
-    (p.RegroupCluster(epoch=1, dp_size=2, dp_master="10.0.0.1:29501"), p.coordinator_decoder),
-    (p.Regrouped(rank=3, epoch=1), p.coordinator_decoder),
-    (p.ReleaseCluster(epoch=1), p.coordinator_decoder),
-    (p.Hold(epoch=2), p.engine_broadcast_decoder),
-    (p.Regroup(epoch=2, dp_size=6, dp_master="10.0.0.1:29502", wave=9), p.engine_broadcast_decoder),
-    (p.Release(epoch=2), p.engine_broadcast_decoder),
-    (p.Resync(), p.engine_broadcast_decoder),
-    (p.EngineReport(rank=1, waiting=2, running=3, wave=4, stepping=True), p.coordinator_decoder),
-    (p.EngineReport(rank=1, waiting=2, running=3, wave=4, stepping=True, work=12), p.coordinator_decoder),
+    (c.HoldCluster(epoch=1, gang=4), c.coordinator_decoder),
+    (c.HoldAck(rank=2, epoch=1, wave=7, running=True), c.coordinator_decoder),
+    (c.HoldAck(rank=0, epoch=1, wave=8, running=False), c.coordinator_decoder),
+    (c.RegroupCluster(epoch=1, dp_size=2, dp_master="10.0.0.1:29501"), c.coordinator_decoder),
+    (c.Regrouped(rank=3, epoch=1), c.coordinator_decoder),
+    (c.ReleaseCluster(epoch=1), c.coordinator_decoder),
+    (c.Hold(epoch=2), c.engine_broadcast_decoder),
+    (c.Regroup(epoch=2, dp_size=6, dp_master="10.0.0.1:29502", wave=9), c.engine_broadcast_decoder),
+    (c.Release(epoch=2), c.engine_broadcast_decoder),
+    (c.Resync(), c.engine_broadcast_decoder),
+    (c.EngineReport(rank=1, waiting=2, running=3, wave=4, stepping=True), c.coordinator_decoder),
+    (c.EngineReport(rank=1, waiting=2, running=3, wave=4, stepping=True, work=12), c.coordinator_decoder),
     (
         p.Init(
             addresses=p.EngineAddresses(coordinator_collect="tcp://10.0.0.1:5000", coordinator_broadcast="tcp://10.0.0.1:5001"),
@@ -122,7 +126,7 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
 ]
 
 DECODERS = {
-    name: obj for name, obj in vars(p).items() if isinstance(obj, p.Decoder)
+    name: obj for module in MESSAGE_MODULES for name, obj in vars(module).items() if isinstance(obj, codec.Decoder)
 }
 
 
@@ -133,7 +137,7 @@ def _case_id(case: tuple[msgspec.Struct, Decode]) -> str:
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_round_trip(case: tuple[msgspec.Struct, Decode]) -> None:
     msg, decoder = case
-    data = p.encode(msg)
+    data = codec.encode(msg)
     assert isinstance(data, bytes)
     decoded = decoder(data)
     assert type(decoded) is type(msg)
@@ -143,14 +147,14 @@ def test_round_trip(case: tuple[msgspec.Struct, Decode]) -> None:
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_round_trip_from_memoryview(case: tuple[msgspec.Struct, Decode]) -> None:
     msg, decoder = case
-    assert decoder(memoryview(p.encode(msg))) == msg  # zero-copy frames from pyzmq
+    assert decoder(memoryview(codec.encode(msg))) == msg  # zero-copy frames from pyzmq
 
 
 def test_every_message_type_has_a_round_trip_case() -> None:
     defined = {
-        obj for obj in vars(p).values()
+        obj for module in MESSAGE_MODULES for obj in vars(module).values()
         if inspect.isclass(obj) and issubclass(obj, msgspec.Struct)
-        and obj.__module__ == p.__name__ and not obj.__name__.startswith("_")
+        and obj.__module__ == module.__name__ and not obj.__name__.startswith("_")
     }
     covered: set[type] = set()
 
@@ -204,19 +208,19 @@ def test_every_decoder_is_exercised() -> None:
 
 
 def test_union_decoders_return_the_encoded_member() -> None:
-    for msg in (p.EngineStats(rank=0, waiting=0, running=0), p.WaveComplete(rank=0, wave=0),
-                p.StartWave(rank=0, wave=0), p.FirstRequest(rank=0, wave=0), p.ScaleEngines(engine_count=0),
-                p.ScaleEngines(engine_count=0, size=0), p.HoldCluster(epoch=0, gang=0),
-                p.HoldAck(rank=0, epoch=0, wave=0, running=False), p.RegroupCluster(epoch=0, dp_size=0, dp_master=""),
-                p.Regrouped(rank=0, epoch=0), p.ReleaseCluster(epoch=0),
-                p.EngineReport(rank=0, waiting=0, running=0, wave=0, stepping=False)):
-        assert type(p.coordinator_decoder(p.encode(msg))) is type(msg)
-    for msg in (p.StartDPWave(wave=0), p.Shutdown(), p.Hold(epoch=0),
-                p.Regroup(epoch=0, dp_size=0, dp_master="", wave=0), p.Release(epoch=0), p.Resync()):
-        assert type(p.engine_broadcast_decoder(p.encode(msg))) is type(msg)
+    for msg in (c.EngineStats(rank=0, waiting=0, running=0), c.WaveComplete(rank=0, wave=0),
+                c.StartWave(rank=0, wave=0), c.FirstRequest(rank=0, wave=0), c.ScaleEngines(engine_count=0),
+                c.ScaleEngines(engine_count=0, size=0), c.HoldCluster(epoch=0, gang=0),
+                c.HoldAck(rank=0, epoch=0, wave=0, running=False), c.RegroupCluster(epoch=0, dp_size=0, dp_master=""),
+                c.Regrouped(rank=0, epoch=0), c.ReleaseCluster(epoch=0),
+                c.EngineReport(rank=0, waiting=0, running=0, wave=0, stepping=False)):
+        assert type(c.coordinator_decoder(codec.encode(msg))) is type(msg)
+    for msg in (c.StartDPWave(wave=0), c.Shutdown(), c.Hold(epoch=0),
+                c.Regroup(epoch=0, dp_size=0, dp_master="", wave=0), c.Release(epoch=0), c.Resync()):
+        assert type(c.engine_broadcast_decoder(codec.encode(msg))) is type(msg)
     ready = p.Ready(capacity=0, config_hash="", input_addresses=[])
     for msg in (p.Hello(local=True), p.Reject(reason=""), ready):
-        assert type(p.handshake_decoder(p.encode(msg))) is type(msg)
+        assert type(p.handshake_decoder(codec.encode(msg))) is type(msg)
 
 
 @given(
@@ -232,7 +236,7 @@ def test_request_round_trip_property(
 ) -> None:
     req = p.Request(request_id=request_id, prompt_token_ids=tokens, max_tokens=max_tokens, wave=wave,
                     arrival_time=arrival)
-    assert p.decode_input(p.RequestType.ADD.value, p.encode(req)) == req
+    assert p.decode_input(p.RequestType.ADD.value, codec.encode(req)) == req
 
 
 # ---- engine input by tag ----------------------------------------------------------------
@@ -257,21 +261,21 @@ def test_request_tags_are_single_distinct_bytes() -> None:
     ],
 )
 def test_decode_input_by_tag(tag: p.RequestType, msg: msgspec.Struct) -> None:
-    decoded = p.decode_input(tag.value, p.encode(msg))
+    decoded = p.decode_input(tag.value, codec.encode(msg))
     assert type(decoded) is type(msg)
     assert decoded == msg
 
 
 @pytest.mark.parametrize("tag", [b"\x04", b"\xff", b"", b"\x00\x00", b"A"])
 def test_decode_input_unknown_tag(tag: bytes) -> None:
-    body = p.encode(p.Request(request_id="r", prompt_token_ids=[]))
+    body = codec.encode(p.Request(request_id="r", prompt_token_ids=[]))
     with pytest.raises(ProtocolError, match="unknown request type tag") as info:
         p.decode_input(tag, body)
     assert repr(tag) in str(info.value)
 
 
 def test_decode_input_tag_body_mismatch() -> None:
-    body = p.encode(p.Abort(request_ids=["r"]))
+    body = codec.encode(p.Abort(request_ids=["r"]))
     with pytest.raises(ProtocolError, match="bad request message"):
         p.decode_input(p.RequestType.ADD.value, body)
 
@@ -288,7 +292,7 @@ GARBAGE = [
     b"\x81\xa1a\x01",  # a map where an array is expected
     b"\xc0",  # nil
     b"\x2a",  # a bare int
-    p.encode(p.Request(request_id="r", prompt_token_ids=[1])) + b"\x00",  # trailing bytes
+    codec.encode(p.Request(request_id="r", prompt_token_ids=[1])) + b"\x00",  # trailing bytes
 ]
 
 
@@ -303,7 +307,7 @@ def test_garbage_raises_protocol_error(name: str, data: bytes) -> None:
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_every_truncation_raises_protocol_error(case: tuple[msgspec.Struct, Decode]) -> None:
     msg, decoder = case
-    data = p.encode(msg)
+    data = codec.encode(msg)
     for end in range(len(data)):
         with pytest.raises(ProtocolError):
             decoder(data[:end])
@@ -331,7 +335,7 @@ def test_wrong_message_type_raises_protocol_error(name: str) -> None:
         if type(msg) in own or (type(msg).__name__, name) in AMBIGUOUS:
             continue
         with pytest.raises(ProtocolError):
-            result = decoder(p.encode(msg))
+            result = decoder(codec.encode(msg))
             pytest.fail(f"{name} decoded a {type(msg).__name__} as {result!r}")
         checked += 1
     assert checked >= 10
@@ -339,13 +343,13 @@ def test_wrong_message_type_raises_protocol_error(name: str) -> None:
 
 def test_wrong_type_examples_name_the_problem() -> None:
     with pytest.raises(ProtocolError, match="bad stats message"):
-        p.snapshot_decoder(p.encode(p.Request(request_id="r", prompt_token_ids=[])))
+        c.snapshot_decoder(codec.encode(p.Request(request_id="r", prompt_token_ids=[])))
     with pytest.raises(ProtocolError, match="bad coordinator message"):
-        p.coordinator_decoder(p.encode(p.StartDPWave(wave=1)))
+        c.coordinator_decoder(codec.encode(c.StartDPWave(wave=1)))
     with pytest.raises(ProtocolError, match="bad broadcast message"):
-        p.engine_broadcast_decoder(p.encode(p.FirstRequest(rank=0, wave=1)))
+        c.engine_broadcast_decoder(codec.encode(c.FirstRequest(rank=0, wave=1)))
     with pytest.raises(ProtocolError, match="bad handshake message"):
-        p.handshake_decoder(p.encode(p.EngineStats(rank=0, waiting=0, running=0)))
+        p.handshake_decoder(codec.encode(c.EngineStats(rank=0, waiting=0, running=0)))
 
 
 def test_field_of_the_wrong_type_raises_protocol_error() -> None:
@@ -353,19 +357,19 @@ def test_field_of_the_wrong_type_raises_protocol_error() -> None:
     with pytest.raises(ProtocolError, match="bad request message"):
         p.request_decoder(body)
     with pytest.raises(ProtocolError):
-        p.coordinator_decoder(msgspec.msgpack.encode([1, "rank", 0, 0]))
+        c.coordinator_decoder(msgspec.msgpack.encode([1, "rank", 0, 0]))
 
 
 def test_unknown_union_tag_raises_protocol_error() -> None:
     with pytest.raises(ProtocolError):
-        p.coordinator_decoder(msgspec.msgpack.encode([99, 0, 0]))
+        c.coordinator_decoder(msgspec.msgpack.encode([99, 0, 0]))
     with pytest.raises(ProtocolError):
-        p.engine_broadcast_decoder(msgspec.msgpack.encode([7]))
+        c.engine_broadcast_decoder(msgspec.msgpack.encode([7]))
 
 
 def test_extra_fields_are_rejected() -> None:
     with pytest.raises(ProtocolError):
-        p.coordinator_decoder(msgspec.msgpack.encode([2, 0, 5, "extra"]))
+        c.coordinator_decoder(msgspec.msgpack.encode([2, 0, 5, "extra"]))
 
 
 @pytest.mark.parametrize("name", sorted(DECODERS))
@@ -406,9 +410,9 @@ def test_identity_of_the_wrong_length(identity: bytes) -> None:
 
 
 def test_presence_topics_are_distinct_from_broadcast() -> None:
-    topics = {p.presence_topic(r) for r in range(64)}
+    topics = {c.presence_topic(r) for r in range(64)}
     assert len(topics) == 64
-    assert all(not t.startswith(p.BROADCAST_TOPIC) for t in topics)
+    assert all(not t.startswith(c.BROADCAST_TOPIC) for t in topics)
 
 
 @pytest.mark.parametrize("rank", [-1, 65536])

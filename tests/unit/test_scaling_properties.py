@@ -40,8 +40,8 @@ from raydp.coordinator.state import CoordinatorState
 from raydp.engine.lockstep import LockstepRank
 from raydp.engine.waves import EngineWaves
 from raydp.errors import ConfigError
-from raydp.wire.endpoints import EngineEndpoint
-from raydp.wire.protocol import (
+from raydp.wire.codec import encode
+from raydp.wire.control import (
     EngineDead,
     EngineRevived,
     EngineStats,
@@ -50,17 +50,15 @@ from raydp.wire.protocol import (
     Regroup,
     RegroupCluster,
     ReleaseCluster,
-    Request,
-    RequestType,
     ScaleEngines,
     StatsSnapshot,
     WaveComplete,
     coordinator_decoder,
-    decode_input,
-    encode,
     engine_broadcast_decoder,
     snapshot_decoder,
 )
+from raydp.wire.endpoints import EngineEndpoint
+from raydp.wire.protocol import Request, RequestType, decode_input
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,8 +10,7 @@ from raydp.client.balancer import LoadBalancer
 from raydp.client.membership import membership
 from raydp.coordinator.state import CoordinatorState
 from raydp.errors import ConfigError
-from raydp.wire.endpoints import EngineEndpoint
-from raydp.wire.protocol import (
+from raydp.wire.control import (
     EngineDead,
     EngineRevived,
     EngineStats,
@@ -30,6 +29,7 @@ from raydp.wire.protocol import (
     StatsSnapshot,
     WaveComplete,
 )
+from raydp.wire.endpoints import EngineEndpoint
 
 pytestmark = pytest.mark.timeout(120)
 

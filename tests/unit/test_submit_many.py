@@ -12,8 +12,9 @@ import zmq
 from raydp.client.aio import AsyncClient
 from raydp.client.client import Client
 from raydp.errors import ConfigError
+from raydp.wire.codec import encode
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
-from raydp.wire.protocol import Output, OutputBatch, Request, RequestBatch, RequestType, decode_input, encode
+from raydp.wire.protocol import Output, OutputBatch, Request, RequestBatch, RequestType, decode_input
 from raydp.wire.transport import SocketOptions
 
 pytestmark = pytest.mark.timeout(30)

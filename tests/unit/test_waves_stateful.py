@@ -3,7 +3,7 @@
 The model wires the real pure logic (:class:`raydp.engine.waves.EngineWaves` per rank,
 :class:`raydp.coordinator.state.CoordinatorState`) together the way the engine
 loop, the coordinator actor and the clients do, with every message encoded
-with :mod:`raydp.wire.protocol` and carried on an explicit FIFO channel per
+with :mod:`raydp.wire.codec` and carried on an explicit FIFO channel per
 sender/receiver pair. Hypothesis picks which channel delivers next (so messages
 of different senders interleave arbitrarily and snapshots reach clients late),
 which rank takes a loop turn, and when clients send requests.
@@ -39,20 +39,18 @@ from hypothesis.stateful import (
 
 from raydp.coordinator.state import CoordinatorState
 from raydp.engine.waves import EngineWaves, Sync
-from raydp.wire.protocol import (
+from raydp.wire.codec import encode
+from raydp.wire.control import (
     EngineStats,
     FirstRequest,
-    Request,
-    RequestType,
     StartDPWave,
     StartWave,
     WaveComplete,
     coordinator_decoder,
-    decode_input,
-    encode,
     engine_broadcast_decoder,
     snapshot_decoder,
 )
+from raydp.wire.protocol import Request, RequestType, decode_input
 
 MAX_DRAIN_ACTIONS = 10_000
 

@@ -32,30 +32,32 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raydp.wire.dropped import MAX_REASON_CHARS, DropLog
-from raydp.wire.handshake import HandshakeServer, engine_handshake
-from raydp.wire.protocol import (
-    Abort,
-    EngineAddresses,
+from raydp.wire.codec import encode
+from raydp.wire.control import (
     EngineDead,
     EngineStats,
     FirstRequest,
-    Hello,
     HoldAck,
     HoldCluster,
-    Init,
-    ParallelConfig,
-    Ready,
     ReleaseCluster,
-    Request,
-    RequestType,
     ScaleEngines,
     StartWave,
     StatsSnapshot,
     WaveComplete,
     coordinator_decoder,
+)
+from raydp.wire.dropped import MAX_REASON_CHARS, DropLog
+from raydp.wire.handshake import HandshakeServer, engine_handshake
+from raydp.wire.protocol import (
+    Abort,
+    EngineAddresses,
+    Hello,
+    Init,
+    ParallelConfig,
+    Ready,
+    Request,
+    RequestType,
     decode_input,
-    encode,
     handshake_decoder,
     rank_identity,
 )

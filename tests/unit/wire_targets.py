@@ -37,42 +37,44 @@ from raydp.engine.core import EchoEngine, EngineContext
 from raydp.engine.loop import EngineLoop
 from raydp.engine.sockets import EngineSockets
 from raydp.errors import ProtocolError
-from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
-from raydp.wire.protocol import (
+from raydp.wire.codec import encode
+from raydp.wire.control import (
     BROADCAST_TOPIC,
-    Abort,
-    EngineAddresses,
     EngineDead,
     EngineRevived,
     EngineStats,
     FirstRequest,
-    Hello,
     HoldAck,
     HoldCluster,
-    Init,
-    Output,
-    OutputBatch,
-    ParallelConfig,
-    Ready,
     RegroupCluster,
     Regrouped,
-    Reject,
     ReleaseCluster,
-    Request,
-    RequestBatch,
-    RequestType,
     ScaleEngines,
     Shutdown,
     StartDPWave,
     StartWave,
     StatsSnapshot,
-    UtilityCall,
     WaveComplete,
     coordinator_decoder,
-    decode_input,
-    encode,
-    output_decoder,
     snapshot_decoder,
+)
+from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
+from raydp.wire.protocol import (
+    Abort,
+    EngineAddresses,
+    Hello,
+    Init,
+    Output,
+    OutputBatch,
+    ParallelConfig,
+    Ready,
+    Reject,
+    Request,
+    RequestBatch,
+    RequestType,
+    UtilityCall,
+    decode_input,
+    output_decoder,
 )
 from raydp.wire.security import CurveKeys, guard
 from raydp.wire.transport import SocketOptions, make_socket
