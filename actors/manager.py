@@ -58,6 +58,8 @@ from raydp.wire.security import CurveKeys
 from raydp.wire.transport import ipc_prefix, socket_options
 
 logger = logging.getLogger("raydp.manager")
+# How long a write of the cluster record to a live coordinator may take (one actor call).
+_HAND_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -134,7 +136,15 @@ class ActorManager:
 
     def register_api_servers(self, record: dict[str, Any]) -> None:
         self._api_server_records.append(dict(record))
-        self._owned.coordinator.add_api_servers.remote(record)
+        self.tell_coordinator(self._owned.coordinator.add_api_servers.remote(record), "the API servers")
+
+    def tell_coordinator(self, ref: Any, what: str) -> None:
+        """Wait for a write to the coordinator's cluster record (see :meth:`_hand_cluster`); a dead
+        coordinator's successor gets the whole record when it is restarted."""
+        try:
+            ray.get(ref, timeout=_HAND_TIMEOUT_S)
+        except ray.exceptions.RayError as exc:
+            logger.warning("the coordinator did not record %s (%r); a restarted one will", what, exc)
 
     def start_api_servers(
         self, endpoints: ClusterEndpoints, node_id: str, ranks: list[int], count: int, port: int, label: str
@@ -191,6 +201,8 @@ class ActorManager:
             startup.run_refs.update(refs)
             startup.devices = [probe.resolve(self.config.startup_timeout_s) for probe in probes]
             self.joining.wait_coordinator(startup.run_refs, self.config.dp_size)
+            self.endpoints = self._cluster_endpoints(startup, result)
+            self._hand_cluster(self._owned.coordinator)
         except RaydpError:
             self.close()
             raise
@@ -200,8 +212,6 @@ class ActorManager:
         except BaseException:
             self.close()
             raise
-        self.endpoints = self._cluster_endpoints(startup, result)
-        self._hand_cluster(self._owned.coordinator)
         self._reports.coordinator = CoordinatorClient(
             self.endpoints.coordinator, self.driver_node_id, self._sock_opts
         )
@@ -304,12 +314,17 @@ class ActorManager:
         )
 
     def _hand_cluster(self, coordinator: Any) -> None:
-        """What ``attach``, ``raydp status`` and ``raydp scale`` read from the coordinator."""
-        coordinator.set_cluster.remote(
+        """What ``attach``, ``raydp status`` and ``raydp scale`` read from the coordinator.
+
+        Waited for: the coordinator is a threaded actor, so a call made right after
+        ``launch`` returns, from another handle (``raydp.attach``), could otherwise
+        run first and find the cluster "still starting".
+        """
+        refs = [coordinator.set_cluster.remote(
             self.endpoints, self._status_info(self._startup), {"config": self.config, "engine_cls": self._engine_cls}
-        )
-        for record in self._api_server_records:
-            coordinator.add_api_servers.remote(record)
+        )]
+        refs += [coordinator.add_api_servers.remote(record) for record in self._api_server_records]
+        ray.get(refs, timeout=_HAND_TIMEOUT_S)
 
     def _status_info(self, startup: Startup) -> dict[str, Any]:
         cfg = self.config
@@ -359,7 +374,7 @@ class ActorManager:
         endpoint = EngineEndpoint(rank, self.slots[rank].node_id, result.ready[rank].input_addresses)
         assert self.endpoints is not None
         self.endpoints = self.endpoints.with_engine(endpoint)
-        self._owned.coordinator.set_cluster.remote(self.endpoints)
+        self.tell_coordinator(self._owned.coordinator.set_cluster.remote(self.endpoints), f"rank {rank}'s restart")
         for ref in refs:
             self._watch_queue.put((ref, rank))
         self._reports.revived(endpoint)

@@ -253,7 +253,10 @@ class Scaler:
         capacity = sum(manager._startup.capacity.get(ep.rank, 0) for ep in engines)
         endpoints = msgspec.structs.replace(self._endpoints(), engines=list(engines), capacity=capacity)
         manager.endpoints = endpoints
-        manager._owned.coordinator.set_cluster.remote(endpoints, manager._status_info(manager._startup))
+        manager.tell_coordinator(
+            manager._owned.coordinator.set_cluster.remote(endpoints, manager._status_info(manager._startup)),
+            "the new endpoints",
+        )
         for listener in list(manager._scale_listeners):
             try:
                 listener(endpoints, size, drain_timeout_s)

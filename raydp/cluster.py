@@ -173,7 +173,7 @@ class Cluster:
         import ray
 
         coordinator = ray.get_actor(coordinator_name(self.name), namespace=NAMESPACE)
-        coordinator.add_api_servers.remote(record)
+        ray.get(coordinator.add_api_servers.remote(record), timeout=30)  # in place for a `raydp status` right after
 
     def _on_death(self, err: ComponentDeadError) -> None:
         with self._lock:
