@@ -71,6 +71,12 @@ STATEFUL_SETTINGS = settings(
 )
 
 
+def _routes_beyond(body: bytes, size: int) -> bool:
+    """Whether an encoded snapshot would have a client route to more than ``size`` ranks."""
+    snap = snapshot_decoder(body)
+    return (len(snap.counts) if snap.size == -1 else snap.size) > size
+
+
 def _addr(rank: int, gen: int) -> list[str]:
     return [f"tcp://10.0.0.{rank}:{7000 + gen}"]
 
@@ -150,10 +156,15 @@ class ScalingSystem(RuleBasedStateMachine):
         self.size = self.target
         self.phase = "shrinking"
 
-    # The launcher drains for a few stats intervals, so that clients in other processes
-    # have seen the new size before the ranks go: modelled as "every client has".
+    # The launcher drains for a few stats intervals (``Scaler._drain`` settles for two), so
+    # that clients in other processes have seen the new size before the ranks go: modelled
+    # as "every client has", and no snapshot from before the shrink is still on its way to
+    # one (PUB/SUB delivers in order within the settle time, or drops).
     @precondition(
-        lambda self: self.phase == "shrinking" and all(c.lb.size <= self.target for c in self.clients)
+        lambda self: self.phase == "shrinking" and all(
+            c.lb.size <= self.target and not any(_routes_beyond(body, self.target) for body in c.inbox)
+            for c in self.clients
+        )
     )
     @rule()
     def finish_shrink(self) -> None:
