@@ -152,6 +152,8 @@ def test_mp_workers_serve_and_a_killed_worker_fails_its_rank_fast() -> None:
         for w in workers:
             assert psutil.Process(w["pid"]).ppid() == engine_pid, "workers are children of their engine"
             assert f"dp1 tp{w['tp_rank']}" in _title(w["pid"])
+        # Held from before the kill: the failed rank may take its other workers down at once.
+        survivors = [psutil.Process(w["pid"]) for w in workers[1:]]
         assert client.call_utility(1, "worker_all_reduce", 1.0) == [2.0, 2.0]
         in_flight = client.submit([1], max_tokens=1_000_000, rank=1)
         err, latency = _kill_when(cluster, lambda: os.kill(workers[0]["pid"], signal.SIGKILL))
@@ -162,7 +164,6 @@ def test_mp_workers_serve_and_a_killed_worker_fails_its_rank_fast() -> None:
         with pytest.raises(RaydpError, match="worker tp0 of rank 1"):
             in_flight.result(timeout=5)
         assert client.generate([5], max_tokens=1, rank=0) == [5]
-        survivors = [psutil.Process(w["pid"]) for w in workers[1:]]
     finally:
         cluster.close()
     assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in survivors))
