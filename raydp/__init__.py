@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from raydp.client.client import Client
     from raydp.cluster import Cluster
     from raydp.engine.core import EchoEngine, EngineContext, EngineCore
+    from raydp.wire.sampling import Sampling
 
 __all__ = [
     "AsyncClient",
@@ -59,6 +60,7 @@ __all__ = [
     "RaydpConfig",
     "RaydpError",
     "RequestError",
+    "Sampling",
     "ScaleDownError",
     "ShuttingDownError",
     "StartupError",
@@ -78,6 +80,7 @@ _LAZY = {
     "EchoEngine": "raydp.engine.core",
     "EngineContext": "raydp.engine.core",
     "EngineCore": "raydp.engine.core",
+    "Sampling": "raydp.wire.sampling",
 }
 
 

@@ -40,6 +40,7 @@ from raydp.wire.codec import encode
 from raydp.wire.control import StatsSnapshot
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.wire.protocol import MAX_TOKEN_ID, Request, UtilityCall
+from raydp.wire.sampling import Sampling
 from raydp.wire.transport import SocketOptions
 
 
@@ -82,15 +83,22 @@ class Client:
         rank: int | None = None,
         request_id: str | None = None,
         retryable: bool = False,
+        sampling: Sampling | None = None,
     ) -> RequestHandle:
-        """Send one request; returns at once with a handle to wait on or stream."""
-        request = self._make_request(prompt_token_ids, max_tokens, rank, request_id)
+        """Send one request; returns at once with a handle to wait on or stream.
+
+        ``sampling`` (a :class:`~raydp.Sampling`) sets temperature, top_p, top_k,
+        seed, stop strings and tokens, ignore_eos; None decodes greedily. An
+        engine that cannot honour a field fails the request naming it.
+        """
+        request = self._make_request(prompt_token_ids, max_tokens, rank, request_id, sampling)
         handle = RequestHandle(request.request_id, self._turns.read_for)
         self._turns.run([Submission(request, rank, handle._on_item, retryable, handle, awaited=True)])
         return handle
 
     def submit_many(
-        self, prompts: Sequence[Sequence[int]], max_tokens: int = 16, *, retryable: bool = False
+        self, prompts: Sequence[Sequence[int]], max_tokens: int = 16, *, retryable: bool = False,
+        sampling: Sampling | None = None,
     ) -> list[RequestHandle]:
         """Send many requests at once: one turn of the client's lock and one message per rank.
 
@@ -102,7 +110,7 @@ class Client:
         items: list[Submission] = []
         for i, prompt in enumerate(prompts):
             try:
-                request = self._make_request(prompt, max_tokens, None, None)
+                request = self._make_request(prompt, max_tokens, None, None, sampling)
             except ConfigError as exc:
                 raise ConfigError(f"prompts[{i}]: {exc}") from None
             handle = RequestHandle(request.request_id, self._turns.read_for)
@@ -191,7 +199,8 @@ class Client:
     # ---- validation -------------------------------------------------------------------
 
     def _make_request(
-        self, prompt: Sequence[int], max_tokens: int, rank: int | None, request_id: str | None
+        self, prompt: Sequence[int], max_tokens: int, rank: int | None, request_id: str | None,
+        sampling: Sampling | None = None,
     ) -> Request:
         if not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKEN_ID:
             raise ConfigError(f"max_tokens={max_tokens!r}: must be an int in [1, {MAX_TOKEN_ID}]")
@@ -203,8 +212,10 @@ class Client:
             self._check_rank(rank)
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise ConfigError(f"request_id={request_id!r}: must be a non-empty str")
+        if sampling is not None and not isinstance(sampling, Sampling):
+            raise ConfigError(f"sampling={sampling!r}: must be a raydp.Sampling or None")
         rid = request_id or f"{self._id_prefix}-{next(self._ids)}"
-        return Request(rid, tokens, max_tokens, arrival_time=time.time())
+        return Request(rid, tokens, max_tokens, arrival_time=time.time(), sampling=sampling)
 
     def _check_rank(self, rank: int, draining_ok: bool = False) -> None:
         n = len(self.endpoints.engines) if draining_ok else self._router.balancer.size

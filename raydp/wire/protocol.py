@@ -19,6 +19,7 @@ from typing import Any, Final, Union
 
 from raydp.errors import ProtocolError
 from raydp.wire.codec import Decoder, PeerWave, WireMessage
+from raydp.wire.sampling import Sampling
 
 
 class RequestType(bytes, enum.Enum):
@@ -42,6 +43,7 @@ class Request(WireMessage, gc=False):
     ``seq`` numbers the client's submissions. The engine echoes it in every
     :class:`Output`, so that once an id is aborted and submitted again, a late
     output of the first submission cannot join the second one's answer.
+    ``sampling`` None decodes greedily (see :mod:`raydp.wire.sampling`).
     """
 
     request_id: str
@@ -50,6 +52,7 @@ class Request(WireMessage, gc=False):
     wave: PeerWave = 0
     arrival_time: float = 0.0
     seq: int = 0
+    sampling: Sampling | None = None
 
 
 class RequestBatch(WireMessage, gc=False):
