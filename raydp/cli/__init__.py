@@ -1,4 +1,4 @@
-"""The ``raydp`` command line: ``raydp demo``, ``serve``, ``plan``, ``status`` and ``scale``."""
+"""The ``raydp`` command line: ``raydp demo``, ``serve``, ``plan``, ``status``, ``scale`` and ``make-model``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from raydp.cli import demo, plan, scale, serve, status
+from raydp.cli import demo, make_model, plan, scale, serve, status
 from raydp.cli.signals import Stop, install_stop_handlers
 from raydp.errors import RaydpError
 
@@ -22,11 +22,17 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     status.add_parser(sub)
     scale.add_parser(sub)
+    make_model.add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # serve and demo hand flags they do not know to vLLM's own parser (--engine vllm).
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "engine_flags_ok", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.engine_flags = extra
     if args.command in ("serve", "demo"):  # long-running: SIGTERM stops them as Ctrl-C does
         install_stop_handlers()
     try:

@@ -9,9 +9,18 @@ import time
 from collections import Counter
 from typing import Any
 
-from raydp.cli.options import ENGINES, SERVING_PRESETS, add_config_flags, config_from_args
+from raydp.cli.options import (
+    ENGINES,
+    SERVING_PRESETS,
+    add_config_flags,
+    add_model_flag,
+    config_from_args,
+    with_engine_flags,
+)
 from raydp.cli.signals import install_stop_handlers
 
+# vLLM settings for the demo's small model on a laptop: no graph capture or compile at startup.
+VLLM_DEMO_KWARGS = {"enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 32}
 # The demo's own starting point; RAYDP_* variables and flags override it.
 PRESETS = SERVING_PRESETS
 CONFIG_FLAGS = ("dp_size", "tensor_parallel_size", "engine", "lockstep", "accelerator", "placement_strategy",
@@ -27,6 +36,7 @@ def add_parser(sub: Any) -> None:
         f"Engines by short name: {', '.join(sorted(ENGINES))}; or a 'module:Class' path.",
     )
     add_config_flags(p, CONFIG_FLAGS, PRESETS)
+    add_model_flag(p)
     p.add_argument("--requests", type=int, default=300, help="requests to send (default 300)")
     p.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request (default 16)")
     p.add_argument("--prompt-len", type=int, default=8, help="prompt length in tokens (default 8)")
@@ -44,7 +54,13 @@ def run(args: argparse.Namespace) -> int:
     from raydp.api import launch
 
     config = config_from_args(args, CONFIG_FLAGS, {**PRESETS, "name": f"demo-{os.getpid()}"})
-    started_ray = _start_ray(args, config.dp_size)
+    if config.engine == ENGINES["vllm"] and not args.model:
+        from raydp.models.checkpoint import default_model_dir, make_model
+
+        args.model = str(make_model(default_model_dir()))  # built once, then reused
+        print(f"vLLM engines on the small offline model at {args.model}")
+    config = with_engine_flags(config, args, VLLM_DEMO_KWARGS)
+    started_ray = _start_ray(args, config)
     install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
     try:
         with launch(config, progress=not args.no_progress) as cluster:
@@ -59,11 +75,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_ray(args: argparse.Namespace, dp_size: int) -> bool:
-    """Join a cluster if there is one; else start a local Ray with logical GPUs."""
-    from raydp.actors.connection import connect
+def _start_ray(args: argparse.Namespace, config: Any) -> bool:
+    """Join a cluster if there is one; else start a local Ray with logical GPUs (and CPUs for the plan)."""
+    from raydp.actors.connection import connect, local_resources
 
-    cpus = max(os.cpu_count() or 1, dp_size + 1)
+    cpus = max(os.cpu_count() or 1, config.dp_size + 1,
+               local_resources(config.dp_size, config.world_size, config.accelerator).get("num_cpus", 0))
     return connect(args.address, local={"num_cpus": cpus, "num_gpus": args.local_gpus}, quiet=True)
 
 

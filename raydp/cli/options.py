@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Union, get_args, get_origin
 
 from raydp.config import ENV_PREFIX, RaydpConfig, env_fields
+from raydp.errors import ConfigError
 
 # Short names the CLI accepts for ``--engine`` (and RAYDP_ENGINE), besides 'module:Class' paths.
 ENGINES = {
@@ -23,6 +24,7 @@ ENGINES = {
     "tp-lm": "raydp.engine.tp_lm:TPLMEngine",
     "echo": "raydp.engine:EchoEngine",
     "echo-workers": "raydp.engine.echo_workers:WorkerEchoEngine",
+    "vllm": "raydp.models.vllm:VllmEngine",
 }
 
 # Where `raydp demo` and `raydp serve` start: a small DP cluster of the reference LM.
@@ -89,6 +91,28 @@ def config_from_args(
     if isinstance(fields_in_force.get("engine"), str):
         fields_in_force["engine"] = ENGINES.get(fields_in_force["engine"], fields_in_force["engine"])
     return RaydpConfig(**fields_in_force)
+
+
+def add_model_flag(parser: argparse.ArgumentParser) -> None:
+    """``--model`` and the pass-through of vLLM's own flags (``--engine vllm``)."""
+    parser.add_argument("--model", default=None, metavar="PATH",
+                        help="with --engine vllm: a local Hugging Face checkpoint directory; vLLM's own engine "
+                        "flags (--max-model-len, --dtype, --enforce-eager, ...) pass through")
+    parser.set_defaults(engine_flags_ok=True)
+
+
+def with_engine_flags(config: RaydpConfig, args: argparse.Namespace, default_kwargs: Mapping[str, Any]) -> RaydpConfig:
+    """``config`` with ``--model`` and vLLM's flags as engine_kwargs (``default_kwargs`` under them)."""
+    from raydp.cli import vllm_flags
+
+    flags: list[str] = getattr(args, "engine_flags", [])
+    if not vllm_flags.is_vllm(config.engine):
+        vllm_flags.unknown_flags(flags)
+        if getattr(args, "model", None):
+            raise ConfigError(f"--model={args.model!r}: applies to --engine vllm only (engine={config.engine!r})")
+        return config
+    kwargs = {**default_kwargs, **vllm_flags.engine_kwargs(args.model, flags), **config.engine_kwargs}
+    return config.with_changes(engine_kwargs=kwargs)
 
 
 def _more_than_one(value: Any) -> bool:

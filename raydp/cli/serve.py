@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from raydp.cli.options import ENGINES, SERVING_PRESETS, add_config_flags, config_from_args
+from raydp.cli.options import (
+    ENGINES,
+    SERVING_PRESETS,
+    add_config_flags,
+    add_model_flag,
+    config_from_args,
+    with_engine_flags,
+)
 from raydp.cli.signals import install_stop_handlers
 from raydp.errors import ConfigError
 from raydp.serve.settings import ServerSettings
@@ -28,6 +35,7 @@ def add_parser(sub: Any) -> None:
         "or a 'module:Class' path.",
     )
     add_config_flags(p, CONFIG_FLAGS, PRESETS)
+    add_model_flag(p)
     p.add_argument("--api-servers", type=int, default=1,
                    help="API server processes (default 1); in hybrid mode, per node that holds ranks")
     p.add_argument("--lb-mode", choices=["internal", "hybrid", "external"], default="internal",
@@ -48,7 +56,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from raydp.api import launch
 
-    config = config_from_args(args, CONFIG_FLAGS, PRESETS)
+    config = with_engine_flags(config_from_args(args, CONFIG_FLAGS, PRESETS), args, {})
     settings = _server_settings(args)
     cluster = launch(config, backend=args.backend, address=args.address)
     install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own

@@ -73,9 +73,6 @@ class Sampling(WireMessage, gc=False):
         return [name for name in self.__struct_fields__ if getattr(self, name) != getattr(default, name)]
 
 
-_GREEDY: Final = Sampling()
-
-
 def unsupported(engine: str, sampling: Sampling | None, allowed: tuple[str, ...] = ()) -> str | None:
     """Why ``engine`` cannot serve ``sampling`` (the first field it cannot honour), or None."""
     if sampling is None:
@@ -106,3 +103,6 @@ def _check_stops(stops: object) -> None:
     for i, stop in enumerate(stops):
         if not isinstance(stop, str) or not 1 <= len(stop) <= MAX_STOP_CHARS:
             raise ConfigError(f"stop[{i}]={stop!r}: must be a non-empty string of at most {MAX_STOP_CHARS} chars")
+
+
+_GREEDY: Final = Sampling()  # after the checks it runs are defined

@@ -1,0 +1,74 @@
+"""raydp requests into vLLM requests, and vLLM outputs back into raydp outputs.
+
+Kept apart from the engine so that the mapping reads in one place:
+
+* :func:`sampling_params`: a request's :class:`~raydp.wire.sampling.Sampling`
+  (None: greedy) and ``max_tokens`` as ``vllm.SamplingParams``. The prompt and
+  parameters then go through vLLM's own ``InputProcessor``, which adds the
+  model's end-of-sequence tokens and generation-config defaults exactly as
+  ``LLM.generate`` does, and validates the request against the model (a
+  prompt longer than ``max_model_len`` fails that request alone).
+* :class:`Tracked`: what the engine remembers of a request in flight, for
+  ``work()`` and for ``stop`` strings. vLLM's engine core leaves stop strings
+  to its front-end's detokenizer; raydp's ranks detokenize themselves, only
+  for requests that set ``stop``.
+* :func:`finish_reason`: vLLM's ``FinishReason`` as the OpenAI string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from raydp.wire.sampling import Sampling
+
+_REASONS = {0: "stop", 1: "length", 2: "abort", 3: "error", 4: "stop"}  # vLLM's FinishReason values
+
+
+def sampling_params(sampling: Sampling | None, max_tokens: int) -> Any:
+    from vllm import SamplingParams
+
+    s = sampling if sampling is not None else Sampling()
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=float(s.temperature),
+        top_p=float(s.top_p),
+        top_k=s.top_k,
+        seed=s.seed,
+        stop_token_ids=list(s.stop_token_ids),
+        ignore_eos=s.ignore_eos,
+        # stop strings are matched by the rank (Tracked), not by vLLM's engine core
+    )
+
+
+def finish_reason(reason: Any) -> str | None:
+    """``FinishReason.LENGTH`` -> ``'length'``; None stays None."""
+    return None if reason is None else _REASONS.get(int(reason), "stop")
+
+
+@dataclass
+class Tracked:
+    """A request in flight: its token budget, and its generated text while it has stop strings."""
+
+    max_tokens: int
+    stops: list[str]
+    produced: int = 0
+    generated: list[int] = field(default_factory=list)
+
+    def add(self, token_ids: list[int]) -> None:
+        self.produced += len(token_ids)
+        if self.stops:
+            self.generated.extend(token_ids)
+
+    def left(self) -> int:
+        return max(self.max_tokens - self.produced, 0)
+
+    def hit_stop(self, tokenizer: Any) -> bool:
+        """Whether the text so far contains a stop string (the API server trims the text itself)."""
+        if not self.stops or not self.generated:
+            return False
+        # The newest token can complete a stop string that began a few tokens back: decode a
+        # window long enough for the longest one (a token holds at least one byte of text).
+        window = self.generated[-(max(len(s.encode()) for s in self.stops) + 4):]
+        text = tokenizer.decode(window, skip_special_tokens=True)
+        return any(stop in text for stop in self.stops)
