@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from raydp.engine.executor import Executor
 from raydp.errors import ConfigError
 from raydp.wire.protocol import Output, Request
+from raydp.wire.sampling import unsupported
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,8 @@ class EchoEngine:
         return self.max_running
 
     def add_request(self, request: Request) -> None:
+        if request.sampling is not None and (why := unsupported("EchoEngine", request.sampling, ("ignore_eos",))):
+            raise ConfigError(why)  # fails this request alone, naming the field
         self._waiting[request.request_id] = request
 
     def abort(self, request_ids: Sequence[str]) -> None:

@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 from raydp.engine.core import EngineContext
+from raydp.errors import ConfigError
 from raydp.wire.protocol import Output, Request
+from raydp.wire.sampling import unsupported
 
 
 class TinyTransformer(nn.Module):  # type: ignore[misc]
@@ -76,6 +78,8 @@ class TinyLMEngine:
         return self.max_running * self.max_len
 
     def add_request(self, request: Request) -> None:
+        if request.sampling is not None and (why := unsupported("TinyLMEngine", request.sampling, ("ignore_eos",))):
+            raise ConfigError(why)  # fails this request alone, naming the field
         self._waiting[request.request_id] = request
 
     def abort(self, request_ids: Sequence[str]) -> None:

@@ -50,6 +50,7 @@ from raydp.engine.tp_layers import (
 )
 from raydp.errors import ConfigError
 from raydp.wire.protocol import Output, Request
+from raydp.wire.sampling import unsupported
 
 logger = logging.getLogger("raydp.engine.tp_lm")
 
@@ -271,6 +272,8 @@ class TPLMEngine:
         return self.max_running * self.max_len
 
     def add_request(self, request: Request) -> None:
+        if request.sampling is not None and (why := unsupported("TPLMEngine", request.sampling, ("ignore_eos",))):
+            raise ConfigError(why)  # fails this request alone, naming the field
         self._waiting[request.request_id] = request
 
     def abort(self, request_ids: Sequence[str]) -> None:

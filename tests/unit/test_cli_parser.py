@@ -16,7 +16,7 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_the_commands_exist() -> None:
-    assert set(subcommands()) == {"demo", "serve", "plan", "status", "scale"}
+    assert set(subcommands()) == {"demo", "serve", "plan", "status", "scale", "make-model"}
 
 
 @pytest.mark.parametrize("command", ["demo", "serve", "plan", "status", "scale"])
