@@ -44,6 +44,7 @@ def launch(
         check_engine_class(engine_cls, config.engine)
         if backend == "mp":
             load_engine_class(config.engine)  # spawned processes import it by path: it must be importable
+    _check_engine_kwargs(config, engine_cls)
     bar = _progress_bar(progress, config)
     manager: Backend
     if backend == "mp":
@@ -61,6 +62,21 @@ def launch(
     except BaseException:
         manager.close()
         raise
+
+
+def _check_engine_kwargs(config: RaydpConfig, engine_cls: type | None) -> None:
+    """An engine class may check its ``engine_kwargs`` before anything starts (``check_engine_kwargs``).
+
+    A class that does not import here (it may exist only where the ranks run) is left to its ranks.
+    """
+    if engine_cls is None:
+        try:
+            engine_cls = load_engine_class(config.engine)  # type: ignore[assignment]
+        except ConfigError:
+            return
+    check = getattr(engine_cls, "check_engine_kwargs", None)
+    if check is not None:
+        check(config)
 
 
 def _resolve_config(config: RaydpConfig | None, engine: str | type | None, fields: dict[str, Any]) -> RaydpConfig:

@@ -29,6 +29,7 @@ not built yet: ``tensor_parallel_size`` must be 1 (see docs/architecture.md).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import Any, Final
@@ -52,10 +53,15 @@ class VllmEngine:
     any engine.
     """
 
+    @staticmethod
+    def check_engine_kwargs(config: Any) -> None:
+        """Called by ``launch`` before anything starts: a bad field fails at once, named."""
+        _check_world_size(config.world_size)
+        vllm_config.set_process_environment()
+        vllm_config.engine_args(config.engine_kwargs, 1, 1)
+
     def __init__(self, context: EngineContext, **engine_kwargs: Any) -> None:
-        if context.world_size != 1:
-            raise ConfigError(f"tensor_parallel_size * pipeline_parallel_size={context.world_size}: VllmEngine "
-                              "runs one device per rank for now; use dp_size for more ranks")
+        _check_world_size(context.world_size)
         vllm_config.set_process_environment()
         _check_version()
         args = vllm_config.engine_args(engine_kwargs, 1, 1)
@@ -125,7 +131,7 @@ class VllmEngine:
 
     def describe(self) -> dict[str, Any]:
         model = self.config.model_config
-        return {"rank": self.context.rank, "model": model.model, "dtype": str(model.dtype),
+        return {"rank": self.context.rank, "pid": os.getpid(), "model": model.model, "dtype": str(model.dtype),
                 "max_model_len": model.max_model_len, "kv_blocks": self.capacity(),
                 "block_size": self.config.cache_config.block_size}
 
@@ -147,6 +153,12 @@ class VllmEngine:
         if reason is not None:
             del self._tracked[out.request_id]
         return Output(out.request_id, list(out.new_token_ids), reason is not None, reason)
+
+
+def _check_world_size(world_size: int) -> None:
+    if world_size != 1:
+        raise ConfigError(f"tensor_parallel_size * pipeline_parallel_size={world_size}: VllmEngine runs one "
+                          "device per rank for now; use dp_size for more ranks")
 
 
 def _check_version() -> None:

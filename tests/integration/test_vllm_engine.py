@@ -1,0 +1,148 @@
+"""vLLM engine cores in raydp ranks on a real Ray cluster: vLLM's own tokens, sampling, failures.
+
+One cluster (DP=2, CPU bundles, the small offline checkpoint) serves the whole
+module: a vLLM engine start costs ~10 s here. The rank-death test runs last
+and leaves the cluster as it found it (the rank restarts).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import raydp
+from raydp import Sampling
+from raydp.errors import ConfigError, EngineDeadError, StartupError
+from tests.integration.conftest import ClusterPool
+from tests.integration.helpers import wait_until
+from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference
+
+pytestmark = pytest.mark.timeout(300)
+ENGINE = "raydp.models.vllm:VllmEngine"
+PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300], [42] * 10, [1]]
+SEEDED = Sampling(temperature=0.8, top_p=0.95, seed=1234)
+
+
+@pytest.fixture(scope="module")
+def model() -> str:
+    return str(tiny_model())
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_pool: ClusterPool, model: str) -> Iterator[Any]:
+    cluster_pool.get((0,), cpus_per_node=4)  # 2 ranks x (1 CPU device bundle + 1 engine CPU)
+    with raydp.launch(name="vllm", dp_size=2, accelerator="CPU", engine=ENGINE, max_restarts=1, progress=False,
+                      engine_kwargs={"model": model, **ENGINE_KWARGS}) as launched:
+        yield launched
+
+
+@pytest.fixture(scope="module")
+def reference(model: str) -> list[list[int]]:
+    greedy = [(p, {"temperature": 0.0, "max_tokens": 12}) for p in PROMPTS]
+    seeded = [(PROMPTS[0], {"temperature": 0.8, "top_p": 0.95, "seed": 1234, "max_tokens": 12})]
+    return vllm_reference(model, [*greedy, *seeded])
+
+
+def test_greedy_tokens_are_vllms_own_on_every_rank(cluster: Any, reference: list[list[int]]) -> None:
+    client = cluster.client()
+    for rank in (0, 1):
+        got = [client.generate(p, 12, rank=rank, timeout=60) for p in PROMPTS]
+        assert got == reference[: len(PROMPTS)], f"rank {rank}"
+    batch = client.submit_many(PROMPTS, 12)
+    assert [h.result(60) for h in batch] == reference[: len(PROMPTS)], "batched together, the same tokens"
+
+
+def test_a_seeded_sampled_request_gives_vllms_tokens_for_that_seed(cluster: Any, reference: list[list[int]]) -> None:
+    client = cluster.client()
+    assert client.generate(PROMPTS[0], 12, sampling=SEEDED, timeout=60) == reference[-1]
+    unseeded = Sampling(temperature=1.0)
+    answers = {tuple(client.generate(PROMPTS[0], 12, sampling=unseeded, timeout=60)) for _ in range(3)}
+    assert len(answers) > 1, "without a seed, sampling varies"
+
+
+def test_stop_tokens_stop_strings_and_ignore_eos_end_requests(cluster: Any, reference: list[list[int]]) -> None:
+    client = cluster.client()
+    greedy = reference[0]
+    handle = client.submit(PROMPTS[0], 12, sampling=Sampling(stop_token_ids=[greedy[3]]))
+    assert handle.result(60) == greedy[:4] and handle.finish_reason == "stop", "the stop token is returned"
+    text = _decode(greedy)
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    handle = client.submit(PROMPTS[0], 12, sampling=Sampling(stop=[stop]))
+    tokens = handle.result(60)
+    assert handle.finish_reason == "stop" and len(tokens) < 12 and tokens == greedy[: len(tokens)]
+    assert stop in _decode(tokens) and stop not in _decode(tokens[:-1]), "ends at the token completing it"
+    handle = client.submit(PROMPTS[0], 40, sampling=Sampling(ignore_eos=True))
+    assert len(handle.result(60)) == 40 and handle.finish_reason == "length"
+
+
+def test_load_work_capacity_and_aborts_are_vllms(cluster: Any) -> None:
+    client = cluster.client()
+    assert cluster.capacity == 2 * client.call_utility(0, "describe")["kv_blocks"] > 0, "KV blocks, summed"
+    long = client.submit([3, 4, 5], 400, rank=0, sampling=Sampling(ignore_eos=True))
+    assert wait_until(lambda: len(long.tokens) > 0, timeout=30)
+    client.abort(long.request_id)
+    long.result(30)
+    assert long.finish_reason == "abort" and len(long.tokens) < 400
+    assert wait_until(lambda: _counts(client, 0) == (0, 0), timeout=10), "the abort reached vLLM's scheduler"
+
+
+def test_a_request_vllm_refuses_fails_alone_with_vllms_reason(cluster: Any) -> None:
+    client = cluster.client()
+    with pytest.raises(raydp.RequestError, match=r"max_model_len|maximum model length|longer than"):
+        client.generate(list(range(1, 600)), 4, rank=0, timeout=60)
+    assert client.generate(PROMPTS[1], 2, rank=0, timeout=60), "the rank serves on"
+
+
+def test_a_bad_vllm_field_fails_the_launch_naming_it(cluster: Any, model: str) -> None:
+    with pytest.raises((ConfigError, StartupError), match=r"engine_kwargs\.max_modle_len: not a vLLM engine argument"):
+        raydp.launch(name="vllm-bad", dp_size=1, accelerator="CPU", engine=ENGINE, progress=False,
+                     engine_kwargs={"model": model, "max_modle_len": 64}, startup_timeout_s=120)
+
+
+def test_a_killed_vllm_rank_fails_its_requests_typed_and_comes_back(cluster: Any) -> None:
+    client = cluster.client()
+    pid = client.call_utility(1, "describe")["pid"]
+    load = [client.submit(PROMPTS[i % 4], 64, sampling=Sampling(ignore_eos=True)) for i in range(16)]
+    assert wait_until(lambda: all(h.rank is not None for h in load), timeout=30)
+    os.kill(pid, signal.SIGKILL)
+    answered = failed = 0
+    for handle in load:
+        try:
+            assert len(handle.result(120)) == 64
+            answered += 1
+        except EngineDeadError as exc:
+            assert exc.rank == 1 and handle.rank == 1, "only the killed rank's requests fail"
+            failed += 1
+    assert answered + failed == 16 and answered >= 1, "no request is lost: answered or failed typed"
+    during = client.generate(PROMPTS[0], 4, rank=0, timeout=60)
+    assert len(during) == 4, "the other rank answers throughout"
+    started = time.monotonic()
+    assert wait_until(lambda: _serves(client, 1), timeout=180), "the rank restarts, model reload included"
+    assert time.monotonic() - started < 180
+
+
+def _serves(client: Any, rank: int) -> bool:
+    try:
+        return len(client.generate(PROMPTS[1], 2, rank=rank, timeout=10)) == 2
+    except raydp.RaydpError:
+        return False
+
+
+def _counts(client: Any, rank: int) -> tuple[int, int]:
+    snapshot = client.snapshot()
+    return tuple(snapshot.counts[rank]) if snapshot is not None else (-1, -1)
+
+
+def _decode(tokens: list[int]) -> str:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model()), local_files_only=True)
+    return str(tok.decode(tokens, skip_special_tokens=True))
+
+
+
