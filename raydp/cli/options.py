@@ -31,6 +31,7 @@ ENGINES = {
 SERVING_PRESETS: dict[str, Any] = {"dp_size": 2, "engine": "tiny-lm"}
 # The preset's engine when each rank has several devices: the one that shards over them.
 TENSOR_PARALLEL_ENGINE = "tp-lm"
+VLLM_TENSOR_PARALLEL_ENGINE = "raydp.models.vllm:VllmTPEngine"  # vLLM's workers in raydp's device workers
 
 # A flag spelled differently from its field; the field's own flag works too.
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -90,6 +91,8 @@ def config_from_args(
         fields_in_force["engine"] = TENSOR_PARALLEL_ENGINE
     if isinstance(fields_in_force.get("engine"), str):
         fields_in_force["engine"] = ENGINES.get(fields_in_force["engine"], fields_in_force["engine"])
+    if fields_in_force.get("engine") == ENGINES["vllm"] and _more_than_one(fields_in_force.get("tensor_parallel_size")):
+        fields_in_force["engine"] = VLLM_TENSOR_PARALLEL_ENGINE
     return RaydpConfig(**fields_in_force)
 
 

@@ -50,6 +50,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--graceful-shutdown-s", type=float, default=None, metavar="S",
                    help="on SIGTERM or Ctrl-C, running requests get S seconds to finish, then a 503 "
                    "(default 3; internal mode only)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="a local Hugging Face tokenizer (or model) directory: the API servers encode text "
+                   "prompts, detokenize outputs and serve POST /v1/chat/completions with it and its chat "
+                   "template (default: the byte tokenizer, one token per UTF-8 byte, no chat; internal mode only)")
     p.set_defaults(run=run)
 
 
@@ -63,18 +67,33 @@ def run(args: argparse.Namespace) -> int:
     with cluster:
         urls = _start_api_servers(cluster, args, settings)
         print(f"raydp {cluster.name}: {cluster.dp_size} ranks, {args.lb_mode} API servers at "
-              f"{' '.join(urls)} (POST /v1/completions); Ctrl-C to stop", flush=True)
+              f"{' '.join(urls)} (POST /v1/completions, /v1/chat/completions); Ctrl-C to stop", flush=True)
         cluster.wait()  # a stop signal raises here, and the with-block closes everything
     return 0
 
 
 def _server_settings(args: argparse.Namespace) -> ServerSettings:
     """Checked before anything is launched."""
-    if args.graceful_shutdown_s is None:
-        return ServerSettings()
-    if args.lb_mode != "internal":  # the other modes' servers run under a host actor, with its defaults
-        raise ConfigError(f"--graceful-shutdown-s applies to --lb-mode internal only, not {args.lb_mode}")
-    return ServerSettings(graceful_shutdown_s=args.graceful_shutdown_s)
+    fields: dict[str, Any] = {"graceful_shutdown_s": args.graceful_shutdown_s, "tokenizer": _tokenizer(args)}
+    for name, value in fields.items():
+        # The other modes' servers run under a host actor, with its defaults.
+        if value is not None and args.lb_mode != "internal":
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag}={value!r}: applies to --lb-mode internal only, not {args.lb_mode}")
+    settings = ServerSettings(**{name: value for name, value in fields.items() if value is not None})
+    if settings.tokenizer is not None:
+        from raydp.text.tokenizer import load_tokenizer
+
+        load_tokenizer(settings.tokenizer)  # a directory without a tokenizer fails here, not in every server
+    return settings
+
+
+def _tokenizer(args: argparse.Namespace) -> str | None:
+    """The API servers' tokenizer directory (None: the byte tokenizer); a vLLM engine's model by default."""
+    tokenizer: str | None = args.tokenizer
+    if tokenizer is None and getattr(args, "model", None) and args.lb_mode == "internal":
+        return str(args.model)
+    return tokenizer
 
 
 def _start_api_servers(cluster: Any, args: argparse.Namespace, settings: ServerSettings) -> list[str]:

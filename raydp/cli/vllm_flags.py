@@ -15,12 +15,12 @@ from typing import Any, Final
 
 from raydp.errors import ConfigError
 
-VLLM_ENGINE: Final = "raydp.models.vllm:VllmEngine"
+VLLM_ENGINES: Final = ("raydp.models.vllm:VllmEngine", "raydp.models.vllm:VllmTPEngine")
 _PLAIN = (str, int, float, bool, type(None))
 
 
 def is_vllm(engine: object) -> bool:
-    return engine == VLLM_ENGINE
+    return engine in VLLM_ENGINES
 
 
 def engine_kwargs(model: str | None, flags: Sequence[str]) -> dict[str, Any]:

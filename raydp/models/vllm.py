@@ -22,8 +22,9 @@ The mapping (:mod:`raydp.models.vllm_requests`):
   KV-cache blocks, which the handshake sums over the ranks;
 * in lockstep mode, ``execute_dummy_batch`` runs vLLM's dummy batch.
 
-Tensor parallelism inside a rank (vLLM's workers in raydp's device workers) is
-not built yet: ``tensor_parallel_size`` must be 1 (see docs/architecture.md).
+With ``tensor_parallel_size > 1``, :class:`VllmTPEngine` runs vLLM's workers in
+raydp's device workers, one per device bundle (see
+:mod:`raydp.models.vllm_workers` for what crosses to them).
 """
 
 from __future__ import annotations
@@ -53,21 +54,35 @@ class VllmEngine:
     any engine.
     """
 
-    @staticmethod
-    def check_engine_kwargs(config: Any) -> None:
+    @classmethod
+    def check_engine_kwargs(cls, config: Any) -> None:
         """Called by ``launch`` before anything starts: a bad field fails at once, named."""
-        _check_world_size(config.world_size)
+        cls._check_layout(config.world_size, config.pipeline_parallel_size)
         vllm_config.set_process_environment()
-        vllm_config.engine_args(config.engine_kwargs, 1, 1)
+        vllm_config.engine_args(config.engine_kwargs, config.tensor_parallel_size, 1)
+
+    @classmethod
+    def _check_layout(cls, world_size: int, pipeline_parallel_size: int = 1) -> None:
+        if world_size != 1:
+            raise ConfigError(f"tensor_parallel_size * pipeline_parallel_size={world_size}: VllmEngine runs one "
+                              "device per rank; use raydp.models.vllm:VllmTPEngine (--engine vllm picks it) for "
+                              "tensor parallelism")
 
     def __init__(self, context: EngineContext, **engine_kwargs: Any) -> None:
-        _check_world_size(context.world_size)
+        self._check_layout(context.world_size)
         vllm_config.set_process_environment()
         _check_version()
-        args = vllm_config.engine_args(engine_kwargs, 1, 1)
+        executor_cls = None
+        if context.executor is not None:
+            from raydp.models.vllm_executor import executor_class
+
+            # Handed to EngineCore, not set as the config's backend: the config crosses to the
+            # workers, and this class holds the rank's sockets.
+            executor_cls = executor_class(context.executor, dist_ident(os.getpid(), context.rank))
+        args = vllm_config.engine_args(engine_kwargs, context.world_size, 1)
         self.config = vllm_config.create_config(args)
         self.context = context
-        self.core = _build_core(self.config)
+        self.core = _build_core(self.config, executor_cls)
         from vllm.v1.engine.input_processor import InputProcessor
 
         self._inputs = InputProcessor(self.config)
@@ -155,12 +170,6 @@ class VllmEngine:
         return Output(out.request_id, list(out.new_token_ids), reason is not None, reason)
 
 
-def _check_world_size(world_size: int) -> None:
-    if world_size != 1:
-        raise ConfigError(f"tensor_parallel_size * pipeline_parallel_size={world_size}: VllmEngine runs one "
-                          "device per rank for now; use dp_size for more ranks")
-
-
 def _check_version() -> None:
     import vllm
 
@@ -169,8 +178,31 @@ def _check_version() -> None:
         logger.warning("vLLM %s: this adapter is built for %d.%d.x", vllm.__version__, *SUPPORTED_VLLM)
 
 
-def _build_core(config: Any) -> Any:
+def _build_core(config: Any, executor_cls: type[Any] | None) -> Any:
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.executor import Executor
 
-    return EngineCore(config, Executor.get_class(config), log_stats=False)
+    return EngineCore(config, executor_cls or Executor.get_class(config), log_stats=False)
+
+
+def dist_ident(pid: int, rank: int) -> str:
+    """vLLM's CPU workers name shared-memory segments after it: unique per engine process."""
+    return f"file:///raydp-{pid}-dp{rank}-vllm"
+
+
+class VllmTPEngine(VllmEngine):
+    """:class:`VllmEngine` with tensor (not pipeline) parallelism over the rank's raydp device workers.
+
+    One vLLM worker per device bundle runs inside a raydp worker
+    (:mod:`raydp.models.vllm_workers`); the engine core drives them through
+    :mod:`raydp.models.vllm_executor`. ``--engine vllm`` picks this class when
+    ``tensor_parallel_size > 1``.
+    """
+
+    worker_class = "raydp.models.vllm_workers:VllmWorker"
+
+    @classmethod
+    def _check_layout(cls, world_size: int, pipeline_parallel_size: int = 1) -> None:
+        if pipeline_parallel_size != 1:
+            raise ConfigError(f"pipeline_parallel_size={pipeline_parallel_size}: VllmTPEngine shards over tensor "
+                              "parallelism only; must be 1")

@@ -3,11 +3,14 @@
 Routes:
 
 * ``POST /v1/completions``: OpenAI completions, plain or streamed (:mod:`.completions`);
+* ``POST /v1/chat/completions``: OpenAI chat completions, plain or streamed, over the
+  tokenizer's chat template (:mod:`.chat`);
 * ``POST /v1/generate``: ``{"prompt_token_ids", "max_tokens", "rank"?}`` -> ``{"token_ids"}``;
 * ``GET /v1/models``: the one model served, in OpenAI's list shape;
 * ``GET /health``: ``{"status": "ok", "client_index": i, "client_count": n}``;
 * ``GET /metrics``: Prometheus metrics of this process (:mod:`.metrics`).
 
+Text is encoded and decoded with the server's tokenizer (:mod:`raydp.text`).
 Every error is JSON in OpenAI's error shape (:mod:`.api_errors`). The app
 runs under any ASGI server; :func:`~raydp.serve.server.serve_on_socket` is the
 one raydp uses.
@@ -30,12 +33,14 @@ from raydp.client.aio import AsyncClient
 from raydp.client.client import Client
 from raydp.serve.api_errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
 from raydp.serve.bodies import Limits
+from raydp.serve.chat import ChatRoute
 from raydp.serve.completions import GenerationRoutes
 from raydp.serve.draining import InFlight
 from raydp.serve.generation import ClientGoneError
 from raydp.serve.metrics import CLIENT_GONE, ApiMetrics, RequestMetrics
 from raydp.serve.responses import JSON
 from raydp.serve.settings import MAX_TOKENS_LIMIT, ServerSettings
+from raydp.text.tokenizer import load_tokenizer
 
 
 def build_app(
@@ -48,16 +53,23 @@ def build_app(
     max_tokens_limit: int = MAX_TOKENS_LIMIT,
     vocab_size: int | None = None,
     in_flight: InFlight | None = None,
+    tokenizer: str | None = None,
 ) -> Starlette:
-    """The API app: ``model`` is the id it serves; token ids must be below ``vocab_size``
-    (default: any id < 2**31); ``metrics`` defaults to a fresh :class:`ApiMetrics` of ``client``;
-    ``in_flight`` tracks its running requests, for a server that stops (:mod:`.draining`)."""
+    """The API app: ``model`` is the id it serves; ``tokenizer`` a local directory with the
+    Hugging Face tokenizer for text and chat (default: the byte tokenizer); token ids must be below
+    ``vocab_size`` (default: the tokenizer's vocabulary if one is given, else any id < 2**31);
+    ``metrics`` defaults to a fresh :class:`ApiMetrics` of ``client``; ``in_flight`` tracks its
+    running requests, for a server that stops (:mod:`.draining`)."""
     ServerSettings(model=model, max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s,
-                   max_tokens_limit=max_tokens_limit, vocab_size=vocab_size)  # raises ConfigError
+                   max_tokens_limit=max_tokens_limit, vocab_size=vocab_size, tokenizer=tokenizer)  # ConfigError
+    text = load_tokenizer(tokenizer)  # raises ConfigError
+    if vocab_size is None and tokenizer is not None:
+        vocab_size = text.vocab_size
     metrics = metrics if metrics is not None else ApiMetrics(client)
     limits = Limits(model, max_tokens_limit, lambda: client.dp_size, vocab_size)
     generation = GenerationRoutes(AsyncClient(client), limits, max_body_bytes, request_timeout_s, metrics,
-                                  in_flight if in_flight is not None else InFlight())
+                                  in_flight if in_flight is not None else InFlight(), text)
+    chat = ChatRoute(generation)
     created = int(time.time())
 
     async def health(request: Request) -> Response:
@@ -73,6 +85,7 @@ def build_app(
 
     routes = [
         Route("/v1/completions", generation.completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat.completions, methods=["POST"]),
         Route("/v1/generate", generation.generate, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -7,11 +7,18 @@ into a 400 whose message reads ``field=value: what is allowed`` and whose
 the server (the model name, the max_tokens cap, the vocabulary, the number of
 ranks) are checked after parsing, by :class:`Limits`.
 
+Completions and chat share OpenAI's sampling fields (``temperature``,
+``top_p``, ``seed``, ``stop``) and vLLM's extensions (``top_k``,
+``stop_token_ids``, ``ignore_eos``): :meth:`TextBody.sampling` makes the
+:class:`~raydp.wire.sampling.Sampling` the engine gets (stop strings stay in
+the API server, :meth:`TextBody.stops`), and its refusals are 400s naming the field.
+
 :func:`read_body` reads a body up to ``max_body_bytes`` (a 413 beyond).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar, Union
@@ -20,8 +27,10 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from pydantic_core import ErrorDetails
 from starlette.requests import Request
 
+from raydp.errors import ConfigError
 from raydp.serve.api_errors import ApiError
 from raydp.wire.protocol import MAX_TOKEN_ID  # what the client and the wire accept
+from raydp.wire.sampling import MAX_STOP_CHARS, MAX_STOPS, Sampling
 
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
@@ -38,20 +47,99 @@ Prompt = Annotated[
 ]
 
 
+def _stop_kind(value: Any) -> str | None:
+    return "one" if isinstance(value, str) else "list" if isinstance(value, list) else None
+
+
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+Stop = Annotated[
+    Union[Annotated[StopString, Tag("one")], Annotated[list[StopString], Tag("list"), Field(max_length=MAX_STOPS)]],
+    Discriminator(_stop_kind, custom_error_type="stop_type",
+                  custom_error_message=f"Input should be a string or a list of at most {MAX_STOPS} strings"),
+]
+_UNION_TAGS = frozenset({"text", "tokens", "one", "list"})  # the unions' tags, which a param does not name
+_ENGINE_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos")
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class CompletionBody(_Body):
-    """``POST /v1/completions``: OpenAI's fields that raydp serves, plus ``rank`` (pin to a rank)."""
+class StreamOptions(_Body):
+    include_usage: bool = False
 
-    prompt: Prompt
+
+class TextBody(_Body):
+    """What completions and chat share: the model, streaming, sampling, and ``rank`` (pin to a rank)."""
+
     model: str | None = None
-    max_tokens: int = Field(16, ge=1)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     n: Literal[1] = 1
     user: str | None = None
     rank: int | None = Field(None, ge=0)
+    temperature: float | None = None  # the ranges are Sampling's, checked by sampling()
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: Stop | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool | None = None
+
+    def stops(self) -> list[str]:
+        """The stop strings, which the API server applies to the text."""
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+
+    def sampling(self) -> Sampling | None:
+        """What the engine gets (None: greedy), or a 400 naming the field Sampling refuses."""
+        given = {name: getattr(self, name) for name in _ENGINE_FIELDS if getattr(self, name) is not None}
+        if given.get("top_k") == -1:
+            given["top_k"] = 0  # vLLM's spelling of "every token"
+        try:
+            sampling = Sampling(**given)
+        except ConfigError as exc:
+            field = re.match(r"\w+", str(exc))
+            raise ApiError(400, str(exc), param=field.group() if field else None) from None
+        return None if sampling.is_greedy() else sampling
+
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk (``stream_options`` without ``stream`` is a 400)."""
+        if self.stream_options is None:
+            return False
+        if not self.stream:
+            raise ApiError(400, f"stream_options={self.stream_options.model_dump()}: allowed only with "
+                           "stream=true", param="stream_options")
+        return self.stream_options.include_usage
+
+
+class CompletionBody(TextBody):
+    """``POST /v1/completions``: a prompt (text or token ids) and OpenAI's fields that raydp serves."""
+
+    prompt: Prompt
+    max_tokens: int = Field(16, ge=1)
+
+
+class Message(_Body):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatBody(TextBody):
+    """``POST /v1/chat/completions``: ``messages`` and OpenAI's fields that raydp serves.
+
+    ``max_completion_tokens`` is OpenAI's newer name for ``max_tokens`` (it
+    wins if both are given); with neither, the server's cap applies.
+    """
+
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def max_new_tokens(self, cap: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or cap
+
+
+_NESTED: dict[str, type[_Body]] = {"stream_options": StreamOptions, "messages": Message}
 
 
 class GenerateBody(_Body):
@@ -105,7 +193,8 @@ def _describe(error: ErrorDetails, model: type[_Body]) -> ApiError:
         return ApiError(400, f"request body={_short(error['input'])}: must be a JSON object")
     param = _param(error["loc"])
     if error["type"] == "extra_forbidden":
-        message = f"{param}: unknown field; allowed fields: {', '.join(model.model_fields)}"
+        owner = _NESTED[str(error["loc"][0])] if len(error["loc"]) > 1 else model
+        message = f"{param}: unknown field; allowed fields: {', '.join(owner.model_fields)}"
     elif error["type"] == "missing":
         message = f"{param}: required"
     else:
@@ -114,8 +203,15 @@ def _describe(error: ErrorDetails, model: type[_Body]) -> ApiError:
 
 
 def _param(loc: tuple[int | str, ...]) -> str:
-    """``('prompt', 'tokens', 3)`` -> ``prompt[3]`` (strings after the field are union tags)."""
-    return str(loc[0]) + "".join(f"[{part}]" for part in loc[1:] if isinstance(part, int))
+    """``('prompt', 'tokens', 3)`` -> ``prompt[3]``, ``('messages', 0, 'role')`` -> ``messages[0].role``
+    (the unions' tags dropped)."""
+    param = str(loc[0])
+    for part in loc[1:]:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part not in _UNION_TAGS:
+            param += f".{part}"
+    return param
 
 
 def _short(value: Any, limit: int = 80) -> str:

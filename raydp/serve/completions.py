@@ -4,70 +4,100 @@
 choice also carries ``token_ids`` (the generated ids) and ``rank`` (the rank
 that served it), raydp extensions. With ``"stream": true`` it answers with
 server-sent events, one ``data: {chunk}`` per engine output, a last chunk with
-the ``finish_reason``, then ``data: [DONE]``. The first chunk is awaited
-before the answer starts, so a dead rank or a timeout before any token still
-gets its own status; a failure after that is sent as one ``data: {"error":
-...}`` event (which OpenAI's SDKs raise), and the stream ends.
+the ``finish_reason``, then ``data: [DONE]`` (:mod:`.text_answer`).
 
 ``/v1/generate`` takes ``{"prompt_token_ids", "max_tokens", "rank"?}`` and
 answers ``{"token_ids": [...]}``.
 
-Text goes through the byte tokenizer (:mod:`raydp.serve.tokenizer`). A client
-that hangs up, mid-stream or while waiting, aborts its request on its engine.
+A string prompt is encoded with the server's tokenizer (:mod:`raydp.text`:
+the byte tokenizer unless the server was given one), and the output is
+detokenized incrementally and cut at the request's stop strings.
+:class:`GenerationRoutes` also starts the chat route's generations
+(:mod:`.chat`), with the same checks.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from raydp.client.aio import AsyncClient
-from raydp.serve import tokenizer
 from raydp.serve.api_errors import ApiError
-from raydp.serve.bodies import CompletionBody, GenerateBody, Limits, parse, read_body
+from raydp.serve.bodies import CompletionBody, GenerateBody, Limits, TextBody, parse, read_body
 from raydp.serve.draining import InFlight
 from raydp.serve.generation import Generation, until_disconnect
 from raydp.serve.metrics import ApiMetrics
-from raydp.serve.responses import JSON, SSE_DONE, sse_event
+from raydp.serve.responses import JSON
+from raydp.serve.text_answer import Envelope, TextGeneration, answer
+from raydp.text.stream import Piece, TextStream
+from raydp.text.tokenizer import TextTokenizer
+from raydp.wire.sampling import Sampling
+
+T = TypeVar("T", bound=TextBody)
 
 
-@dataclass(frozen=True)
-class _Shape:
-    """The fields every completion object and chunk of one request share."""
+class CompletionShape:
+    """OpenAI's ``text_completion`` objects and chunks, with raydp's ``token_ids`` and ``rank``."""
 
-    id: str
-    created: int
-    model: str
+    def __init__(self, envelope: Envelope) -> None:
+        self.envelope = envelope
 
-    def completion(
-        self, text: str, token_ids: list[int], finish_reason: str | None, rank: int | None
-    ) -> dict[str, Any]:
+    def _choice(self, text: str, token_ids: list[int], finish_reason: str | None, rank: int | None) -> dict[str, Any]:
         choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason,
                   "token_ids": token_ids, "rank": rank}
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [choice]}
+        return self.envelope.wrap([choice])
+
+    def whole(self, text: str, token_ids: list[int], finish_reason: str, rank: int | None) -> dict[str, Any]:
+        return self._choice(text, token_ids, finish_reason, rank)
+
+    def opening(self, rank: int | None) -> list[dict[str, Any]]:
+        return []
+
+    def chunk(self, piece: Piece, rank: int | None) -> dict[str, Any] | None:
+        # A piece with tokens but no text yet (half a character) still reports its ids.
+        return self._choice(piece.text, piece.token_ids, None, rank) if piece.text or piece.token_ids else None
+
+    def closing(self, finish_reason: str, rank: int | None) -> dict[str, Any]:
+        return self._choice("", [], finish_reason, rank)
+
+    def usage(self, usage: dict[str, int]) -> dict[str, Any]:
+        return self.envelope.wrap([], usage=usage)
 
 
 class GenerationRoutes:
-    """The handlers of both routes over one :class:`AsyncClient`."""
+    """The handlers of both routes over one :class:`AsyncClient`, and the start of every text generation."""
 
     def __init__(
         self, aclient: AsyncClient, limits: Limits, max_body_bytes: int, timeout_s: float, metrics: ApiMetrics,
-        in_flight: InFlight,
+        in_flight: InFlight, tokenizer: TextTokenizer,
     ) -> None:
         self.aclient, self.limits, self.max_body_bytes = aclient, limits, max_body_bytes
         self.timeout_s, self.metrics, self.in_flight = timeout_s, metrics, in_flight
+        self.tokenizer = tokenizer
 
-    def _start(self, prompt: list[int], max_tokens: int, rank: int | None) -> Generation:
+    def _start(self, prompt: list[int], max_tokens: int, rank: int | None, sampling: Sampling | None = None
+               ) -> Generation:
         self.limits.check_max_tokens(max_tokens)
         self.limits.check_rank(rank)
-        return Generation(self.aclient, prompt, max_tokens, rank, self.timeout_s, self.metrics, self.in_flight)
+        return Generation(self.aclient, prompt, max_tokens, rank, self.timeout_s, self.metrics, self.in_flight,
+                          sampling)
+
+    async def read(self, request: Request, model: type[T]) -> T:
+        """The request's body as ``model``, for this server's model."""
+        body = parse(model, await read_body(request, self.max_body_bytes))
+        self.limits.check_model(body.model)
+        return body
+
+    def start_text(self, body: TextBody, prompt: list[int], max_tokens: int) -> TextGeneration:
+        """Check what ``body`` asks beyond its own fields, then send the request."""
+        if body.stop_token_ids:
+            self.limits.check_token_ids(body.stop_token_ids, "stop_token_ids")
+        sampling = body.sampling()
+        stream = TextStream(self.tokenizer.detokenizer(), body.stops())
+        return TextGeneration(self._start(prompt, max_tokens, body.rank, sampling), stream, len(prompt))
 
     async def generate(self, request: Request) -> Response:
         body = parse(GenerateBody, await read_body(request, self.max_body_bytes))
@@ -79,50 +109,17 @@ class GenerationRoutes:
             gen.close()
 
     async def completions(self, request: Request) -> Response:
-        body = parse(CompletionBody, await read_body(request, self.max_body_bytes))
-        self.limits.check_model(body.model)
-        prompt = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
-        self.limits.check_token_ids(prompt, "prompt")
-        gen = self._start(prompt, body.max_tokens, body.rank)
-        shape = _Shape(f"cmpl-{gen.request.request_id}", int(time.time()), self.limits.model)
-        if body.stream:
-            return await self._stream(request, gen, shape)
-        try:
-            tokens = await until_disconnect(request, gen.collect())
-        finally:
-            gen.close()
-        answer = shape.completion(tokenizer.decode(tokens), tokens, gen.finish_reason, gen.rank)
-        answer["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
-                           "total_tokens": len(prompt) + len(tokens)}
-        return JSON(answer)
-
-    async def _stream(self, request: Request, gen: Generation, shape: _Shape) -> Response:
-        try:
-            first = await until_disconnect(request, gen.next_chunk())
-        except BaseException:
-            gen.close()  # no stream will
-            raise
-        events = _events(gen, shape, first)
-        # Starlette stops iterating when the client hangs up but never closes the
-        # iterator; closing it runs its finally, which aborts the request.
-        return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(_close, events))
-
-
-async def _events(gen: Generation, shape: _Shape, first: list[int] | None) -> AsyncGenerator[bytes, None]:
-    decoder = tokenizer.StreamDecoder()
-    chunk = first
-    try:
-        while chunk is not None:
-            yield sse_event(shape.completion(decoder.feed(chunk), chunk, None, gen.rank))
-            chunk = await gen.next_chunk()
-        yield sse_event(shape.completion(decoder.flush(), [], gen.finish_reason, gen.rank))
-        yield SSE_DONE
-    except ApiError as exc:
-        yield sse_event(exc.body())
-    finally:
-        gen.close()
-
-
-async def _close(events: AsyncGenerator[bytes, None]) -> None:
-    """Close the stream on the event loop (Starlette would run a bound ``aclose`` in a thread and drop it)."""
-    await events.aclose()
+        body = await self.read(request, CompletionBody)
+        include_usage = body.include_usage()
+        if isinstance(body.prompt, str):
+            prompt = self.tokenizer.encode(body.prompt)
+            if not prompt:
+                raise ApiError(400, f"prompt={body.prompt[:80]!r}: {self.tokenizer.name} encodes it to no tokens; "
+                               "must encode to at least one", param="prompt")
+        else:
+            prompt = body.prompt
+            self.limits.check_token_ids(prompt, "prompt")
+        gen = self.start_text(body, prompt, body.max_tokens)
+        envelope = Envelope(f"cmpl-{gen.request_id}", "text_completion", int(time.time()), self.limits.model)
+        return await answer(request, gen, CompletionShape(envelope), stream=body.stream,
+                            include_usage=include_usage)

@@ -24,6 +24,7 @@ from raydp.errors import RaydpError
 from raydp.serve.api_errors import ApiError, from_raydp_error
 from raydp.serve.draining import InFlight
 from raydp.serve.metrics import ApiMetrics
+from raydp.wire.sampling import Sampling
 
 T = TypeVar("T")
 
@@ -37,7 +38,7 @@ class Generation:
 
     def __init__(
         self, aclient: AsyncClient, prompt: Sequence[int], max_tokens: int, rank: int | None,
-        timeout_s: float, metrics: ApiMetrics, in_flight: InFlight,
+        timeout_s: float, metrics: ApiMetrics, in_flight: InFlight, sampling: Sampling | None = None,
     ) -> None:
         self.started = time.perf_counter()
         self._deadline = time.monotonic() + timeout_s
@@ -47,7 +48,7 @@ class Generation:
         self._in_flight = in_flight
         try:
             in_flight.check_open()
-            self.request = aclient.submit(prompt, max_tokens, rank=rank)
+            self.request = aclient.submit(prompt, max_tokens, rank=rank, sampling=sampling)
         except RaydpError as exc:
             raise from_raydp_error(exc) from None
         in_flight.add(self.request)  # a stopping server ends it with a 503 (shutting_down)

@@ -151,7 +151,7 @@ def serve_forever(
     try:
         app = build_app(client, model=s.model or endpoints.name, max_body_bytes=s.max_body_bytes,
                         request_timeout_s=s.request_timeout_s, max_tokens_limit=s.max_tokens_limit,
-                        vocab_size=s.vocab_size, in_flight=in_flight)
+                        vocab_size=s.vocab_size, in_flight=in_flight, tokenizer=s.tokenizer)
         serve_on_socket(sock, app, idle_timeout_s=s.idle_timeout_s, read_timeout_s=s.read_timeout_s,
                         max_connections=s.max_connections, graceful_shutdown_s=s.graceful_shutdown_s, stop=stop,
                         on_grace_over=lambda: in_flight.fail_all(reason))

@@ -116,8 +116,8 @@ def test_four_api_servers_share_one_port(served: Served, sdk: openai.OpenAI) -> 
 @pytest.mark.timeout(120)
 def test_errors_reach_the_sdk_in_openais_shape(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
-        sdk.completions.create(model=NAME, prompt="x", max_tokens=2, temperature=0.5)
-    assert bad.value.param == "temperature" and "unknown field" in bad.value.message
+        sdk.completions.create(model=NAME, prompt="x", max_tokens=2, frequency_penalty=0.5)
+    assert bad.value.param == "frequency_penalty" and "unknown field" in bad.value.message
     with pytest.raises(openai.BadRequestError) as bad:
         sdk.completions.create(model=NAME, prompt=[1, 2**31], max_tokens=2)
     assert bad.value.param == "prompt[1]" and "prompt[1]=2147483648" in bad.value.message

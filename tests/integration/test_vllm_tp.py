@@ -1,0 +1,83 @@
+"""vLLM with tensor parallelism inside a raydp rank: vLLM's workers in raydp's device workers.
+
+TP=2 over gloo on CPU bundles gives TP=1's tokens (vLLM's offline ``LLM`` at
+TP=1 is the reference), on Ray and on the mp backend; a killed vLLM worker
+fails its rank typed, naming the worker, and a dense restart brings the rank
+back with new workers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pytest
+
+import raydp
+from raydp import Sampling
+from raydp.errors import EngineDeadError
+from tests.integration.conftest import ClusterPool
+from tests.integration.helpers import assert_nothing_left, socket_dirs, wait_until
+from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300], [42] * 10]
+SEEDED = {"temperature": 0.8, "top_p": 0.95, "seed": 99, "max_tokens": 10}
+
+
+@pytest.fixture(scope="module")
+def model() -> str:
+    return str(tiny_model())
+
+
+@pytest.fixture(scope="module")
+def reference(model: str) -> list[list[int]]:
+    requests = [(p, {"temperature": 0.0, "max_tokens": 10}) for p in PROMPTS] + [(PROMPTS[0], SEEDED)]
+    return vllm_reference(model, requests)
+
+
+def _answers(cluster: raydp.Cluster) -> list[list[int]]:
+    client = cluster.client()
+    handles = [client.submit(p, 10) for p in PROMPTS]
+    seeded = client.submit(PROMPTS[0], 10, sampling=Sampling(temperature=0.8, top_p=0.95, seed=99))
+    return [h.result(120) for h in [*handles, seeded]]
+
+
+def test_tp2_on_ray_gives_tp1s_tokens_and_a_killed_worker_fails_then_restarts_the_rank(
+    cluster_pool: ClusterPool, model: str, reference: list[list[int]]
+) -> None:
+    cluster_pool.get((0,), cpus_per_node=4)
+    with raydp.launch(name="vllmtp", dp_size=1, tensor_parallel_size=2, accelerator="CPU", max_restarts=1,
+                      engine="raydp.models.vllm:VllmTPEngine", engine_kwargs={"model": model, **ENGINE_KWARGS},
+                      progress=False) as cluster:
+        assert _answers(cluster) == reference
+        client = cluster.client()
+        workers = client.call_utility(0, "raydp_workers")
+        assert [w["tp_rank"] for w in workers] == [0, 1] and len({w["pid"] for w in workers}) == 2
+        pending = client.submit(PROMPTS[1], 400, sampling=Sampling(ignore_eos=True))
+        assert wait_until(lambda: len(pending.tokens) > 0, timeout=60)
+        os.kill(workers[1]["pid"], signal.SIGKILL)
+        # The rank fails its requests as it goes down (a RequestError carrying the WorkerDeadError), or the
+        # client learns of the death first (EngineDeadError): typed either way, naming the rank and worker.
+        with pytest.raises((EngineDeadError, raydp.RequestError)) as info:
+            pending.result(60)
+        assert "rank 0" in str(info.value) and "tp1" in str(info.value), str(info.value)
+        assert wait_until(lambda: _serves(client), timeout=180), "restarted with new workers and the model"
+        assert {w["pid"] for w in client.call_utility(0, "raydp_workers")}.isdisjoint(w["pid"] for w in workers)
+    assert_nothing_left("vllmtp")
+
+
+def test_tp2_on_the_mp_backend_gives_tp1s_tokens(model: str, reference: list[list[int]]) -> None:
+    with raydp.launch(name="vllmtpmp", dp_size=1, tensor_parallel_size=2, accelerator="CPU", backend="mp",
+                      engine="raydp.models.vllm:VllmTPEngine", engine_kwargs={"model": model, **ENGINE_KWARGS},
+                      progress=False) as cluster:
+        assert _answers(cluster) == reference
+    assert socket_dirs("vllmtpmp") == []
+
+
+def _serves(client: Any) -> bool:
+    try:
+        return len(client.generate(PROMPTS[2], 3, rank=0, timeout=10)) == 3
+    except raydp.RaydpError:
+        return False
