@@ -61,8 +61,7 @@ def raydp_serve(*flags: str, env: dict[str, str] | None = None) -> Iterator[Serv
         proc = subprocess.Popen([sys.executable, "-m", "raydp", "serve", "--backend", "mp", "--port", "0", *flags],
                                 env=full_env, text=True, stdout=subprocess.PIPE, stderr=err)
     try:
-        assert proc.stdout is not None
-        banner = proc.stdout.readline()
+        banner = _banner(proc)
         assert "Ctrl-C to stop" in banner, banner + Path(stderr_path).read_text()
         yield Served(proc, banner.split(" at ")[1].split(" ")[0], stderr_path)
         proc.send_signal(signal.SIGINT)
@@ -73,6 +72,21 @@ def raydp_serve(*flags: str, env: dict[str, str] | None = None) -> Iterator[Serv
             proc.kill()
             proc.wait()
         os.unlink(stderr_path)
+
+
+def _banner(proc: subprocess.Popen[str]) -> str:
+    """The line that says where it serves. On the Ray backend the ranks' own logs reach stdout too
+    (an engine such as vLLM prints while it loads): skip them, then keep draining stdout in a
+    thread, or the server would block on a full pipe."""
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    seen: list[str] = []
+    for line in stdout:
+        if "Ctrl-C to stop" in line:
+            threading.Thread(target=lambda: all(stdout), daemon=True).start()
+            return line
+        seen = [*seen[-20:], line]
+    return "".join(seen)  # the process ended first: what it said last
 
 
 @dataclass
