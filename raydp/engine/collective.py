@@ -87,8 +87,14 @@ class GlooDPGroup:
             host, _, port = master.rpartition(":")
             store = dist.TCPStore(host, int(port), dp_size, is_master=False, timeout=timeout)
         use_interface_of(node_ip())  # else gloo may bind where the hostname resolves: loopback, often
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=dp_size, timeout=timeout)
-        self.group = dist.group.WORLD
+        # An engine may have made the process's default group its own (vLLM makes a world-size-1
+        # group for its workers): the DP group then stands alone, as vLLM's own DP groups do.
+        self._owns_default = not dist.is_initialized()
+        if self._owns_default:
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=dp_size, timeout=timeout)
+            self.group: Any = dist.group.WORLD
+        else:
+            self.group = dist.ProcessGroupGloo(store, rank, dp_size, timeout)
         self.master, self.dp_size = master, dp_size
         import torch
 
@@ -124,5 +130,7 @@ class GlooDPGroup:
         return bool(unfinished), bool(hold)
 
     def close(self) -> None:
-        if self._dist.is_initialized():
+        if not self._owns_default:
+            self.group = None  # a standalone group ends with its last reference; the default is the engine's
+        elif self._dist.is_initialized():
             self._dist.destroy_process_group()

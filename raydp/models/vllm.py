@@ -89,6 +89,7 @@ class VllmEngine:
         self._tasks = self.core.get_supported_tasks()
         self._tokenizer = self._inputs.tokenizer
         self._tracked: dict[str, Tracked] = {}
+        self._dummy_batches = 0
 
     # ---- the engine core protocol ------------------------------------------------------
 
@@ -136,6 +137,7 @@ class VllmEngine:
         return sum(t.left() for t in self._tracked.values())
 
     def execute_dummy_batch(self) -> None:
+        self._dummy_batches += 1
         self.core.execute_dummy_batch()
 
     def shutdown(self) -> None:
@@ -149,6 +151,10 @@ class VllmEngine:
         return {"rank": self.context.rank, "pid": os.getpid(), "model": model.model, "dtype": str(model.dtype),
                 "max_model_len": model.max_model_len, "kv_blocks": self.capacity(),
                 "block_size": self.config.cache_config.block_size}
+
+    def stats(self) -> dict[str, int]:
+        """Counters for tests and the demo (called as a utility)."""
+        return {"dummy_batches": self._dummy_batches, "tracked": len(self._tracked)}
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.core.reset_prefix_cache())
