@@ -167,7 +167,7 @@ def test_token_ids_outside_the_vocabulary_are_400s(servers: Servers) -> None:
 
 @pytest.mark.timeout(60)
 def test_an_unknown_route_is_a_404_and_a_wrong_method_a_405(servers: Servers) -> None:
-    error = error_of(call(servers.address, "GET", "/v1/chat/completions"), 404)
+    error = error_of(call(servers.address, "GET", "/v1/embeddings"), 404)
     assert error["code"] == "not_found" and "POST /v1/completions" in str(error["message"])
     answer = call(servers.address, "GET", "/v1/completions")
     error = error_of(answer, 405)

@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from raydp import Sampling
 from raydp.errors import ConfigError, EngineDeadError, StartupError
 from tests.integration.conftest import ClusterPool
 from tests.integration.helpers import wait_until
-from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference
+from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference, want_reference
 
 pytestmark = pytest.mark.timeout(300)
 ENGINE = "raydp.models.vllm:VllmEngine"
@@ -41,11 +42,13 @@ def cluster(cluster_pool: ClusterPool, model: str) -> Iterator[Any]:
         yield launched
 
 
+REFERENCE = want_reference([(p, {"temperature": 0.0, "max_tokens": 12}) for p in PROMPTS]
+                           + [(PROMPTS[0], {"temperature": 0.8, "top_p": 0.95, "seed": 1234, "max_tokens": 12})])
+
+
 @pytest.fixture(scope="module")
 def reference(model: str) -> list[list[int]]:
-    greedy = [(p, {"temperature": 0.0, "max_tokens": 12}) for p in PROMPTS]
-    seeded = [(PROMPTS[0], {"temperature": 0.8, "top_p": 0.95, "seed": 1234, "max_tokens": 12})]
-    return vllm_reference(model, [*greedy, *seeded])
+    return vllm_reference(Path(model), REFERENCE)
 
 
 def test_greedy_tokens_are_vllms_own_on_every_rank(cluster: Any, reference: list[list[int]]) -> None:

@@ -11,15 +11,16 @@ import pytest
 
 import raydp
 from tests.integration.helpers import socket_dirs, wait_until
-from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference
+from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference, want_reference
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 PROMPT = [5, 6, 7, 8, 9]
+REFERENCE = want_reference([(PROMPT, {"temperature": 0.0, "max_tokens": 24})])
 
 
 def test_lockstep_vllm_ranks_step_together_with_dummy_batches_and_answer_vllms_tokens() -> None:
     model = tiny_model()
-    [expected] = vllm_reference(model, [(PROMPT, {"temperature": 0.0, "max_tokens": 24})])
+    [expected] = vllm_reference(model, REFERENCE)
     with raydp.launch(name="vllmlock", dp_size=2, lockstep=True, accelerator="CPU", backend="mp",
                       engine="raydp.models.vllm:VllmEngine", engine_kwargs={"model": str(model), **ENGINE_KWARGS},
                       progress=False) as cluster:

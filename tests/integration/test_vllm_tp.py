@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from raydp import Sampling
 from raydp.errors import EngineDeadError
 from tests.integration.conftest import ClusterPool
 from tests.integration.helpers import assert_nothing_left, socket_dirs, wait_until
-from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference
+from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference, want_reference
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300], [42] * 10]
@@ -31,10 +32,12 @@ def model() -> str:
     return str(tiny_model())
 
 
+REFERENCE = want_reference([(p, {"temperature": 0.0, "max_tokens": 10}) for p in PROMPTS] + [(PROMPTS[0], SEEDED)])
+
+
 @pytest.fixture(scope="module")
 def reference(model: str) -> list[list[int]]:
-    requests = [(p, {"temperature": 0.0, "max_tokens": 10}) for p in PROMPTS] + [(PROMPTS[0], SEEDED)]
-    return vllm_reference(model, requests)
+    return vllm_reference(Path(model), REFERENCE)
 
 
 def _answers(cluster: raydp.Cluster) -> list[list[int]]:
