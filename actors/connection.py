@@ -12,7 +12,8 @@ def connect(address: str | None = None, *, local: dict[str, Any] | None = None, 
 
     ``address`` (or ``$RAY_ADDRESS``) names a cluster to join; without one a
     running cluster is joined if there is one, else a local Ray is started
-    with ``local`` as its ``ray.init`` arguments (e.g. logical GPUs).
+    with ``local`` as its ``ray.init`` arguments (e.g. logical GPUs);
+    ``"local"`` always starts a new one.
     """
     import ray
 
@@ -22,20 +23,27 @@ def connect(address: str | None = None, *, local: dict[str, Any] | None = None, 
     if quiet:
         opts["logging_level"] = logging.WARNING
     target = address or os.environ.get("RAY_ADDRESS")
-    if target:
+    if target == "local":  # Ray's own word for "start a new one", even if another runs here
+        _start_local(local or {}, opts)
+    elif target:
         ray.init(address=target, **opts)
-        return True
-    try:
-        ray.init(address="auto", **opts)
-    except ConnectionError:
-        local = local or {}
-        cores = os.cpu_count() or 1
-        if local.get("num_cpus", 0) > cores:
-            logging.getLogger("raydp").warning(
-                "starting a local Ray with %d logical CPUs on a %d-core machine: the ranks share (oversubscribe) "
-                "the cores", local["num_cpus"], cores)
-        ray.init(**{"include_dashboard": False, **local, **opts})
+    else:
+        try:
+            ray.init(address="auto", **opts)
+        except ConnectionError:
+            _start_local(local or {}, opts)
     return True
+
+
+def _start_local(local: dict[str, Any], opts: dict[str, Any]) -> None:
+    import ray
+
+    cores = os.cpu_count() or 1
+    if local.get("num_cpus", 0) > cores:
+        logging.getLogger("raydp").warning(
+            "starting a local Ray with %d logical CPUs on a %d-core machine: the ranks share (oversubscribe) "
+            "the cores", local["num_cpus"], cores)
+    ray.init(**{"include_dashboard": False, **local, **opts})
 
 
 def local_resources(dp_size: int, world_size: int, accelerator: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ def test_demo_with_vllm_builds_the_small_model_on_first_use_and_runs_it(cluster_
     cluster_pool.shutdown()  # the demo starts its own local Ray, as on a laptop
     cache = tmp_path / "models" / "tiny"
     proc = raydp_cli("demo", "--engine", "vllm", "--requests", "24", "--no-progress", "--max-num-seqs", "8",
-                     extra_env={"RAYDP_MODEL_CACHE": str(cache), "RAY_ADDRESS": ""})
+                     "--address", "local", extra_env={"RAYDP_MODEL_CACHE": str(cache)})
     out, err = proc.communicate(timeout=360)
     assert proc.returncode == 0, err[-3000:]
     assert f"vLLM engines on the small offline model at {cache}" in out

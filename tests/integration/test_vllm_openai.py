@@ -48,11 +48,11 @@ def reference(model: Path, tok: HFTokenizer) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def served(cluster_pool: ClusterPool, model: Path) -> Iterator[Served]:
-    cluster_pool.shutdown()  # raydp serve starts its own Ray, as on a user's machine
+    cluster_pool.shutdown()  # raydp serve starts its own Ray ("local": even if another runs here), as a user's does
     flags = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "16",
              "--kv-cache-memory-bytes", str(ENGINE_KWARGS["kv_cache_memory_bytes"])]
     with raydp_serve("--name", NAME, "--backend", "ray", "--engine", "vllm", "--model", str(model), "--dp-size", "2",
-                     "--api-servers", "2", "--accelerator", "CPU", *flags, env={"RAY_ADDRESS": ""}) as s:
+                     "--api-servers", "2", "--accelerator", "CPU", "--address", "local", *flags) as s:
         yield s
 
 

@@ -15,6 +15,7 @@ from raydp.errors import ProtocolError
 from raydp.wire import codec
 from raydp.wire import control as c
 from raydp.wire import protocol as p
+from raydp.wire.sampling import Sampling
 
 MESSAGE_MODULES = (p, c)  # every module that defines wire messages and their decoders
 
@@ -25,7 +26,9 @@ Decode = Any  # one of the module's Decoder instances (or a wrapper of decode_in
 CASES: list[tuple[msgspec.Struct, Decode]] = [
     (p.Request(request_id="r1", prompt_token_ids=[]), p.request_decoder),
     (
-        p.Request(request_id="r2", prompt_token_ids=[1, 2, 3], max_tokens=7, wave=4, arrival_time=12.5),
+        p.Request(request_id="r2", prompt_token_ids=[1, 2, 3], max_tokens=7, wave=4, arrival_time=12.5,
+                  sampling=Sampling(temperature=0.7, top_p=0.9, top_k=40, seed=3, stop=["\n"], stop_token_ids=[2],
+                                    ignore_eos=True)),
         p.request_decoder,
     ),
     (p.RequestBatch(requests=[]), p.request_batch_decoder),
