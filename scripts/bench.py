@@ -51,6 +51,11 @@ together. Nine benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
    needs root for network namespaces) adds a partitioned node, SIGTERM on
    ``raydp serve`` and ``ray job stop``.
 
+``vllm`` (:mod:`bench_vllm`, not in the default run either: minutes of vLLM
+starts) is the LLM-level anchor: raydp with vLLM engines at DP=2 against
+vLLM's own ``--data-parallel-size 2`` server, same checkpoint and streamed
+workload, plus a killed engine under load.
+
 It prints the environment, the exact command and markdown tables, and exits
 0 when every measurement ran (1 if one failed; the tables say which).
 """
@@ -94,6 +99,7 @@ from bench_routing import (
 )
 from bench_scale import ScaleTiming, scale_benchmark, scale_failed, scale_table, startup_benchmark, startup_table
 from bench_turns import round_trip_benchmark, round_trip_table
+from bench_vllm import VllmReport, vllm_benchmark, vllm_failed, vllm_table
 from bench_workers import (
     WORKERS_FULL,
     WORKERS_QUICK,
@@ -105,9 +111,10 @@ from bench_workers import (
 )
 
 SECTIONS = ("round-trips", "lockstep", "http", "workers", "scale", "startup", "coordinator", "routing", "faults",
-            "faults-extra")
-NO_RAY = ("coordinator", "faults", "faults-extra")  # need no Ray of the bench's (faults start their own, elsewhere)
-OPT_IN = ("faults-extra",)  # run only when named with --only
+            "faults-extra", "vllm")
+# need no Ray of the bench's (faults start their own, elsewhere; vllm's servers too)
+NO_RAY = ("coordinator", "faults", "faults-extra", "vllm")
+OPT_IN = ("faults-extra", "vllm")  # run only when named with --only
 
 
 def environment(sizes: Sizes, quick: bool) -> dict[str, Any]:
@@ -157,6 +164,7 @@ class Report:
     coordinator: list[CoordinatorResult] | None = None
     faults: list[FaultRow] | None = None
     faults_extra: list[FaultRow] | None = None
+    vllm: VllmReport | None = None
 
     def failed(self) -> bool:
         return (
@@ -171,6 +179,7 @@ class Report:
             or (self.coordinator is not None and coordinator_failed(self.coordinator))
             or (self.faults is not None and faults_failed(self.faults))
             or (self.faults_extra is not None and faults_failed(self.faults_extra))
+            or (self.vllm is not None and vllm_failed(self.vllm))
         )
 
     def as_json(self, env: dict[str, Any], http_sizes: HttpSizes, worker_sizes: WorkerSizes) -> dict[str, Any]:
@@ -199,6 +208,8 @@ class Report:
             payload["faults"] = [asdict(r) for r in self.faults]
         if self.faults_extra is not None:
             payload["faults_extra"] = [asdict(r) for r in self.faults_extra]
+        if self.vllm is not None:
+            payload["vllm"] = self.vllm.as_json()
         return payload
 
 
@@ -224,6 +235,8 @@ def run_sections(sections: list[str], sizes: Sizes, http_sizes: HttpSizes, worke
         report.faults = faults_benchmark(trials=2 if sizes is QUICK else 5)
     if "faults-extra" in sections:
         report.faults_extra = extra_benchmark(trials=2 if sizes is QUICK else 5)
+    if "vllm" in sections:
+        report.vllm = vllm_benchmark(quick=sizes is QUICK)
     return report
 
 
@@ -273,6 +286,8 @@ def report_tables(
         out["faults"] = faults_table(report.faults)
     if report.faults_extra is not None:
         out["faults-extra"] = extra_table(report.faults_extra)
+    if report.vllm is not None:
+        out["vllm"] = vllm_table(report.vllm)
     return out
 
 

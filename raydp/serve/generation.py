@@ -48,7 +48,9 @@ class Generation:
         self._in_flight = in_flight
         try:
             in_flight.check_open()
-            self.request = aclient.submit(prompt, max_tokens, rank=rank, sampling=sampling)
+            # An unpinned request that has produced nothing yet moves to a live rank if its rank dies:
+            # the caller sees an answer, not a 503, for a death it could not have seen coming.
+            self.request = aclient.submit(prompt, max_tokens, rank=rank, sampling=sampling, retryable=rank is None)
         except RaydpError as exc:
             raise from_raydp_error(exc) from None
         in_flight.add(self.request)  # a stopping server ends it with a 503 (shutting_down)
