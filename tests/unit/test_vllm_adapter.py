@@ -1,0 +1,69 @@
+"""The vLLM adapter's pure parts: engine_kwargs checks, vLLM's flags on raydp's CLI, the request mapping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raydp.cli import vllm_flags
+from raydp.errors import ConfigError
+from raydp.models import vllm_config
+from raydp.models.checkpoint import make_model
+from raydp.models.vllm_requests import Tracked, finish_reason, sampling_params
+from raydp.wire.sampling import Sampling
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize(("kwargs", "said"), [
+    ({}, "engine_kwargs.model: required"),
+    ({"model": "m", "data_parallel_size": 2}, "engine_kwargs.data_parallel_size=2: raydp sets this (dp_size)"),
+    ({"model": "m", "api_server_count": 2}, "engine_kwargs.api_server_count=2: raydp sets this"),
+    ({"model": "m", "tensor_parallel_size": 4}, "engine_kwargs.tensor_parallel_size=4: must match raydp's "
+                                                "tensor_parallel_size=1"),
+])
+def test_fields_raydp_owns_are_refused_naming_them(kwargs: dict[str, object], said: str) -> None:
+    with pytest.raises(ConfigError, match=said.replace("(", r"\(").replace(")", r"\)")):
+        vllm_config.check_kwargs(kwargs, 1, 1)
+
+
+def test_an_unknown_vllm_field_is_refused_naming_it_and_known_ones_pass_through() -> None:
+    with pytest.raises(ConfigError, match=r"engine_kwargs\.max_modle_len: not a vLLM engine argument"):
+        vllm_config.engine_args({"model": "m", "max_modle_len": 5}, 1, 1)
+    args = vllm_config.engine_args({"model": "m", "max_model_len": 77, "enforce_eager": True}, 1, 1)
+    assert (args.model, args.max_model_len, args.enforce_eager, args.tensor_parallel_size) == ("m", 77, True, 1)
+
+
+def test_vllms_own_flags_become_engine_kwargs_that_differ_from_its_defaults() -> None:
+    kwargs = vllm_flags.engine_kwargs("/m", ["--max-model-len", "512", "--enforce-eager", "--dtype", "float32"])
+    assert kwargs == {"model": "/m", "max_model_len": 512, "enforce_eager": True, "dtype": "float32"}
+    with pytest.raises(ConfigError, match="--model: required"):
+        vllm_flags.engine_kwargs(None, [])
+    with pytest.raises(ConfigError, match="vLLM's parser refused them"):
+        vllm_flags.engine_kwargs("/m", ["--max-model-len", "lots"])
+
+
+def test_sampling_maps_to_vllms_fields_and_none_is_greedy() -> None:
+    greedy = sampling_params(None, 9)
+    assert (greedy.temperature, greedy.max_tokens, greedy.seed) == (0.0, 9, None)
+    params = sampling_params(Sampling(temperature=0.5, top_p=0.9, top_k=7, seed=3, stop_token_ids=[4],
+                                      ignore_eos=True), 5)
+    assert (params.temperature, params.top_p, params.top_k, params.seed, params.ignore_eos) == (0.5, 0.9, 7, 3, True)
+    assert params.stop_token_ids == [4] and not params.stop, "stop strings are the rank's, not vLLM's core's"
+    assert [finish_reason(r) for r in (None, 0, 1, 2, 3, 4)] == [None, "stop", "length", "abort", "error", "stop"]
+
+
+def test_a_stop_string_completed_across_tokens_is_seen_and_work_counts_down(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(make_model(tmp_path / "m")), local_files_only=True)
+    ids = tokenizer.encode("the quick brown fox", add_special_tokens=False)
+    tracked = Tracked(max_tokens=10, stops=["own fo"])
+    seen = []
+    for token in ids:
+        tracked.add([token])
+        seen.append(tracked.hit_stop(tokenizer))
+    assert seen[-1] and not seen[0], "seen once the text holds it, not before"
+    assert tracked.left() == 10 - len(ids)
+    assert not Tracked(4, []).hit_stop(tokenizer), "no stop strings: nothing to decode"
