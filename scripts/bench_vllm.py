@@ -56,10 +56,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import psutil
@@ -174,6 +174,9 @@ class FaultResult:
     error: str | None = None
 
 
+R = TypeVar("R", "TurnResult", "FaultResult")  # what a turn fills in
+
+
 @dataclass
 class VllmReport:
     """Everything one run measured (``bench.py``'s ``vllm`` section)."""
@@ -255,18 +258,24 @@ async def load_turn(setup: Setup, server: Server, result: TurnResult) -> TurnRes
     return result
 
 
-def measure(setup: Setup, system: str, turn: int) -> TurnResult:
-    result = TurnResult(system, turn)
-    server = spawn(system, setup.model, setup.flags, setup.log_dir, f"t{turn}", setup.opts.omp_threads)
+def run_turn(
+    setup: Setup, system: str, tag: str, result: R, load: Callable[[Setup, Server, R], Coroutine[Any, Any, object]]
+) -> R:
+    """One fresh server start under ``load``; a failed turn is reported in ``result``, not fatal."""
+    server = spawn(system, setup.model, setup.flags, setup.log_dir, tag, setup.opts.omp_threads)
     try:
-        asyncio.run(load_turn(setup, server, result))
-    except Exception as exc:  # a failed turn is reported, not fatal
+        asyncio.run(load(setup, server, result))
+    except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"[:600]
-        log(f"{system} turn {turn} failed: {result.error}")
+        log(f"{system} turn {tag} failed: {result.error}")
     finally:
         result.leftover = server.stop()
         result.stop_s, result.stop_forced = server.stop_s, server.stop_forced
     return result
+
+
+def measure(setup: Setup, system: str, turn: int) -> TurnResult:
+    return run_turn(setup, system, f"t{turn}", TurnResult(system, turn), load_turn)
 
 
 async def fault_load(setup: Setup, server: Server, result: FaultResult) -> None:
@@ -368,17 +377,7 @@ def tally(result: FaultResult, samples: list[Sample], kill_at: float) -> None:
 
 
 def fault_turn(setup: Setup, system: str) -> FaultResult:
-    result = FaultResult(system)
-    server = spawn(system, setup.model, setup.flags, setup.log_dir, "fault", setup.opts.omp_threads)
-    try:
-        asyncio.run(fault_load(setup, server, result))
-    except Exception as exc:  # a failed turn is reported, not fatal
-        result.error = f"{type(exc).__name__}: {exc}"[:600]
-        log(f"{system} fault turn failed: {result.error}")
-    finally:
-        result.leftover = server.stop()
-        result.stop_s, result.stop_forced = server.stop_s, server.stop_forced
-    return result
+    return run_turn(setup, system, "fault", FaultResult(system), fault_load)
 
 
 def build_model(model_dir: str | None) -> str:
