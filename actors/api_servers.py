@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raydp.backend import DeathListener, notify
 from raydp.errors import ComponentDeadError, ProcessDeadError
 from raydp.names import NAMESPACE
+from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
 from raydp.wire.transport import node_ip
 
@@ -37,14 +38,15 @@ class APIServerHost:
     ``watch()`` ref fail and reports the servers dead.
     """
 
-    def __init__(self, endpoints: ClusterEndpoints, count: int, port: int, ranks: list[int] | None) -> None:
+    def __init__(self, endpoints: ClusterEndpoints, count: int, port: int, ranks: list[int] | None,
+                 settings: ServerSettings | None = None) -> None:
         from raydp.serve.processes import APIServerProcessManager
 
         self._died = threading.Event()
         self._why = ""
         self._servers = APIServerProcessManager(
             endpoints, count, host=node_ip(), port=port, node_id=ray.get_runtime_context().get_node_id(),
-            ranks=ranks,
+            ranks=ranks, settings=settings,
         )
         self._servers.on_death(self._on_death)
 
@@ -67,7 +69,7 @@ class RemoteAPIServers:
     """The launcher's handle on one :class:`APIServerHost`: its URL, its death, its end."""
 
     def __init__(self, endpoints: ClusterEndpoints, node_id: str, count: int, port: int,
-                 ranks: Sequence[int] | None, label: str) -> None:
+                 ranks: Sequence[int] | None, label: str, settings: ServerSettings | None = None) -> None:
         self.node_id, self.count, self.label = node_id, count, label
         self.ranks = list(ranks) if ranks is not None else None
         self._listeners: list[DeathListener] = []
@@ -75,7 +77,7 @@ class RemoteAPIServers:
         self._actor = ray.remote(APIServerHost).options(
             num_cpus=0, namespace=NAMESPACE, max_concurrency=4, name=f"{endpoints.name}-api-{label}",
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(endpoints, count, port, self.ranks)
+        ).remote(endpoints, count, port, self.ranks, settings)
         try:
             self.url: str = ray.get(self._actor.url.remote(), timeout=START_TIMEOUT_S)
         except BaseException:

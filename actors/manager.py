@@ -52,6 +52,7 @@ from raydp.errors import (
     StartupError,
 )
 from raydp.names import NAMESPACE, coordinator_name, rank_name
+from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.handshake import HandshakeResult
 from raydp.wire.security import CurveKeys
@@ -147,12 +148,13 @@ class ActorManager:
             logger.warning("the coordinator did not record %s (%r); a restarted one will", what, exc)
 
     def start_api_servers(
-        self, endpoints: ClusterEndpoints, node_id: str, ranks: list[int], count: int, port: int, label: str
+        self, endpoints: ClusterEndpoints, node_id: str, ranks: list[int], count: int, port: int, label: str,
+        settings: ServerSettings | None = None,
     ) -> APIServerGroup:
         """On the rank's node, under a small actor pinned there."""
         from raydp.actors.api_servers import RemoteAPIServers
 
-        return RemoteAPIServers(endpoints, node_id, count, port, ranks, label)
+        return RemoteAPIServers(endpoints, node_id, count, port, ranks, label, settings)
 
     def on_death(self, listener: DeathListener) -> None:
         self._reports.on_death(listener)

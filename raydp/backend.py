@@ -90,9 +90,14 @@ class Backend(Protocol):
         ...
 
     def start_api_servers(
-        self, endpoints: ClusterEndpoints, node_id: str, ranks: list[int], count: int, port: int, label: str
+        self, endpoints: ClusterEndpoints, node_id: str, ranks: list[int], count: int, port: int, label: str,
+        settings: Any = None,
     ) -> APIServerGroup:
-        """Start ``count`` API servers on node ``node_id`` that route to ``ranks`` (hybrid and external modes)."""
+        """Start ``count`` API servers on node ``node_id`` that route to ``ranks`` (hybrid and external modes).
+
+        ``settings``: their :class:`~raydp.serve.settings.ServerSettings` (None: the defaults); typed
+        loosely here because this layer sits below ``serve``.
+        """
         ...
 
 

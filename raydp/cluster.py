@@ -110,32 +110,38 @@ class Cluster:
         self._adopt(servers, "internal", node, None, count)
         return servers
 
-    def serve_api_per_node(self, count: int = 1, *, port: int = 0) -> list[APIServerGroup]:
+    def serve_api_per_node(
+        self, count: int = 1, *, port: int = 0, settings: ServerSettings | None = None
+    ) -> list[APIServerGroup]:
         """Hybrid mode: ``count`` API servers on every node that holds ranks, each routing to its node's ranks.
 
         Each node's servers bind that node's IP on ``port`` (0: any free port).
-        Returns one group per node; their ``url`` says where.
+        Returns one group per node; their ``url`` says where. ``settings`` as for
+        :meth:`serve_api`; a ``tokenizer`` directory must be at the same path on every node.
         """
         by_node: dict[str, list[int]] = {}
         for ep in self.endpoints.engines:
             by_node.setdefault(ep.node_id, []).append(ep.rank)
-        return self._serve_groups([(node, ranks, count, port) for node, ranks in by_node.items()], "hybrid")
+        return self._serve_groups([(node, ranks, count, port) for node, ranks in by_node.items()], "hybrid",
+                                  settings)
 
-    def serve_api_per_rank(self, *, port: int = 0) -> list[APIServerGroup]:
+    def serve_api_per_rank(self, *, port: int = 0, settings: ServerSettings | None = None) -> list[APIServerGroup]:
         """External mode: one API server per rank, on the rank's node, for an outside router.
 
         Rank ``r`` listens on ``port + r`` (any free port if ``port`` is 0);
         each one's ``/metrics`` reports its rank's load.
         """
         groups = [(ep.node_id, [ep.rank], 1, port + ep.rank if port else 0) for ep in self.endpoints.engines]
-        return self._serve_groups(groups, "external")
+        return self._serve_groups(groups, "external", settings)
 
-    def _serve_groups(self, groups: list[tuple[str, list[int], int, int]], mode: str) -> list[APIServerGroup]:
+    def _serve_groups(
+        self, groups: list[tuple[str, list[int], int, int]], mode: str, settings: ServerSettings | None
+    ) -> list[APIServerGroup]:
         self._check_open()
         started: list[APIServerGroup] = []
         try:
             for node_id, ranks, count, port in groups:
-                servers = self._start_group(node_id, ranks, count, port, f"{mode}-dp{ranks[0]}")
+                servers = self._start_group(node_id, ranks, count, port, f"{mode}-dp{ranks[0]}", settings)
                 started.append(servers)
                 self._adopt(servers, mode, node_id, ranks, count)
         except BaseException:
@@ -144,12 +150,13 @@ class Cluster:
             raise
         return started
 
-    def _start_group(self, node_id: str, ranks: list[int], count: int, port: int, label: str) -> APIServerGroup:
+    def _start_group(self, node_id: str, ranks: list[int], count: int, port: int, label: str,
+                     settings: ServerSettings | None) -> APIServerGroup:
         if self._manager is not None:
-            return self._manager.start_api_servers(self.endpoints, node_id, ranks, count, port, label)
+            return self._manager.start_api_servers(self.endpoints, node_id, ranks, count, port, label, settings)
         from raydp.actors.api_servers import RemoteAPIServers  # attached: the cluster runs on Ray
 
-        return RemoteAPIServers(self.endpoints, node_id, count, port, ranks, label)
+        return RemoteAPIServers(self.endpoints, node_id, count, port, ranks, label, settings)
 
     def _adopt(self, servers: APIServerGroup, mode: str, node_id: str | None, ranks: list[int] | None,
                count: int) -> None:

@@ -53,7 +53,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="a local Hugging Face tokenizer (or model) directory: the API servers encode text "
                    "prompts, detokenize outputs and serve POST /v1/chat/completions with it and its chat "
-                   "template (default: the byte tokenizer, one token per UTF-8 byte, no chat; internal mode only)")
+                   "template (default: the byte tokenizer, one token per UTF-8 byte, no chat; a vLLM engine's "
+                   "--model); hybrid and external modes need it at this path on every node")
     p.set_defaults(run=run)
 
 
@@ -75,11 +76,10 @@ def run(args: argparse.Namespace) -> int:
 def _server_settings(args: argparse.Namespace) -> ServerSettings:
     """Checked before anything is launched."""
     fields: dict[str, Any] = {"graceful_shutdown_s": args.graceful_shutdown_s, "tokenizer": _tokenizer(args)}
-    for name, value in fields.items():
-        # The other modes' servers run under a host actor, with its defaults.
-        if value is not None and args.lb_mode != "internal":
-            flag = "--" + name.replace("_", "-")
-            raise ConfigError(f"{flag}={value!r}: applies to --lb-mode internal only, not {args.lb_mode}")
+    # The other modes' servers stop with their host actor, which has no grace period to give.
+    if args.graceful_shutdown_s is not None and args.lb_mode != "internal":
+        raise ConfigError(f"--graceful-shutdown-s={args.graceful_shutdown_s!r}: applies to --lb-mode internal "
+                          f"only, not {args.lb_mode}")
     settings = ServerSettings(**{name: value for name, value in fields.items() if value is not None})
     if settings.tokenizer is not None:
         from raydp.text.tokenizer import load_tokenizer
@@ -91,14 +91,14 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
 def _tokenizer(args: argparse.Namespace) -> str | None:
     """The API servers' tokenizer directory (None: the byte tokenizer); a vLLM engine's model by default."""
     tokenizer: str | None = args.tokenizer
-    if tokenizer is None and getattr(args, "model", None) and args.lb_mode == "internal":
+    if tokenizer is None and getattr(args, "model", None):
         return str(args.model)
     return tokenizer
 
 
 def _start_api_servers(cluster: Any, args: argparse.Namespace, settings: ServerSettings) -> list[str]:
     if args.lb_mode == "hybrid":
-        return [s.url for s in cluster.serve_api_per_node(args.api_servers, port=args.port)]
+        return [s.url for s in cluster.serve_api_per_node(args.api_servers, port=args.port, settings=settings)]
     if args.lb_mode == "external":
-        return [s.url for s in cluster.serve_api_per_rank(port=args.port)]
+        return [s.url for s in cluster.serve_api_per_rank(port=args.port, settings=settings)]
     return [cluster.serve_api(args.api_servers, host=args.host, port=args.port, settings=settings).url]

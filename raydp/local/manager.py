@@ -59,6 +59,7 @@ from raydp.processes import (
     watch_parent,
     watch_processes,
 )
+from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.handshake import HandshakeResult, HandshakeServer, parallel_config
 from raydp.wire.protocol import EngineAddresses, Init
@@ -217,12 +218,13 @@ class ProcessManager:
         """``raydp status`` reads Ray clusters only: a local cluster keeps no registry."""
 
     def start_api_servers(
-        self, endpoints: ClusterEndpoints, node_id: str, ranks: list[int], count: int, port: int, label: str
+        self, endpoints: ClusterEndpoints, node_id: str, ranks: list[int], count: int, port: int, label: str,
+        settings: ServerSettings | None = None,
     ) -> APIServerGroup:
         """Every rank is on this machine: local processes, on loopback."""
         from raydp.serve.processes import APIServerProcessManager
 
-        return APIServerProcessManager(endpoints, count, port=port, node_id=node_id, ranks=ranks)
+        return APIServerProcessManager(endpoints, count, port=port, node_id=node_id, ranks=ranks, settings=settings)
 
     def start(self) -> ClusterEndpoints:
         try:

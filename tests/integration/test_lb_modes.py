@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
 import raydp
+from raydp.models.checkpoint import make_model
 from tests.integration.helpers import assert_nothing_left, wait_until
 
 ENGINE = "tests.integration.engines:RankEchoEngine"  # answers with the rank that served
@@ -21,6 +23,14 @@ def generate(url: str, **body: Any) -> list[int]:
     request = urllib.request.Request(f"{url}/v1/generate", payload, {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as resp:
         return list(json.loads(resp.read())["token_ids"])
+
+
+def chat(url: str) -> str:
+    """A chat completion's answering role (the servers' settings carry the tokenizer and its chat template)."""
+    payload = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
+    request = urllib.request.Request(f"{url}/v1/chat/completions", payload, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return str(json.loads(resp.read())["choices"][0]["message"]["role"])
 
 
 def ranks_by_node(cluster: Any) -> dict[str, set[int]]:
@@ -36,17 +46,21 @@ def server_pids(url: str) -> list[int]:
 
 
 @pytest.mark.timeout(240)
-def test_hybrid_servers_on_each_node_route_only_to_that_nodes_ranks(two_nodes: Any) -> None:
+def test_hybrid_servers_on_each_node_route_only_to_that_nodes_ranks(two_nodes: Any, tmp_path: Path) -> None:
+    from raydp.serve.settings import ServerSettings
+
+    settings = ServerSettings(tokenizer=str(make_model(tmp_path / "tok")))  # the same path on both (local) nodes
     with raydp.launch(name="hyb", dp_size=4, dp_size_local=2, engine=ENGINE, progress=False) as cluster:
         nodes = ranks_by_node(cluster)
         assert len(nodes) == 2, nodes  # two ranks on each node
-        groups = cluster.serve_api_per_node(2)
+        groups = cluster.serve_api_per_node(2, settings=settings)
         assert sorted(g.node_id for g in groups) == sorted(nodes)
         for group in groups:
             served = {generate(group.url)[0] for _ in range(30)}
             assert served and served <= nodes[group.node_id], (group.url, served, nodes)
             other = next(r for node, ranks in nodes.items() if node != group.node_id for r in ranks)
             assert generate(group.url, rank=other) == [other]  # a pinned rank is still reachable
+            assert chat(group.url) == "assistant", "the node's servers have the tokenizer and its chat template"
         assert sorted(s["mode"] for s in _status(cluster)) == ["hybrid", "hybrid"]
         urls = [g.url for g in groups]
     assert_nothing_left("hyb")
@@ -76,14 +90,16 @@ def _status(cluster: Any) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(120)
-def test_external_mode_and_server_settings_on_the_mp_backend() -> None:
+def test_external_mode_and_server_settings_on_the_mp_backend(tmp_path: Path) -> None:
     from raydp.serve.settings import ServerSettings
 
+    tokenizer = ServerSettings(tokenizer=str(make_model(tmp_path / "tok")))
     with raydp.launch(name="extmp", dp_size=2, engine=ENGINE, backend="mp", progress=False) as cluster:
-        endpoints = cluster.serve_api_per_rank()
+        endpoints = cluster.serve_api_per_rank(settings=tokenizer)
         assert [e.url.startswith("http://127.0.0.1:") for e in endpoints] == [True, True]
         for rank, endpoint in enumerate(endpoints):
             assert {generate(endpoint.url)[0] for _ in range(5)} == {rank}
+            assert chat(endpoint.url) == "assistant"
         small = cluster.serve_api(1, settings=ServerSettings(max_body_bytes=1000))
         with pytest.raises(urllib.error.HTTPError) as too_big:
             generate(small.url, prompt_token_ids=[1] * 1000)
