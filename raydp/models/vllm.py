@@ -108,7 +108,9 @@ class VllmEngine:
         )
         req, wave = self.core.preprocess_add_request(core_request)
         self.core.add_request(req, wave)
-        self._tracked[request.request_id] = Tracked(request.max_tokens, stops)
+        # vLLM ends a request at max_model_len whatever max_tokens says: work() counts what it can generate.
+        budget = min(request.max_tokens, self.config.model_config.max_model_len - len(request.prompt_token_ids))
+        self._tracked[request.request_id] = Tracked(max(budget, 0), stops)
 
     def abort(self, request_ids: Sequence[str]) -> None:
         known = [rid for rid in request_ids if self._tracked.pop(rid, None) is not None]
