@@ -43,7 +43,9 @@ def _start_local(local: dict[str, Any], opts: dict[str, Any]) -> None:
         logging.getLogger("raydp").warning(
             "starting a local Ray with %d logical CPUs on a %d-core machine: the ranks share (oversubscribe) "
             "the cores", local["num_cpus"], cores)
-    ray.init(**{"include_dashboard": False, **local, **opts})
+    # address="local": a new cluster even where ray.init() would find one (RAY_ADDRESS, the latest
+    # cluster started on the machine).
+    ray.init(address="local", **{"include_dashboard": False, **local, **opts})
 
 
 def local_resources(dp_size: int, world_size: int, accelerator: str) -> dict[str, Any]:
