@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 from collections.abc import Sequence
 from typing import Any, Final
@@ -194,8 +195,8 @@ def _build_core(config: Any, executor_cls: type[Any] | None) -> Any:
 
 
 def dist_ident(pid: int, rank: int) -> str:
-    """vLLM's CPU workers name shared-memory segments after it: unique per engine process."""
-    return f"file:///raydp-{pid}-dp{rank}-vllm"
+    """vLLM's CPU workers name shared-memory segments after it: unique per engine, even once pids wrap."""
+    return f"file:///raydp-{pid}-{secrets.token_hex(4)}-dp{rank}-vllm"
 
 
 class VllmTPEngine(VllmEngine):

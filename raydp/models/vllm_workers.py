@@ -26,12 +26,21 @@ The torch.distributed group raydp formed for the rank's workers before
 constructing them is the group vLLM's workers join (vLLM skips its own
 ``init_process_group`` when one is initialised); vLLM then builds its TP
 groups inside it.
+
+vLLM's CPU TP groups talk through named POSIX shared memory (the
+``...-cpushm_<rank>`` segments and the broadcast queue's ring buffer). A
+worker killed with SIGKILL never removes those names: they would outlive the
+rank, and a later engine whose name collided could not start. Once every
+worker of the group has mapped them, each worker removes the names it
+created; the memory lives on in the mappings and goes with the last process,
+however it dies.
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
+from pathlib import Path
 from typing import Any
 
 from raydp.engine.executor import WorkerContext
@@ -78,6 +87,7 @@ class VllmWorker:
             "is_driver_worker": self.context.tp_rank == 0,
         }] * (self.context.tp_rank + 1))
         wrapper.init_device()
+        release_shared_memory_names(self.context.tp_rank)
         wrapper.load_model()
         self._wrapper = wrapper
         logger.info("vLLM worker %s: model loaded", self.context.tag)
@@ -113,3 +123,42 @@ class VllmWorker:
         if isinstance(result, AsyncModelRunnerOutput):
             result = result.get_output()
         return result
+
+
+def release_shared_memory_names(tp_rank: int) -> list[str]:
+    """Unlink the shared-memory names this worker created for vLLM's groups; returns them.
+
+    Runs after ``init_device``, whose group setup ends once every member has
+    mapped the segments (a barrier) and the broadcast readers have attached.
+    """
+    from vllm.distributed import parallel_state
+
+    released: list[str] = []
+    for ref in list(parallel_state._groups.values()):
+        group = ref()
+        if group is not None:
+            released += _release_segment(group) + _release_queue(group.mq_broadcaster)
+    if released:
+        logger.debug("vLLM worker tp%d released shared memory names %s", tp_rank, released)
+    return released
+
+
+def _release_segment(group: Any) -> list[str]:
+    """This member's ``...-cpushm_<rank>`` segment of the group's CPU communicator, if it has one."""
+    name = getattr(getattr(group.device_communicator, "dist_module", None), "group_name", None)
+    path = Path("/dev/shm") / f"{name}_{group.rank_in_group}"
+    if not isinstance(name, str) or not path.exists():
+        return []
+    path.unlink()
+    return [path.name]
+
+
+def _release_queue(queue: Any) -> list[str]:
+    """The broadcast queue's ring buffer (and tensor arena), on the writer that created them."""
+    released = []
+    for part in (getattr(queue, "buffer", None), getattr(queue, "tensor_arena", None)):
+        if part is not None and getattr(part, "is_creator", False):
+            part.shared_memory.unlink()  # also drops it from multiprocessing's resource tracker
+            part.is_creator = False  # or vLLM's __del__ would unlink it a second time
+            released.append(part.shared_memory.name)
+    return released

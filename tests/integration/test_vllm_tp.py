@@ -3,7 +3,7 @@
 TP=2 over gloo on CPU bundles gives TP=1's tokens (vLLM's offline ``LLM`` at
 TP=1 is the reference), on Ray and on the mp backend; a killed vLLM worker
 fails its rank typed, naming the worker, and a dense restart brings the rank
-back with new workers.
+back with new workers. Neither leaves vLLM's shared memory behind.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def test_tp2_on_ray_gives_tp1s_tokens_and_a_killed_worker_fails_then_restarts_th
     cluster_pool: ClusterPool, model: str, reference: list[list[int]]
 ) -> None:
     cluster_pool.get((0,), cpus_per_node=4)
+    shm_before = _shared_memory()
     with raydp.launch(name="vllmtp", dp_size=1, tensor_parallel_size=2, accelerator="CPU", max_restarts=1,
                       engine="raydp.models.vllm:VllmTPEngine", engine_kwargs={"model": model, **ENGINE_KWARGS},
                       progress=False) as cluster:
@@ -69,14 +70,17 @@ def test_tp2_on_ray_gives_tp1s_tokens_and_a_killed_worker_fails_then_restarts_th
         assert wait_until(lambda: _serves(client), timeout=180), "restarted with new workers and the model"
         assert {w["pid"] for w in client.call_utility(0, "raydp_workers")}.isdisjoint(w["pid"] for w in workers)
     assert_nothing_left("vllmtp")
+    assert _shared_memory() - shm_before == set(), "the killed group's segments went with its processes"
 
 
 def test_tp2_on_the_mp_backend_gives_tp1s_tokens(model: str, reference: list[list[int]]) -> None:
+    shm_before = _shared_memory()
     with raydp.launch(name="vllmtpmp", dp_size=1, tensor_parallel_size=2, accelerator="CPU", backend="mp",
                       engine="raydp.models.vllm:VllmTPEngine", engine_kwargs={"model": model, **ENGINE_KWARGS},
                       progress=False) as cluster:
         assert _answers(cluster) == reference
     assert socket_dirs("vllmtpmp") == []
+    assert _shared_memory() - shm_before == set()
 
 
 def _serves(client: Any) -> bool:
@@ -84,3 +88,8 @@ def _serves(client: Any) -> bool:
         return len(client.generate(PROMPTS[2], 3, rank=0, timeout=10)) == 3
     except raydp.RaydpError:
         return False
+
+
+def _shared_memory() -> set[str]:
+    """vLLM's named segments on this host: its CPU TP groups' and its queues' (multiprocessing's psm_)."""
+    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(("raydp-", "psm_"))}
