@@ -15,7 +15,7 @@ from raydp.cli.options import (
 )
 from raydp.cli.signals import install_stop_handlers
 from raydp.errors import ConfigError
-from raydp.serve.settings import ServerSettings
+from raydp.serve.settings import ServeEnvironment, ServerSettings
 
 PRESETS = SERVING_PRESETS
 CONFIG_FLAGS = ("name", "dp_size", "dp_size_local", "tensor_parallel_size", "pipeline_parallel_size", "engine",
@@ -29,7 +29,8 @@ def add_parser(sub: Any) -> None:
         help="launch DP ranks plus HTTP API servers and serve until Ctrl-C or a death",
         description="Launch a data-parallel cluster and N API server processes sharing one "
         "listening socket, with an OpenAI-compatible HTTP API (POST /v1/completions, "
-        "GET /v1/models; POST /v1/generate, GET /health, GET /metrics). Exits non-zero naming the "
+        "GET /v1/models; POST /v1/generate, GET /health, GET /metrics), optionally behind API keys and "
+        "over HTTPS. Exits non-zero naming the "
         "component if any engine, the coordinator or an API server dies; Ctrl-C shuts "
         f"everything down cleanly. Engines by short name: {', '.join(sorted(ENGINES))}; "
         "or a 'module:Class' path.",
@@ -55,6 +56,17 @@ def add_parser(sub: Any) -> None:
                    "prompts, detokenize outputs and serve POST /v1/chat/completions with it and its chat "
                    "template (default: the byte tokenizer, one token per UTF-8 byte, no chat; a vLLM engine's "
                    "--model); hybrid and external modes need it at this path on every node")
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every /v1/* request (repeat for several keys; "
+                   "default: $RAYDP_API_KEY, which keeps the key out of the process list); /health stays open")
+    p.add_argument("--protect-metrics", action="store_true",
+                   help="GET /metrics needs an API key too (default: open, for Prometheus)")
+    p.add_argument("--ssl-certfile", default=None, metavar="PEM",
+                   help="serve HTTPS with this certificate (chain); hybrid and external modes need the PEM files "
+                   "at these paths on every node")
+    p.add_argument("--ssl-keyfile", default=None, metavar="PEM", help="the private key of --ssl-certfile")
+    p.add_argument("--ssl-ca-certs", default=None, metavar="PEM",
+                   help="require client certificates signed by these CAs (mutual TLS)")
     p.set_defaults(run=run)
 
 
@@ -75,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _server_settings(args: argparse.Namespace) -> ServerSettings:
     """Checked before anything is launched."""
-    fields: dict[str, Any] = {"graceful_shutdown_s": args.graceful_shutdown_s, "tokenizer": _tokenizer(args)}
+    fields: dict[str, Any] = {"graceful_shutdown_s": args.graceful_shutdown_s, "tokenizer": _tokenizer(args),
+                              "api_keys": _api_keys(args), "protect_metrics": args.protect_metrics,
+                              "ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile,
+                              "ssl_ca_certs": args.ssl_ca_certs}
     # The other modes' servers stop with their host actor, which has no grace period to give.
     if args.graceful_shutdown_s is not None and args.lb_mode != "internal":
         raise ConfigError(f"--graceful-shutdown-s={args.graceful_shutdown_s!r}: applies to --lb-mode internal "
@@ -86,6 +101,13 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
 
         load_tokenizer(settings.tokenizer)  # a directory without a tokenizer fails here, not in every server
     return settings
+
+
+def _api_keys(args: argparse.Namespace) -> list[Any]:
+    if args.api_key:
+        return list(args.api_key)
+    env_key = ServeEnvironment().api_key
+    return [env_key] if env_key is not None else []
 
 
 def _tokenizer(args: argparse.Namespace) -> str | None:

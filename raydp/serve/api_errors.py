@@ -8,13 +8,15 @@ names the field (null when no one field is at fault).
 status type                    when
 ====== ======================= ====================================================
 400    invalid_request_error   malformed JSON, an unknown field, a bad value
+401    invalid_request_error   a missing or wrong API key (``invalid_api_key``, :mod:`.api_keys`)
 404    invalid_request_error   unknown route (code ``not_found``) or model (``model_not_found``)
 405    invalid_request_error   a route asked with the wrong method (``method_not_allowed``)
 413    invalid_request_error   a body over ``max_body_bytes`` (``request_too_large``);
                                the connection is closed after the answer
 500    server_error            the request failed inside its engine, or a bug
 503    service_unavailable     the chosen rank, or every rank, is dead (``engine_unavailable``),
-                               or the server is stopping (``shutting_down``, :mod:`.draining`)
+                               the server is stopping (``shutting_down``, :mod:`.draining`), or
+                               its process is at ``max_connections`` (``server_overloaded``)
 504    timeout                 the request ran past ``request_timeout_s``
 ====== ======================= ====================================================
 """
@@ -32,8 +34,9 @@ from starlette.routing import Route
 from raydp.errors import ClusterClosedError, ComponentDeadError, ConfigError, RaydpError, ShuttingDownError
 from raydp.serve.responses import JSON
 
-_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
-          413: "invalid_request_error", 500: "server_error", 503: "service_unavailable", 504: "timeout"}
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
+          503: "service_unavailable", 504: "timeout"}
 
 
 class ApiError(Exception):

@@ -10,7 +10,10 @@ Routes:
 * ``GET /health``: ``{"status": "ok", "client_index": i, "client_count": n}``;
 * ``GET /metrics``: Prometheus metrics of this process (:mod:`.metrics`).
 
-Text is encoded and decoded with the server's tokenizer (:mod:`raydp.text`).
+With ``api_keys``, the ``/v1/`` routes (and ``/metrics`` if
+``protect_metrics``) need one of them as a bearer token (:mod:`.api_keys`);
+``/health`` never does. Text is encoded and decoded with the server's
+tokenizer (:mod:`raydp.text`).
 Every error is JSON in OpenAI's error shape (:mod:`.api_errors`). The app
 runs under any ASGI server; :func:`~raydp.serve.server.serve_on_socket` is the
 one raydp uses.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -32,6 +35,7 @@ from starlette.routing import Route
 from raydp.client.aio import AsyncClient
 from raydp.client.client import Client
 from raydp.serve.api_errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
+from raydp.serve.api_keys import ApiKeys
 from raydp.serve.bodies import Limits
 from raydp.serve.chat import ChatRoute
 from raydp.serve.completions import GenerationRoutes
@@ -54,14 +58,18 @@ def build_app(
     vocab_size: int | None = None,
     in_flight: InFlight | None = None,
     tokenizer: str | None = None,
+    api_keys: Sequence[str] = (),
+    protect_metrics: bool = False,
 ) -> Starlette:
     """The API app: ``model`` is the id it serves; ``tokenizer`` a local directory with the
     Hugging Face tokenizer for text and chat (default: the byte tokenizer); token ids must be below
     ``vocab_size`` (default: the tokenizer's vocabulary if one is given, else any id < 2**31);
     ``metrics`` defaults to a fresh :class:`ApiMetrics` of ``client``; ``in_flight`` tracks its
-    running requests, for a server that stops (:mod:`.draining`)."""
+    running requests, for a server that stops (:mod:`.draining`); ``api_keys`` and
+    ``protect_metrics`` as in :class:`~raydp.serve.settings.ServerSettings`."""
     ServerSettings(model=model, max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s,
-                   max_tokens_limit=max_tokens_limit, vocab_size=vocab_size, tokenizer=tokenizer)  # ConfigError
+                   max_tokens_limit=max_tokens_limit, vocab_size=vocab_size, tokenizer=tokenizer,
+                   api_keys=tuple(api_keys), protect_metrics=protect_metrics)  # ConfigError
     text = load_tokenizer(tokenizer)  # raises ConfigError
     if vocab_size is None and tokenizer is not None:
         vocab_size = text.vocab_size
@@ -99,7 +107,8 @@ def build_app(
 
     return Starlette(
         routes=routes,
-        middleware=[Middleware(RequestMetrics, metrics=metrics, routes=[r.path for r in routes])],
+        middleware=[Middleware(RequestMetrics, metrics=metrics, routes=[r.path for r in routes]),
+                    Middleware(ApiKeys, keys=list(api_keys), protect_metrics=protect_metrics)],
         exception_handlers={
             ApiError: api_error_handler,
             HTTPException: http_exception_handler,

@@ -85,7 +85,7 @@ class APIServerProcessManager:
 
     @property
     def url(self) -> str:
-        return f"http://{self.address[0]}:{self.address[1]}"
+        return f"{self._settings.scheme}://{self.address[0]}:{self.address[1]}"
 
     def on_death(self, listener: DeathListener) -> None:
         self._listeners.append(listener)

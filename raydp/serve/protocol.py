@@ -18,7 +18,11 @@ up. :class:`GuardedH11Protocol` adds:
   framing that h11 cannot parse gets a 400 in OpenAI's JSON error shape
   (uvicorn's is plain text), and the connection closes. It is logged once,
   naming the client's address, at most once a second per address
-  (:class:`~raydp.wire.dropped.DropLog`) instead of uvicorn's line per request.
+  (:class:`~raydp.wire.dropped.DropLog`) instead of uvicorn's line per request;
+* **over capacity in the API's shape**: past ``limit_concurrency`` open
+  connections (or running requests), a request gets a 503 in OpenAI's JSON
+  error shape (code ``server_overloaded``) where uvicorn's is plain text,
+  logged at most once a second.
 
 A guarded class is made per setting by :func:`guarded_protocol` (uvicorn
 builds protocols from a class and its config only).
@@ -32,6 +36,7 @@ from typing import ClassVar, Final
 
 import h11
 import msgspec
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from raydp.serve.api_errors import ApiError
@@ -55,12 +60,36 @@ class _NotUvicornsMalformedLine(logging.Filter):
 QUIET_MALFORMED: Final = _NotUvicornsMalformedLine()
 
 
+OVERLOADED = ApiError(503, "the API server is at its connection limit (max_connections); retry shortly",
+                      code="server_overloaded", headers={"Connection": "close"})
+
+
 class GuardedH11Protocol(H11Protocol):
     """See the module docstring; ``read_timeout_s`` is set by :func:`guarded_protocol`."""
 
     read_timeout_s: ClassVar[float] = 10.0
     drops: ClassVar[DropLog] = DropLog(logger, "api server", what="malformed HTTP request")
+    overloads: ClassVar[DropLog] = DropLog(logger, "api server", what="request over max_connections")
     _read_deadline: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        # uvicorn's own cap answers in plain text: take it over, with the same bound.
+        limit, self.limit_concurrency = self.limit_concurrency, None
+        if limit is not None:
+            self.app = self._capped(self.app, limit)
+
+    def _capped(self, app: ASGIApp, limit: int) -> ASGIApp:
+        async def capped(scope: Scope, receive: Receive, send: Send) -> None:
+            # uvicorn counts before adding the request's task; here it is among the tasks already.
+            if scope["type"] == "http" and (len(self.connections) >= limit or len(self.tasks) > limit):
+                self.overloads.drop(f"HTTP client {self.client[0] if self.client else 'unknown'}",
+                                    f"{len(self.connections)} connections, limit {limit}")
+                await OVERLOADED.response()(scope, receive, send)
+                return
+            await app(scope, receive, send)
+
+        return capped
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -116,4 +145,6 @@ def guarded_protocol(read_timeout_s: float) -> type[GuardedH11Protocol]:
     Each class counts its own dropped requests (one server's, on its event loop's thread).
     """
     drops = DropLog(logger, "api server", what="malformed HTTP request")
-    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"read_timeout_s": read_timeout_s, "drops": drops})
+    overloads = DropLog(logger, "api server", what="request over max_connections")
+    return type("GuardedH11Protocol", (GuardedH11Protocol,),
+                {"read_timeout_s": read_timeout_s, "drops": drops, "overloads": overloads})

@@ -13,8 +13,12 @@ per process:
   first byte, so a slow-loris client cannot hold a slot (:mod:`.protocol`);
 * a request head still unfinished past 16 KiB is a 400 (h11's bound), a
   body over ``max_body_bytes`` a 413 (the app's);
-* past ``max_connections`` open connections, new requests get uvicorn's
-  plain-text 503 until connections close.
+* past ``max_connections`` open connections, new requests get a 503 in
+  OpenAI's JSON error shape until connections close (:mod:`.protocol`).
+
+With TLS files (:class:`Tls`) the socket serves HTTPS only: a plain-HTTP
+request to it fails the TLS handshake and gets no HTTP answer. Every process
+on the shared socket wraps its own connections.
 
 :func:`serve_forever` is the body of an API server process
 (:mod:`.processes`): a client of the cluster, the app over it, served here.
@@ -27,8 +31,10 @@ import contextlib
 import logging
 import signal
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import FrameType
 
 import uvicorn
@@ -43,6 +49,19 @@ from raydp.wire.endpoints import ClusterEndpoints
 
 MAX_HEAD_BYTES = 16 * 1024  # h11's default, stated: a head still unfinished past it is refused with a 400
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class Tls:
+    """HTTPS files (PEM): all None serves plain HTTP; ``ca_certs`` makes client certificates required."""
+
+    certfile: str | None = None
+    keyfile: str | None = None
+    ca_certs: str | None = None
+
+    @classmethod
+    def of(cls, settings: ServerSettings) -> Tls:
+        return cls(settings.ssl_certfile, settings.ssl_keyfile, settings.ssl_ca_certs)
 
 
 class _Server(uvicorn.Server):
@@ -103,10 +122,15 @@ def serve_on_socket(
     graceful_shutdown_s: float = 3.0,
     stop: threading.Event | None = None,
     on_grace_over: Callable[[], None] | None = None,
+    tls: Tls | None = None,
 ) -> None:
-    """Serve ``app`` on the listening ``sock`` until a stop signal or ``stop``; see the module docstring."""
+    """Serve ``app`` on the listening ``sock`` until a stop signal or ``stop``; see the module docstring.
+
+    With ``tls`` it serves HTTPS only.
+    """
     ServerSettings(idle_timeout_s=idle_timeout_s, read_timeout_s=read_timeout_s, max_connections=max_connections,
                    graceful_shutdown_s=graceful_shutdown_s)  # raises ConfigError
+    tls = tls or Tls()
     logging.getLogger("uvicorn.error").addFilter(QUIET_MALFORMED)  # the protocol logs those, with their sender
     wait_s = graceful_shutdown_s + (FLUSH_S if on_grace_over else 0.0)  # then uvicorn cancels what is left
     config = uvicorn.Config(
@@ -123,6 +147,10 @@ def serve_on_socket(
         timeout_graceful_shutdown=wait_s,  # type: ignore[arg-type]
         limit_concurrency=max_connections,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        ssl_certfile=tls.certfile,
+        ssl_keyfile=tls.keyfile,
+        ssl_ca_certs=tls.ca_certs,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if tls.ca_certs else ssl.CERT_NONE,
     )
     _Server(config, stop, on_grace_over, graceful_shutdown_s).run(sockets=[sock])
 
@@ -151,9 +179,10 @@ def serve_forever(
     try:
         app = build_app(client, model=s.model or endpoints.name, max_body_bytes=s.max_body_bytes,
                         request_timeout_s=s.request_timeout_s, max_tokens_limit=s.max_tokens_limit,
-                        vocab_size=s.vocab_size, in_flight=in_flight, tokenizer=s.tokenizer)
+                        vocab_size=s.vocab_size, in_flight=in_flight, tokenizer=s.tokenizer,
+                        api_keys=[k.get_secret_value() for k in s.api_keys], protect_metrics=s.protect_metrics)
         serve_on_socket(sock, app, idle_timeout_s=s.idle_timeout_s, read_timeout_s=s.read_timeout_s,
                         max_connections=s.max_connections, graceful_shutdown_s=s.graceful_shutdown_s, stop=stop,
-                        on_grace_over=lambda: in_flight.fail_all(reason))
+                        on_grace_over=lambda: in_flight.fail_all(reason), tls=Tls.of(s))
     finally:
         client.close()

@@ -4,7 +4,11 @@ The app's (:func:`~raydp.serve.app.build_app`) and the connection's
 (:func:`~raydp.serve.server.serve_on_socket`) in one picklable object, so a
 spawned API server process gets them as one argument. Every validation
 failure is a :class:`~raydp.errors.ConfigError` naming the field, the value
-and what is allowed. Times are in seconds.
+and what is allowed (an API key's value excepted: it is never shown). Times
+are in seconds.
+
+:class:`ServeEnvironment` reads what ``raydp serve`` takes from the
+environment (``RAYDP_API_KEY``), with pydantic-settings.
 """
 
 from __future__ import annotations
@@ -12,13 +16,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from raydp.client.balancer import Policy
 from raydp.config import format_validation_error
 from raydp.errors import ConfigError
 
 MAX_TOKENS_LIMIT = 1 << 20
+MAX_KEY_CHARS = 512
 
 
 class ServerSettings(BaseModel):
@@ -40,6 +46,52 @@ class ServerSettings(BaseModel):
     graceful_shutdown_s: float = Field(3.0, ge=0, description="on shutdown, running requests get this long")
     balancer: Policy = Field("least-loaded", description="how the server's client picks a rank for a request")
     max_restarts: int = Field(3, ge=0, description="times a dead server process is spawned again on the socket")
+    api_keys: tuple[SecretStr, ...] = Field((), description="if any, every /v1/* request needs "
+                                            "'Authorization: Bearer KEY' with one of them")
+    protect_metrics: bool = Field(False, description="GET /metrics needs an API key too (default: open)")
+    ssl_certfile: str | None = Field(None, description="PEM certificate (chain): serve HTTPS")
+    ssl_keyfile: str | None = Field(None, description="PEM private key of ssl_certfile")
+    ssl_ca_certs: str | None = Field(None, description="PEM CA bundle: clients must present a certificate "
+                                     "it signed")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _keys(cls, keys: Any) -> tuple[SecretStr, ...]:
+        # Checked here, so that no error message (and no log line after it) ever repeats a key.
+        if isinstance(keys, (str, SecretStr)) or not isinstance(keys, (list, tuple)):
+            raise ValueError(f"a {type(keys).__name__}; must be a list of API key strings")
+        out = []
+        for i, key in enumerate(keys):
+            plain = key.get_secret_value() if isinstance(key, SecretStr) else key
+            if not isinstance(plain, str) or not 0 < len(plain) <= MAX_KEY_CHARS or not all(
+                    "!" <= c <= "~" for c in plain):
+                raise ValueError(f"entry {i} (value not shown): must be 1 to {MAX_KEY_CHARS} visible ASCII "
+                                 "characters, no spaces")
+            out.append(SecretStr(plain))
+        return tuple(out)
+
+    @field_validator("ssl_certfile", "ssl_keyfile", "ssl_ca_certs")
+    @classmethod
+    def _a_file(cls, path: str | None) -> str | None:
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"{path!r} is no file; must be a readable PEM file")
+        return path
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> ServerSettings:
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError(f"ssl_certfile={self.ssl_certfile!r}, ssl_keyfile={self.ssl_keyfile!r}: HTTPS needs "
+                             "both, or neither for plain HTTP")
+        if self.ssl_ca_certs is not None and self.ssl_certfile is None:
+            raise ValueError(f"ssl_ca_certs={self.ssl_ca_certs!r}: client certificates need HTTPS; set "
+                             "ssl_certfile and ssl_keyfile too")
+        if self.protect_metrics and not self.api_keys:
+            raise ValueError("protect_metrics=True: needs at least one API key in api_keys")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_certfile else "http"
 
     @field_validator("tokenizer")
     @classmethod
@@ -55,3 +107,11 @@ class ServerSettings(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, ServerSettings, "API server settings")) from None
+
+
+class ServeEnvironment(BaseSettings):
+    """What ``raydp serve`` reads from the environment: ``RAYDP_API_KEY`` (kept out of ``ps``, unlike a flag)."""
+
+    model_config = SettingsConfigDict(env_prefix="RAYDP_", extra="ignore")
+
+    api_key: SecretStr | None = None

@@ -126,3 +126,35 @@ def test_a_bad_grace_period_is_refused_before_anything_is_launched(
 
     assert main(["serve", *flags]) == 2  # before launch: the unit tests forbid ray.init
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "env", "message"), [
+    (("--api-key", "has space"), {}, "entry 0 (value not shown)"),
+    ((), {"RAYDP_API_KEY": ""}, "entry 0 (value not shown)"),  # set but empty: refused, never served open
+    (("--protect-metrics",), {}, "protect_metrics=True: needs at least one API key"),
+    (("--ssl-certfile", "/nonexistent.pem", "--ssl-keyfile", "/nonexistent.key"), {}, "is no file"),
+])
+def test_bad_keys_and_tls_files_are_refused_before_anything_is_launched(
+    flags: tuple[str, ...], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from raydp.cli import main
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["serve", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "has space" not in err
+
+
+def test_api_keys_come_from_the_flags_or_else_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raydp.cli.serve import _server_settings
+
+    parser = subcommands()["serve"]
+    monkeypatch.setenv("RAYDP_API_KEY", "sk-env")
+    flagged = _server_settings(parser.parse_args(["--api-key", "sk-a", "--api-key", "sk-b", "--protect-metrics"]))
+    assert [k.get_secret_value() for k in flagged.api_keys] == ["sk-a", "sk-b"] and flagged.protect_metrics
+    from_env = _server_settings(parser.parse_args([]))
+    assert [k.get_secret_value() for k in from_env.api_keys] == ["sk-env"]
+    monkeypatch.delenv("RAYDP_API_KEY")
+    assert _server_settings(parser.parse_args([])).api_keys == ()
