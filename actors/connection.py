@@ -1,10 +1,51 @@
-"""Joining Ray: the given cluster, else the ambient one, else a local one."""
+"""Joining Ray: the given cluster, else the ambient one, else a local one.
+
+Ray 2.60 logs its token-authentication mode as a warning on every
+connection that finds a token (``Token authentication is enabled...``), and
+on a new local cluster. raydp replaces those two lines with one of its own
+per process, saying which mode the joined cluster runs in: INFO when tokens
+are on, WARNING when they are off (anyone who reaches the cluster's ports can
+run code on it). Ray's other authentication messages (errors, a missing
+token) pass untouched.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
+
+logger = logging.getLogger("raydp")
+auth_logger = logging.getLogger("raydp.auth")  # the CLI prints it as one line of its own
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+RAY_AUTH_NOTICES = ("Token authentication is enabled for this Ray cluster",
+                    "Token authentication is disabled for this Ray cluster")
+_reported = threading.Event()
+
+
+class _RayAuthNotice(logging.Filter):
+    """Drops Ray's per-connection mode notices; :func:`report_auth_mode` says it once, in raydp's words."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(RAY_AUTH_NOTICES)
+
+
+_RAY_AUTH_NOTICE = _RayAuthNotice()
+
+
+def report_auth_mode(token_auth: bool) -> None:
+    """Say once per process which authentication mode the joined Ray cluster runs in."""
+    if _reported.is_set():
+        return
+    _reported.set()
+    if token_auth:
+        auth_logger.info("Ray cluster: token authentication on (every node, driver and job needs the cluster's "
+                    "token: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
+    else:
+        auth_logger.warning("Ray cluster: token authentication OFF: anyone who can reach its ports can run code on "
+                       "it; set RAY_AUTH_MODE=token with a token on every node (README: Ray token "
+                       "authentication)")
 
 
 def connect(address: str | None = None, *, local: dict[str, Any] | None = None, quiet: bool = False) -> bool:
@@ -19,6 +60,7 @@ def connect(address: str | None = None, *, local: dict[str, Any] | None = None, 
 
     if ray.is_initialized():
         return False
+    logging.getLogger(RAY_AUTH_LOGGER).addFilter(_RAY_AUTH_NOTICE)
     opts: dict[str, Any] = {"log_to_driver": not quiet}
     if quiet:
         opts["logging_level"] = logging.WARNING
@@ -32,7 +74,15 @@ def connect(address: str | None = None, *, local: dict[str, Any] | None = None, 
             ray.init(address="auto", **opts)
         except ConnectionError:
             _start_local(local or {}, opts)
+    report_auth_mode(_token_auth())
     return True
+
+
+def _token_auth() -> bool:
+    # The compiled module's stub lists neither; they are what Ray's own setup code reads.
+    from ray._raylet import AuthenticationMode, get_authentication_mode  # type: ignore[attr-defined]
+
+    return bool(get_authentication_mode() == AuthenticationMode.TOKEN)
 
 
 def _start_local(local: dict[str, Any], opts: dict[str, Any]) -> None:

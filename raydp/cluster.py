@@ -67,12 +67,14 @@ class Cluster:
         """The engines' summed capacity, as reported in the handshake."""
         return self.endpoints.capacity
 
-    def client(self, *, client_index: int = 0, client_count: int = 1, balancer: Policy = "least-loaded") -> Client:
+    def client(self, *, client_index: int = 0, client_count: int = 1, balancer: Policy = "least-loaded",
+               migration_limit: int = 3) -> Client:
         """A new :class:`~raydp.client.client.Client` wired to this cluster.
 
         ``balancer`` picks how it chooses a rank: ``least-loaded`` (by the
         coordinator's published load and its own sends since), or the usual
-        alternatives ``power-of-two`` and ``round-robin``.
+        alternatives ``power-of-two`` and ``round-robin``. ``migration_limit``
+        bounds how often a ``migratable=True`` stream may move when its rank dies.
         """
         from raydp.client.client import Client
 
@@ -86,6 +88,7 @@ class Cluster:
                 client_count=client_count,
                 follow_liveness=self._manager is None,
                 balancer=balancer,
+                migration_limit=migration_limit,
             )
             for err in self._dead_ranks.values():
                 client.mark_dead(err)

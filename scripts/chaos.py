@@ -10,6 +10,12 @@ kind once, in a seeded order, then seeded random kinds, at seeded random gaps;
 after each, the soak times the death report and waits until what it hit serves
 again.
 
+Both loads' streams migrate (the driver's requests are ``migratable``, the API
+servers run with ``migration_limit=3``): a stream cut by a rank's death goes on
+from its last token on a live rank, and is checked for it (every token there,
+in order, nothing repeated: ``fault_load.echo_moves``); the summary counts the
+migrated streams and their moves per source.
+
 Checks, each a violation (exit code 1, named on stderr) when broken: no request
 lost (hung or never answered), wrong or answered twice, none failed untyped;
 every fault detected and recovered from; the driver's RSS and open fds, and
@@ -132,7 +138,8 @@ def soak(seed: int, minutes: float, hosts: str = "local") -> Summary:
                                progress=False, engine_kwargs={"step_delay_s": 0.01}, max_restarts=10_000,
                                coordinator_max_restarts=10_000, **master)
         try:
-            servers = cluster.serve_api(2, settings=ServerSettings(max_restarts=10_000, request_timeout_s=60))
+            servers = cluster.serve_api(2, settings=ServerSettings(max_restarts=10_000, request_timeout_s=60,
+                                                                   migration_limit=3))
             run_faults(cluster, local, servers, rng, seed, minutes, summary, mode)
         finally:
             cluster.close()
@@ -279,6 +286,9 @@ def table(summary: Summary) -> list[str]:
         lines.append(f"| {source} | {summary.requests['submitted'][source]} | "
                      + " | ".join(str(outcomes[o]) for o in ("ok", "typed", "wrong", "duplicate", "hung", "untyped"))
                      + " |")
+    migrated = summary.requests.get("migrated", {})
+    lines += ["", "migrated streams (moves): " + ", ".join(
+        f"{source} {m['streams']} ({m['moves']})" for source, m in migrated.items())]
     res = summary.resources
     lines += ["", f"lost: {summary.requests['lost']}; driver RSS {res['driver_rss_mb'][0]} -> "
               f"{res['driver_rss_mb'][1]} MiB (max {res['driver_rss_max_mb']}), fds {res['driver_fds'][0]} -> "

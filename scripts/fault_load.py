@@ -2,7 +2,9 @@
 
 Every request ends in exactly one outcome:
 
-* ``ok``: answered once, with the tokens the echo engine must produce;
+* ``ok``: answered once, with the tokens the echo engine must produce (for a
+  stream that moved to another rank when its rank died, what the echo of each
+  continuation gives: :func:`echo_moves`);
 * ``typed``: failed with a :class:`~raydp.RaydpError` (driver) or an HTTP
   error in OpenAI's JSON shape; for HTTP also a connection closed by an API
   server that was killed while the request was on it (nothing else closes one);
@@ -11,6 +13,7 @@ Every request ends in exactly one outcome:
 * ``hung``: no answer within ``hung_after_s``; ``untyped``: any other failure.
 
 ``lost`` is hung plus submitted-but-never-accounted (silently dropped).
+``migrated`` counts, per source, the answers whose stream moved, and the moves.
 Load is bounded twice: a fixed number of threads (the concurrency) and a
 shared pacer (the requests per second).
 """
@@ -43,6 +46,28 @@ def expected(prompt: list[int], max_tokens: int) -> list[int]:
     return [prompt[i % len(prompt)] for i in range(max_tokens)]
 
 
+def echo_moves(prompt: list[int], max_tokens: int, got: list[int]) -> int | None:
+    """How many times ``got`` moved to another rank, if it is a whole echo answer whose stream migrated; None if
+    it is not one (wrong, repeated or missing tokens).
+
+    A stream that moves after ``k`` tokens goes on as a new request whose prompt is the prompt plus those
+    tokens, which the echo engine cycles from its start; so every segment of the answer is the cycle of what
+    came before it, and only a segment's first token may break the previous cycle.
+    """
+    if len(got) != max_tokens:
+        return None
+    moves, start, context = 0, 0, list(prompt)
+    for i, token in enumerate(got):
+        if token == context[(i - start) % len(context)]:
+            continue
+        if i == start:  # a new segment must begin with its context's first token
+            return None
+        moves, start, context = moves + 1, i, [*prompt, *got[:i]]
+        if token != context[0]:
+            return None
+    return moves
+
+
 @dataclass
 class Ledger:
     """Submitted requests and their outcomes, per source (``driver``, ``http``)."""
@@ -51,6 +76,20 @@ class Ledger:
     submitted: collections.Counter[str] = field(default_factory=collections.Counter)
     outcomes: dict[str, collections.Counter[str]] = field(default_factory=dict)
     examples: list[str] = field(default_factory=list)  # the first few violations, for the message
+    migrated: collections.Counter[str] = field(default_factory=collections.Counter)  # answers that moved
+    moves: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def judge(self, source: str, prompt: list[int], max_tokens: int, got: list[int]) -> bool:
+        """Record an answer: ``ok`` (counting a migrated one) or ``wrong``; True if ok."""
+        moves = echo_moves(prompt, max_tokens, got)
+        if moves is None:
+            self.record(source, "wrong", f"prompt {prompt} x{max_tokens}: got {got}")
+            return False
+        if moves:
+            with self.lock:
+                self.migrated[source] += 1
+                self.moves[source] += moves
+        return True
 
     def submit(self, source: str) -> None:
         with self.lock:
@@ -78,7 +117,9 @@ class Ledger:
             by_source = {s: {o: self.outcomes.get(s, collections.Counter())[o] for o in OUTCOMES}
                          for s in sorted(self.submitted)}
             submitted = dict(self.submitted)
-        return {"submitted": submitted, "outcomes": by_source, "lost": self.lost(), "examples": list(self.examples)}
+            migrated = {s: {"streams": self.migrated[s], "moves": self.moves[s]} for s in sorted(self.submitted)}
+        return {"submitted": submitted, "outcomes": by_source, "lost": self.lost(), "examples": list(self.examples),
+                "migrated": migrated}
 
 
 class Pacer:
@@ -141,7 +182,8 @@ class _Load:
 
 
 class DriverLoad(_Load):
-    """Requests from a driver :class:`Client`, ``retryable`` (moved to another rank if nothing streamed yet)."""
+    """Requests from a driver :class:`Client`, ``retryable`` (moved to another rank if nothing streamed yet) and
+    ``migratable`` (moved, from their last token, if something had)."""
 
     source = "driver"
 
@@ -157,9 +199,8 @@ class DriverLoad(_Load):
         self._checker.start()
 
     def one(self, prompt: list[int], max_tokens: int) -> None:
-        want = expected(prompt, max_tokens)
         try:
-            handle = self.client.submit(prompt, max_tokens, retryable=True)
+            handle = self.client.submit(prompt, max_tokens, retryable=True, migratable=True)
             got = handle.result(timeout=self.shape.hung_after_s)
         except raydp.RaydpError as exc:
             self.ledger.record(self.source, "typed", repr(exc))
@@ -170,11 +211,10 @@ class DriverLoad(_Load):
         except Exception as exc:
             self.ledger.record(self.source, "untyped", repr(exc))
             return
-        if got != want:
-            self.ledger.record(self.source, "wrong", f"prompt {prompt} x{max_tokens}: got {got}")
+        if not self.ledger.judge(self.source, prompt, max_tokens, got):
             return
         with self._answered_lock:  # counted once a second answer has had time to arrive
-            self._answered.append((time.monotonic() + RECHECK_AFTER_S, handle, want))
+            self._answered.append((time.monotonic() + RECHECK_AFTER_S, handle, got))
 
     def _recheck_loop(self) -> None:
         while True:
@@ -244,9 +284,8 @@ class HttpLoad(_Load):
             typed = isinstance(error, dict) and {"message", "type"} <= error.keys()
             self.ledger.record(self.source, "typed" if typed else "untyped", f"status {status}: {body[:200]!r}")
             return
-        got = data["choices"][0]["token_ids"]
-        ok = got == expected(prompt, max_tokens)
-        self.ledger.record(self.source, "ok" if ok else "wrong", f"prompt {prompt} x{max_tokens}: got {got}")
+        if self.ledger.judge(self.source, prompt, max_tokens, data["choices"][0]["token_ids"]):
+            self.ledger.record(self.source, "ok")
 
 
 @dataclass

@@ -1,13 +1,15 @@
-"""The ``raydp`` command line: ``raydp demo``, ``serve``, ``plan``, ``status``, ``scale`` and ``make-model``."""
+"""The ``raydp`` command line: ``raydp demo``, ``serve``, ``plan``, ``status``, ``scale``, ``make-model``
+and ``dashboard``."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from collections.abc import Sequence
 
-from raydp.cli import demo, make_model, plan, scale, serve, status
+from raydp.cli import dashboard, demo, make_model, plan, scale, serve, status
 from raydp.cli.signals import Stop, install_stop_handlers
 from raydp.errors import RaydpError
 
@@ -23,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_parser(sub)
     scale.add_parser(sub)
     make_model.add_parser(sub)
+    dashboard.add_parser(sub)
     return parser
 
 
@@ -33,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and not getattr(args, "engine_flags_ok", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.engine_flags = extra
+    _say_auth_mode(args.command)
     if args.command in ("serve", "demo"):  # long-running: SIGTERM stops them as Ctrl-C does
         install_stop_handlers()
     try:
@@ -46,3 +50,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 128 + signum
     return code
+
+
+def _say_auth_mode(command: str) -> None:
+    """The one line naming the Ray cluster's authentication mode (:mod:`raydp.actors.connection`), on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"raydp {command}: %(message)s"))
+    auth = logging.getLogger("raydp.auth")
+    auth.handlers = [handler]
+    auth.setLevel(logging.INFO)
+    auth.propagate = False

@@ -56,6 +56,9 @@ def add_parser(sub: Any) -> None:
                    "prompts, detokenize outputs and serve POST /v1/chat/completions with it and its chat "
                    "template (default: the byte tokenizer, one token per UTF-8 byte, no chat; a vLLM engine's "
                    "--model); hybrid and external modes need it at this path on every node")
+    p.add_argument("--migration-limit", type=int, default=None, metavar="N",
+                   help="a stream whose rank dies mid-stream moves to a live rank and goes on from its last "
+                   "token, at most N times (default 0: it fails with the rank's error)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on every /v1/* request (repeat for several keys; "
                    "default: $RAYDP_API_KEY, which keeps the key out of the process list); /health stays open")
@@ -90,7 +93,7 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
     fields: dict[str, Any] = {"graceful_shutdown_s": args.graceful_shutdown_s, "tokenizer": _tokenizer(args),
                               "api_keys": _api_keys(args), "protect_metrics": args.protect_metrics,
                               "ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile,
-                              "ssl_ca_certs": args.ssl_ca_certs}
+                              "ssl_ca_certs": args.ssl_ca_certs, "migration_limit": args.migration_limit}
     # The other modes' servers stop with their host actor, which has no grace period to give.
     if args.graceful_shutdown_s is not None and args.lb_mode != "internal":
         raise ConfigError(f"--graceful-shutdown-s={args.graceful_shutdown_s!r}: applies to --lb-mode internal "

@@ -40,8 +40,9 @@ class AsyncRequest:
         self._handle = RequestHandle(request.request_id)
         self.finish_reason: str | None = None
         self._finished = False
+        moves = client.migrations_for(kw.get("migratable", False), kw.get("rank"))
         self.submission = Submission(request, kw.get("rank"), listener, bool(kw.get("retryable", False)),
-                                     self._handle)
+                                     self._handle, migrations=moves)
 
     @property
     def rank(self) -> int | None:

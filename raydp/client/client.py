@@ -17,6 +17,12 @@ balancer: :mod:`raydp.client.router`) belong to whoever holds the lock.
 
 The rank for a request is picked at send time
 (:class:`~raydp.client.balancer.LoadBalancer`); an explicit ``rank`` pins it.
+
+A request submitted ``migratable=True`` survives the death of its rank
+mid-stream: it continues on a live rank from its last token (the prompt plus
+what it streamed, with the tokens left), up to ``migration_limit`` times;
+then, or without the opt-in, it fails with the rank's
+:class:`~raydp.errors.EngineDeadError`. ``Client.migrations`` counts the moves.
 """
 
 from __future__ import annotations
@@ -58,9 +64,13 @@ class Client:
         follow_liveness: bool = True,
         ranks: Collection[int] | None = None,
         balancer: Policy = "least-loaded",
+        migration_limit: int = 3,
     ) -> None:
         if not 0 <= client_index < client_count:
             raise ConfigError(f"client_index={client_index}: must be in [0, client_count={client_count})")
+        if isinstance(migration_limit, bool) or not isinstance(migration_limit, int) or migration_limit < 0:
+            raise ConfigError(f"migration_limit={migration_limit!r}: must be an int >= 0 (moves of one stream)")
+        self.migration_limit = migration_limit
         self.client_index, self.client_count = client_index, client_count
         policy = LoadBalancer(len(endpoints.engines), client_count, ranks, balancer)
         self._call_ids = itertools.count(1)
@@ -84,21 +94,25 @@ class Client:
         request_id: str | None = None,
         retryable: bool = False,
         sampling: Sampling | None = None,
+        migratable: bool = False,
     ) -> RequestHandle:
         """Send one request; returns at once with a handle to wait on or stream.
 
         ``sampling`` (a :class:`~raydp.Sampling`) sets temperature, top_p, top_k,
         seed, stop strings and tokens, ignore_eos; None decodes greedily. An
         engine that cannot honour a field fails the request naming it.
+        ``migratable``: see the module docstring (not with ``rank``).
         """
         request = self._make_request(prompt_token_ids, max_tokens, rank, request_id, sampling)
+        moves = self.migrations_for(migratable, rank)
         handle = RequestHandle(request.request_id, self._turns.read_for)
-        self._turns.run([Submission(request, rank, handle._on_item, retryable, handle, awaited=True)])
+        self._turns.run([Submission(request, rank, handle._on_item, retryable, handle, awaited=True,
+                                    migrations=moves)])
         return handle
 
     def submit_many(
         self, prompts: Sequence[Sequence[int]], max_tokens: int = 16, *, retryable: bool = False,
-        sampling: Sampling | None = None,
+        sampling: Sampling | None = None, migratable: bool = False,
     ) -> list[RequestHandle]:
         """Send many requests at once: one turn of the client's lock and one message per rank.
 
@@ -108,13 +122,15 @@ class Client:
         anything is sent.
         """
         items: list[Submission] = []
+        moves = self.migrations_for(migratable, None)
         for i, prompt in enumerate(prompts):
             try:
                 request = self._make_request(prompt, max_tokens, None, None, sampling)
             except ConfigError as exc:
                 raise ConfigError(f"prompts[{i}]: {exc}") from None
             handle = RequestHandle(request.request_id, self._turns.read_for)
-            items.append(Submission(request, None, handle._on_item, retryable, handle, awaited=True))
+            items.append(Submission(request, None, handle._on_item, retryable, handle, awaited=True,
+                                    migrations=moves))
         self._submit_batch(items)
         return [item.handle for item in items if item.handle is not None]
 
@@ -147,6 +163,20 @@ class Client:
             if not future.done():
                 self._turns.run(lambda: self._router.calls.forget(call_id), allow_closed=True)
             raise
+
+    @property
+    def migrations(self) -> int:
+        """Streams this client moved to another rank after their rank died."""
+        return self._router.migrations
+
+    def migrations_for(self, migratable: bool, rank: int | None) -> int:
+        """How many times a request may move (0: it fails with its rank); raises ConfigError for a pinned one."""
+        if not isinstance(migratable, bool):
+            raise ConfigError(f"migratable={migratable!r}: must be True or False")
+        if migratable and rank is not None:
+            raise ConfigError(f"migratable=True with rank={rank}: a request pinned to a rank cannot move; "
+                              "leave rank unset, or migratable False")
+        return self.migration_limit if migratable else 0
 
     def snapshot(self) -> StatsSnapshot | None:
         """The latest (counts, wave, running) published by the coordinator."""

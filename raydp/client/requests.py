@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import msgspec
+
 from raydp.errors import RaydpError, RequestError
 from raydp.wire.protocol import Output, Request
 
@@ -32,23 +34,46 @@ class Submission:
     retryable: bool
     handle: RequestHandle | None = None
     awaited: bool = False
+    migrations: int = 0  # times the stream may move to another rank when its rank dies mid-stream
 
 
 class RequestState:
-    """Book-keeping of one in-flight request, owned by the client's IO thread."""
+    """Book-keeping of one in-flight request, owned by the client's IO thread.
 
-    __slots__ = ("got_output", "handle", "listener", "rank", "request", "retryable")
+    A migratable request (``migrations_left`` > 0) keeps what it streamed and
+    its original request, so that the router can continue it on another rank
+    (:meth:`continuation`).
+    """
+
+    __slots__ = ("got_output", "handle", "listener", "migrations_left", "original", "rank", "request", "retryable",
+                 "streamed")
 
     def __init__(
-        self, request: Request, rank: int, listener: Listener, retryable: bool, handle: RequestHandle | None = None
+        self, request: Request, rank: int, listener: Listener, retryable: bool, handle: RequestHandle | None = None,
+        migrations: int = 0,
     ) -> None:
         self.request, self.rank, self.listener, self.retryable = request, rank, listener, retryable
         self.handle = handle  # told which rank serves it, also after a failover
         self.got_output = False
+        self.migrations_left = migrations
+        self.original = request
+        self.streamed: list[int] | None = [] if migrations else None
+
+    def continuation(self) -> Request | None:
+        """The request that goes on from the last streamed token (prompt + streamed, the tokens left), or None
+        if nothing is left to generate."""
+        streamed = self.streamed or []
+        left = self.original.max_tokens - len(streamed)
+        if left <= 0:
+            return None
+        prompt = [*self.original.prompt_token_ids, *streamed]
+        return msgspec.structs.replace(self.original, prompt_token_ids=prompt, max_tokens=left)
 
     def deliver(self, item: Output | RaydpError) -> None:
         if isinstance(item, Output):
             self.got_output = True
+            if self.streamed is not None:
+                self.streamed.extend(item.token_ids)
         try:
             self.listener(item)
         except Exception:  # e.g. an asyncio listener whose loop has closed

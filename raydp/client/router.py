@@ -69,6 +69,7 @@ class RequestRouter:
         # a rank still sends for an aborted or moved submission can never be taken
         # for the answer to a later one under the same id.
         self._seqs = itertools.count(1)
+        self.migrations = 0  # streams moved to another rank after their rank died (exported by API servers)
 
     def sender(self, sock: zmq.Socket[bytes]) -> str:
         """Who sent on ``sock``, as a dropped message names it: its role and the address it connects to."""
@@ -156,7 +157,7 @@ class RequestRouter:
         except ConfigError as exc:
             listener(next(iter(self.dead.values()), exc))
             return None
-        return RequestState(item.request, rank, listener, item.retryable, item.handle)
+        return RequestState(item.request, rank, listener, item.retryable, item.handle, item.migrations)
 
     def submit_many(self, items: list[Submission]) -> None:
         if len(items) <= 1:  # the usual inline case: no batch to book
@@ -252,12 +253,35 @@ class RequestRouter:
                 continue
             del self.requests[rid]
             self.balancer.on_finished(state.rank)
-            if state.retryable and not state.got_output and len(self.dead) < len(self.endpoints.engines):
+            alive = len(self.dead) < len(self.endpoints.engines)
+            if state.retryable and not state.got_output and alive:
                 state.rank = self.balancer.choose(self.dead)
                 self._send_request(state)
+            elif state.migrations_left > 0 and alive:
+                self._migrate(state, error)
             else:
                 state.deliver(error)
         self.tell_reader()
+
+    def _migrate(self, state: RequestState, error: EngineDeadError) -> None:
+        """Continue a stream cut by its rank's death on a live rank, from its last token.
+
+        The new submission's prompt is the original prompt plus every token
+        streamed so far, its ``max_tokens`` what is left; the caller's stream
+        goes on under the same id, with nothing repeated or dropped (a greedy
+        request gives what an uninterrupted one would).
+        """
+        state.migrations_left -= 1
+        continuation = state.continuation()
+        if continuation is None:  # every token was out; only the last message died with the rank
+            state.deliver(Output(state.request.request_id, [], True, "length", seq=state.request.seq))
+            return
+        state.request, state.rank = continuation, self.balancer.choose(self.dead)
+        self.migrations += 1
+        logger.info("client: request %s moved from dead rank %d to rank %d after %d tokens (%d moves left)",
+                    continuation.request_id, error.rank, state.rank, len(state.streamed or []),
+                    state.migrations_left)
+        self._send_request(state)
 
     def revive(self, endpoint: EngineEndpoint) -> None:
         if endpoint == self.endpoints.engines[endpoint.rank]:

@@ -10,6 +10,7 @@ the scheduling, not the text.
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -64,7 +65,11 @@ class TinyLMEngine:
         max_len: int = 128,
         max_running: int = 32,
         seed: int = 0,
+        step_delay_s: float = 0.0,
     ) -> None:
+        if step_delay_s < 0:
+            raise ConfigError(f"step_delay_s={step_delay_s!r}: must be >= 0 (seconds added to each busy step)")
+        self.step_delay_s = step_delay_s  # slows a stream down for tests that act in the middle of one
         torch.manual_seed(seed)
         torch.set_num_threads(int(os.environ.get("RAYDP_TORCH_THREADS", "1")))
         self.context = context
@@ -105,6 +110,8 @@ class TinyLMEngine:
         lengths = torch.tensor([len(s) for s in seqs], device=self.device)
         with torch.inference_mode():
             next_tokens = self.model(batch, lengths).argmax(dim=-1).tolist()
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         return [self._advance(rid, tok) for rid, tok in zip(ids, next_tokens, strict=True)]
 
     def _advance(self, rid: str, token: int) -> Output:

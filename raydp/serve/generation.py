@@ -49,8 +49,11 @@ class Generation:
         try:
             in_flight.check_open()
             # An unpinned request that has produced nothing yet moves to a live rank if its rank dies:
-            # the caller sees an answer, not a 503, for a death it could not have seen coming.
-            self.request = aclient.submit(prompt, max_tokens, rank=rank, sampling=sampling, retryable=rank is None)
+            # the caller sees an answer, not a 503, for a death it could not have seen coming. With
+            # --migration-limit, one that has streamed moves too, from its last token.
+            migratable = rank is None and aclient.client.migration_limit > 0
+            self.request = aclient.submit(prompt, max_tokens, rank=rank, sampling=sampling, retryable=rank is None,
+                                          migratable=migratable)
         except RaydpError as exc:
             raise from_raydp_error(exc) from None
         in_flight.add(self.request)  # a stopping server ends it with a 503 (shutting_down)

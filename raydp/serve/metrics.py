@@ -30,7 +30,7 @@ import time
 from collections.abc import AsyncIterator, Collection, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -120,7 +120,10 @@ class _SnapshotCollector:
             for rank, tokens in enumerate(snap.work):
                 if tokens >= 0:  # -1: the engine does not report work
                     work.add_metric([str(rank)], tokens)
-        return [info, waiting, running, work, dead]
+        moved = CounterMetricFamily("raydp_stream_migrations", "streams moved to a live rank after theirs died "
+                                    "mid-stream (--migration-limit)")
+        moved.add_metric([], client.migrations)
+        return [info, waiting, running, work, dead, moved]
 
 
 class RequestMetrics:

@@ -46,6 +46,8 @@ class ServerSettings(BaseModel):
     graceful_shutdown_s: float = Field(3.0, ge=0, description="on shutdown, running requests get this long")
     balancer: Policy = Field("least-loaded", description="how the server's client picks a rank for a request")
     max_restarts: int = Field(3, ge=0, description="times a dead server process is spawned again on the socket")
+    migration_limit: int = Field(0, ge=0, description="times a stream may move to a live rank when its rank "
+                                 "dies mid-stream, continuing from its last token (0: it fails, as without)")
     api_keys: tuple[SecretStr, ...] = Field((), description="if any, every /v1/* request needs "
                                             "'Authorization: Bearer KEY' with one of them")
     protect_metrics: bool = Field(False, description="GET /metrics needs an API key too (default: open)")

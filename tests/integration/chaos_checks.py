@@ -15,3 +15,6 @@ def assert_requests_accounted(summary: dict[str, Any]) -> None:
         assert counts["ok"] > 100, f"{source}: the load kept flowing"
         assert counts["wrong"] == counts["duplicate"] == counts["hung"] == counts["untyped"] == 0, counts
     assert requests["lost"] == 0 and requests["stuck_threads"] == 0
+    migrated = requests["migrated"]  # streams that moved on a rank's death, each checked whole and in order
+    assert set(migrated) == {"driver", "http"}
+    assert all(m["moves"] >= m["streams"] >= 0 for m in migrated.values()), migrated

@@ -56,8 +56,22 @@ def test_status_shows_ranks_devices_load_restarts_and_api_servers(two_nodes: Any
 @pytest.mark.timeout(120)
 def test_status_without_a_cluster_says_what_it_looked_for(two_nodes: Any) -> None:
     result = status("nosuch", address=two_nodes.address)
+    assert len([line for line in result.stderr.splitlines() if "token authentication" in line.lower()]) == 1, \
+        "the cluster's authentication mode, said once"
     assert result.returncode == 1
     assert "'nosuch-coordinator'" in result.stderr and "namespace 'raydp'" in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_the_cli_names_the_clusters_authentication_mode_once_in_its_own_words() -> None:
+    """A new local Ray turns token auth on; Ray's own warning about that is replaced by one raydp line."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    result = subprocess.run([sys.executable, "-m", "raydp", "status", "--address", "local"],
+                            env={**env, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True, timeout=90,
+                            check=False)
+    assert result.returncode == 1 and "no raydp cluster is running there" in result.stderr, result.stderr
+    mode = [line for line in result.stderr.splitlines() if "token authentication" in line.lower()]
+    assert len(mode) == 1 and mode[0].startswith("raydp status: Ray cluster: token authentication on"), mode
 
 
 @pytest.mark.timeout(180)

@@ -44,6 +44,8 @@ def cluster(cluster_pool: ClusterPool, model: str) -> Iterator[Any]:
 
 REFERENCE = want_reference([(p, {"temperature": 0.0, "max_tokens": 12}) for p in PROMPTS]
                            + [(PROMPTS[0], {"temperature": 0.8, "top_p": 0.95, "seed": 1234, "max_tokens": 12})])
+MOVING = 480  # tokens: seconds of decoding here, so a stream is still running when its rank is killed
+LONG = want_reference([(p, {"temperature": 0.0, "max_tokens": MOVING, "ignore_eos": True}) for p in PROMPTS])
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +109,26 @@ def test_a_bad_vllm_field_fails_the_launch_naming_it(cluster: Any, model: str) -
                      engine_kwargs={"model": model, "max_modle_len": 64}, startup_timeout_s=120)
 
 
-def test_a_killed_vllm_rank_fails_its_requests_typed_and_comes_back(cluster: Any) -> None:
+def test_a_killed_vllm_rank_fails_its_requests_typed_migrates_opted_in_streams_and_comes_back(
+    cluster: Any, model: str
+) -> None:
+    long = vllm_reference(Path(model), LONG)
     client = cluster.client()
     pid = client.call_utility(1, "describe")["pid"]
     load = [client.submit(PROMPTS[i % 4], 64, sampling=Sampling(ignore_eos=True)) for i in range(16)]
-    assert wait_until(lambda: all(h.rank is not None for h in load), timeout=30)
+    # Rank 0 gets 4 more, so the least-loaded choice puts the migratable streams on rank 1.
+    load += [client.submit(PROMPTS[i], 64, sampling=Sampling(ignore_eos=True), rank=0) for i in range(4)]
+    moving = [client.submit(p, MOVING, sampling=Sampling(ignore_eos=True), migratable=True) for p in PROMPTS]
+    assert wait_until(lambda: all(h.rank is not None for h in load + moving), timeout=30)
+    on_victim = [h.rank == 1 for h in moving]
+    assert any(on_victim), [h.rank for h in moving]
+    assert wait_until(lambda: all(h.tokens for h, m in zip(moving, on_victim, strict=True) if m), timeout=30)
+    assert not any(h.done() for h in moving), "still streaming when the rank dies"
     os.kill(pid, signal.SIGKILL)
+    # Greedy: continued from their last token on rank 0, they give what an uninterrupted run gives.
+    assert [h.result(120) for h in moving] == long
+    assert [h.rank for h in moving] == [0] * len(moving) and client.migrations == sum(on_victim), \
+        ([h.rank for h in moving], on_victim, client.migrations)
     answered = failed = 0
     for handle in load:
         try:
@@ -121,7 +137,7 @@ def test_a_killed_vllm_rank_fails_its_requests_typed_and_comes_back(cluster: Any
         except EngineDeadError as exc:
             assert exc.rank == 1 and handle.rank == 1, "only the killed rank's requests fail"
             failed += 1
-    assert answered + failed == 16 and answered >= 1, "no request is lost: answered or failed typed"
+    assert answered + failed == 20 and answered >= 1, "no request is lost: answered or failed typed"
     during = client.generate(PROMPTS[0], 4, rank=0, timeout=60)
     assert len(during) == 4, "the other rank answers throughout"
     started = time.monotonic()

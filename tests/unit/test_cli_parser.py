@@ -16,10 +16,10 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_the_commands_exist() -> None:
-    assert set(subcommands()) == {"demo", "serve", "plan", "status", "scale", "make-model"}
+    assert set(subcommands()) == {"demo", "serve", "plan", "status", "scale", "make-model", "dashboard"}
 
 
-@pytest.mark.parametrize("command", ["demo", "serve", "plan", "status", "scale"])
+@pytest.mark.parametrize("command", ["demo", "serve", "plan", "status", "scale", "dashboard"])
 def test_every_flag_has_help(command: str) -> None:
     parser = subcommands()[command]
     undocumented = [
