@@ -68,16 +68,19 @@ class Cluster:
         return self.endpoints.capacity
 
     def client(self, *, client_index: int = 0, client_count: int = 1, balancer: Policy = "least-loaded",
-               migration_limit: int = 3) -> Client:
+               migration_limit: int = 3, prefix_load_margin: int | None = None) -> Client:
         """A new :class:`~raydp.client.client.Client` wired to this cluster.
 
         ``balancer`` picks how it chooses a rank: ``least-loaded`` (by the
         coordinator's published load and its own sends since), or the usual
-        alternatives ``power-of-two`` and ``round-robin``. ``migration_limit``
-        bounds how often a ``migratable=True`` stream may move when its rank dies.
+        alternatives ``power-of-two`` and ``round-robin``, or ``prefix`` (cache
+        affinity by the prompt's prefix, within ``prefix_load_margin`` of the
+        least-loaded rank; default 16). ``migration_limit`` bounds how often a
+        ``migratable=True`` stream may move when its rank dies.
         """
         from raydp.client.client import Client
 
+        margin: dict[str, Any] = {} if prefix_load_margin is None else {"prefix_load_margin": prefix_load_margin}
         with self._lock:
             if self._closed:
                 raise ClusterClosedError(f"cluster {self.name!r} is closed")
@@ -89,6 +92,7 @@ class Cluster:
                 follow_liveness=self._manager is None,
                 balancer=balancer,
                 migration_limit=migration_limit,
+                **margin,
             )
             for err in self._dead_ranks.values():
                 client.mark_dead(err)

@@ -14,6 +14,7 @@ from raydp.cli.options import (
     with_engine_flags,
 )
 from raydp.cli.signals import install_stop_handlers
+from raydp.client.balancer import POLICIES
 from raydp.errors import ConfigError
 from raydp.serve.settings import ServeEnvironment, ServerSettings
 
@@ -56,6 +57,13 @@ def add_parser(sub: Any) -> None:
                    "prompts, detokenize outputs and serve POST /v1/chat/completions with it and its chat "
                    "template (default: the byte tokenizer, one token per UTF-8 byte, no chat; a vLLM engine's "
                    "--model); hybrid and external modes need it at this path on every node")
+    p.add_argument("--balancer", choices=list(POLICIES), default=None,
+                   help="how the API servers pick a rank: least-loaded (default), prefix (the rank that holds "
+                   "the prompt's prefix in its cache, unless it is busier than the least-loaded one by a "
+                   "margin), power-of-two, round-robin")
+    p.add_argument("--prefix-load-margin", type=int, default=None, metavar="SCORE",
+                   help="with --balancer prefix: a prompt leaves its prefix's rank once that rank is busier than "
+                   "the least-loaded one by SCORE (4 per waiting request, 1 per running one; default 16)")
     p.add_argument("--migration-limit", type=int, default=None, metavar="N",
                    help="a stream whose rank dies mid-stream moves to a live rank and goes on from its last "
                    "token, at most N times (default 0: it fails with the rank's error)")
@@ -93,7 +101,8 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
     fields: dict[str, Any] = {"graceful_shutdown_s": args.graceful_shutdown_s, "tokenizer": _tokenizer(args),
                               "api_keys": _api_keys(args), "protect_metrics": args.protect_metrics,
                               "ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile,
-                              "ssl_ca_certs": args.ssl_ca_certs, "migration_limit": args.migration_limit}
+                              "ssl_ca_certs": args.ssl_ca_certs, "migration_limit": args.migration_limit,
+                              "balancer": args.balancer, "prefix_load_margin": args.prefix_load_margin}
     # The other modes' servers stop with their host actor, which has no grace period to give.
     if args.graceful_shutdown_s is not None and args.lb_mode != "internal":
         raise ConfigError(f"--graceful-shutdown-s={args.graceful_shutdown_s!r}: applies to --lb-mode internal "

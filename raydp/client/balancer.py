@@ -12,20 +12,29 @@ one busy with two short ones, and a request sent behind the long ones waits
 the longest (the tail of a skewed workload). Counts come first because they
 say whether a request can start at once; work alone would queue short
 requests behind short ones next to a free slot.
+
+The ``prefix`` policy adds cache affinity: a request goes to the first rank in
+its prompt prefix's order of preference (:mod:`raydp.client.prefix`) whose
+score is within ``prefix_load_margin`` of the least-loaded rank's; past that
+margin load wins, as in SGLang's cache-aware policy, and the overflow of a hot
+prefix goes to its next preferred rank, so that it warms one more cache rather
+than all of them.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Literal, get_args
 
+from raydp.client.prefix import DEFAULT_PREFIX_TOKENS, preference, prefix_key
 from raydp.errors import ConfigError
 from raydp.wire.control import StatsSnapshot
 
 WAITING_WEIGHT = 4
-Policy = Literal["least-loaded", "power-of-two", "round-robin"]
+DEFAULT_PREFIX_LOAD_MARGIN = 4 * WAITING_WEIGHT  # four waiting requests more than the least-loaded rank
+Policy = Literal["least-loaded", "power-of-two", "round-robin", "prefix"]
 POLICIES: tuple[str, ...] = get_args(Policy)
 
 
@@ -44,10 +53,18 @@ class LoadBalancer:
         client_count: int = 1,
         eligible: Collection[int] | None = None,
         policy: Policy = "least-loaded",
+        prefix_tokens: int = DEFAULT_PREFIX_TOKENS,
+        prefix_load_margin: int = DEFAULT_PREFIX_LOAD_MARGIN,
     ) -> None:
         if policy not in POLICIES:
             raise ConfigError(f"policy={policy!r}: must be one of {', '.join(POLICIES)}")
+        if prefix_tokens < 1:
+            raise ConfigError(f"prefix_tokens={prefix_tokens}: must be >= 1 (the tokens a prefix key covers)")
+        if prefix_load_margin < 0:
+            raise ConfigError(f"prefix_load_margin={prefix_load_margin}: must be >= 0 (score units: "
+                              f"{WAITING_WEIGHT} per waiting request, 1 per running one)")
         self.policy = policy
+        self.prefix_tokens, self.prefix_load_margin = prefix_tokens, prefix_load_margin
         self._turn = itertools.count()
         self._random = random.Random()
         if engine_count < 1:
@@ -89,12 +106,14 @@ class LoadBalancer:
         """This client's requests on ``rank`` that have not finished."""
         return self._in_flight[rank] if rank < self.engine_count else 0
 
-    def choose(self, dead: Collection[int] = ()) -> int:
+    def choose(self, dead: Collection[int] = (), prompt: Sequence[int] | None = None) -> int:
         """The live rank for the next request, by :attr:`policy`.
 
         ``least-loaded`` (the default): the lowest score (ties: least work, then
-        fewest of ours in flight, then lowest rank). ``power-of-two`` and ``round-robin`` are
-        the usual alternatives, kept for comparison (``scripts/bench.py``).
+        fewest of ours in flight, then lowest rank). ``prefix``: see the module
+        docstring (``prompt`` is the request's; without one it is least-loaded).
+        ``power-of-two`` and ``round-robin`` are the usual alternatives, kept for
+        comparison (``scripts/bench.py``).
         """
         live = [r for r in self.eligible if r not in dead]
         if not live:
@@ -103,7 +122,12 @@ class LoadBalancer:
             return live[next(self._turn) % len(live)]
         if self.policy == "power-of-two" and len(live) > 2:
             live = self._random.sample(live, 2)
-        return min(live, key=lambda rank: (self.score(rank), self.work(rank), self._in_flight[rank], rank))
+        least = min(live, key=lambda rank: (self.score(rank), self.work(rank), self._in_flight[rank], rank))
+        if self.policy != "prefix" or not prompt:
+            return least
+        bound = self.score(least) + self.prefix_load_margin
+        order = preference(prefix_key(prompt, self.prefix_tokens), live)
+        return next(rank for rank in order if self.score(rank) <= bound)
 
     def score(self, rank: int) -> int:
         return self._snapshot_scores[rank] + WAITING_WEIGHT * self._since_snapshot[rank]

@@ -33,7 +33,7 @@ from collections.abc import Collection, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from raydp.client.balancer import LoadBalancer, Policy
+from raydp.client.balancer import DEFAULT_PREFIX_LOAD_MARGIN, LoadBalancer, Policy
 from raydp.client.requests import RequestHandle, Submission
 from raydp.client.router import RequestRouter
 from raydp.client.sockets import ClientSockets
@@ -65,6 +65,7 @@ class Client:
         ranks: Collection[int] | None = None,
         balancer: Policy = "least-loaded",
         migration_limit: int = 3,
+        prefix_load_margin: int = DEFAULT_PREFIX_LOAD_MARGIN,
     ) -> None:
         if not 0 <= client_index < client_count:
             raise ConfigError(f"client_index={client_index}: must be in [0, client_count={client_count})")
@@ -72,7 +73,8 @@ class Client:
             raise ConfigError(f"migration_limit={migration_limit!r}: must be an int >= 0 (moves of one stream)")
         self.migration_limit = migration_limit
         self.client_index, self.client_count = client_index, client_count
-        policy = LoadBalancer(len(endpoints.engines), client_count, ranks, balancer)
+        policy = LoadBalancer(len(endpoints.engines), client_count, ranks, balancer,
+                              prefix_load_margin=prefix_load_margin)
         self._call_ids = itertools.count(1)
         self._ids = itertools.count()
         self._io = ClientSockets(endpoints, node_id, options or SocketOptions())

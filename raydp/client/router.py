@@ -153,7 +153,7 @@ class RequestRouter:
             listener(ConfigError(f"rank={pinned}: the cluster was scaled to {self.balancer.size} ranks"))
             return None
         try:
-            rank = pinned if pinned is not None else self.balancer.choose(self.dead)
+            rank = pinned if pinned is not None else self.balancer.choose(self.dead, item.request.prompt_token_ids)
         except ConfigError as exc:
             listener(next(iter(self.dead.values()), exc))
             return None
@@ -255,7 +255,7 @@ class RequestRouter:
             self.balancer.on_finished(state.rank)
             alive = len(self.dead) < len(self.endpoints.engines)
             if state.retryable and not state.got_output and alive:
-                state.rank = self.balancer.choose(self.dead)
+                state.rank = self.balancer.choose(self.dead, state.request.prompt_token_ids)
                 self._send_request(state)
             elif state.migrations_left > 0 and alive:
                 self._migrate(state, error)
@@ -276,7 +276,7 @@ class RequestRouter:
         if continuation is None:  # every token was out; only the last message died with the rank
             state.deliver(Output(state.request.request_id, [], True, "length", seq=state.request.seq))
             return
-        state.request, state.rank = continuation, self.balancer.choose(self.dead)
+        state.request, state.rank = continuation, self.balancer.choose(self.dead, continuation.prompt_token_ids)
         self.migrations += 1
         logger.info("client: request %s moved from dead rank %d to rank %d after %d tokens (%d moves left)",
                     continuation.request_id, error.rank, state.rank, len(state.streamed or []),
@@ -325,7 +325,7 @@ class RequestRouter:
             del self.requests[rid]
             self.balancer.on_finished(state.rank)
             try:
-                state.rank = self.balancer.choose(self.dead)
+                state.rank = self.balancer.choose(self.dead, state.request.prompt_token_ids)
             except ConfigError as exc:
                 state.deliver(exc)
                 continue

@@ -172,7 +172,7 @@ def serve_forever(
     """
     s = settings or ServerSettings()
     client = Client(endpoints, node_id=node_id, client_index=client_index, client_count=client_count, ranks=ranks,
-                    balancer=s.balancer, migration_limit=s.migration_limit)
+                    balancer=s.balancer, migration_limit=s.migration_limit, prefix_load_margin=s.prefix_load_margin)
     in_flight = InFlight()
     reason = (f"API server {client_index} of {endpoints.name!r} is shutting down: the request was still running "
               f"after graceful_shutdown_s={s.graceful_shutdown_s:g}")

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from raydp.client.balancer import Policy
+from raydp.client.balancer import DEFAULT_PREFIX_LOAD_MARGIN, WAITING_WEIGHT, Policy
 from raydp.config import format_validation_error
 from raydp.errors import ConfigError
 
@@ -45,6 +45,9 @@ class ServerSettings(BaseModel):
     max_connections: int = Field(2048, ge=1, description="open connections per process before requests get a 503")
     graceful_shutdown_s: float = Field(3.0, ge=0, description="on shutdown, running requests get this long")
     balancer: Policy = Field("least-loaded", description="how the server's client picks a rank for a request")
+    prefix_load_margin: int = Field(DEFAULT_PREFIX_LOAD_MARGIN, ge=0, description="balancer 'prefix': a prompt "
+                                    "leaves its prefix's rank once that rank's load passes the least-loaded "
+                                    f"one's by this (score: {WAITING_WEIGHT} per waiting request, 1 per running)")
     max_restarts: int = Field(3, ge=0, description="times a dead server process is spawned again on the socket")
     migration_limit: int = Field(0, ge=0, description="times a stream may move to a live rank when its rank "
                                  "dies mid-stream, continuing from its last token (0: it fails, as without)")
