@@ -33,7 +33,8 @@ def _digest(key: bytes) -> bytes:
 
 
 class ApiKeys:
-    """ASGI middleware: see the module docstring. ``keys`` empty means no check at all."""
+    """ASGI middleware: see the module docstring. ``keys`` empty means no check at all (``build_app`` then
+    leaves it out)."""
 
     def __init__(self, app: ASGIApp, keys: Sequence[str], protect_metrics: bool = False) -> None:
         self.app = app

@@ -108,7 +108,9 @@ def build_app(
     return Starlette(
         routes=routes,
         middleware=[Middleware(RequestMetrics, metrics=metrics, routes=[r.path for r in routes]),
-                    Middleware(ApiKeys, keys=list(api_keys), protect_metrics=protect_metrics)],
+                    # Without keys there is nothing to check: no layer on every request's path.
+                    *([Middleware(ApiKeys, keys=list(api_keys), protect_metrics=protect_metrics)] if api_keys
+                      else [])],
         exception_handlers={
             ApiError: api_error_handler,
             HTTPException: http_exception_handler,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pytest
 
@@ -158,3 +159,20 @@ def test_api_keys_come_from_the_flags_or_else_the_environment(monkeypatch: pytes
     assert [k.get_secret_value() for k in from_env.api_keys] == ["sk-env"]
     monkeypatch.delenv("RAYDP_API_KEY")
     assert _server_settings(parser.parse_args([])).api_keys == ()
+
+
+def test_serve_flags_reach_the_api_server_settings(tmp_path: Any) -> None:
+    from raydp.cli.serve import _server_settings
+
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("x")
+    key.write_text("x")
+    args = subcommands()["serve"].parse_args([
+        "--balancer", "prefix", "--prefix-load-margin", "2", "--migration-limit", "1",
+        "--ssl-certfile", str(cert), "--ssl-keyfile", str(key),
+    ])
+    settings = _server_settings(args)
+    assert (settings.balancer, settings.prefix_load_margin, settings.migration_limit) == ("prefix", 2, 1)
+    assert (settings.ssl_certfile, settings.ssl_keyfile, settings.scheme) == (str(cert), str(key), "https")
+    defaults = _server_settings(subcommands()["serve"].parse_args([]))
+    assert (defaults.balancer, defaults.migration_limit, defaults.scheme) == ("least-loaded", 0, "http")

@@ -45,3 +45,17 @@ def test_work_counts_the_tokens_left_to_generate_waiting_and_running() -> None:
     while engine.has_unfinished():
         engine.step()
     assert engine.work() == 0
+
+
+def test_a_continuation_from_prompt_plus_streamed_tokens_gives_the_rest_of_the_answer() -> None:
+    """What stream migration relies on: greedy decoding resumed from any point gives the same tokens."""
+    whole = _run(_engine(), [Request("a", [3, 1, 4, 1, 5], 20)])["a"]
+    rest = _run(_engine(), [Request("b", [3, 1, 4, 1, 5, *whole[:7]], 13)])["b"]
+    assert rest == whole[7:]
+
+
+def test_a_negative_step_delay_is_refused_naming_the_field() -> None:
+    from raydp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="step_delay_s=-1"):
+        TinyLMEngine(EngineContext(0, 0, 1, 1, "n"), step_delay_s=-1)
