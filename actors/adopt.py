@@ -15,10 +15,8 @@ from ray.util.placement_group import PlacementGroup, placement_group_table
 
 from raydp.actors.manager import ActorManager
 from raydp.actors.slots import slots_from_groups
-from raydp.coordinator.client import CoordinatorClient
 from raydp.errors import ConfigError
 from raydp.names import NAMESPACE, coordinator_name, rank_name
-from raydp.wire.transport import socket_options
 
 
 def adopt(name: str) -> ActorManager:
@@ -30,31 +28,23 @@ def adopt(name: str) -> ActorManager:
     endpoints, launch, info = ray.get(
         [coordinator.cluster.remote(), coordinator.launch.remote(), coordinator.info.remote()], timeout=30
     )
-    if endpoints is None or not launch:
+    if endpoints is None or launch is None:
         raise ConfigError(f"name={name!r}: the cluster is still starting")
-    config = launch["config"]
+    config = launch.config
     if not config.detached:
-        raise ConfigError(f"name={name!r}: only the process that launched this cluster can scale it "
-                          "(launch it with detached=True to scale it from elsewhere)")
-    manager = ActorManager(config, engine_cls=launch["engine_cls"])
+        raise ConfigError(
+            f"name={name!r}: only the process that launched this cluster can scale it "
+            "(launch it with detached=True to scale it from elsewhere)"
+        )
+    manager = ActorManager(config, engine_cls=launch.engine_cls, curve=endpoints.curve, prefix=endpoints.ipc_prefix)
     n = len(endpoints.engines)
-    manager._curve = endpoints.curve
-    manager._sock_opts = socket_options(config, endpoints.curve)
-    manager.ipc_prefix = manager._owned.name = endpoints.ipc_prefix
-    owned = manager._owned
-    owned.coordinator = coordinator
-    owned.engines = [ray.get_actor(rank_name(name, r), namespace=NAMESPACE) for r in range(n)]
-    owned.groups = [_group_named(rank_name(name, r)) for r in range(n)]
-    manager.slots = slots_from_groups(owned.groups)
-    startup = manager._startup
-    startup.coordinator_endpoints = endpoints.coordinator
-    startup.devices = [tuple(d) for d in info.get("devices", [[] for _ in range(n)])]
-    startup.dp_size = n
-    startup.capacity = {r: endpoints.capacity // n for r in range(n)}
-    manager.endpoints = endpoints
-    manager._reports.coordinator = CoordinatorClient(endpoints.coordinator, manager.driver_node_id,
-                                                      manager._sock_opts)
-    owned.closers.append(manager._reports.coordinator.close)
+    records = slots_from_groups([_group_named(rank_name(name, r)) for r in range(n)])
+    devices = info.devices or [[] for _ in range(n)]
+    for record in records:
+        record.handle = ray.get_actor(rank_name(name, record.rank), namespace=NAMESPACE)
+        record.devices = tuple(devices[record.rank])
+        record.capacity = endpoints.capacity // n
+    manager.adopt(endpoints, coordinator, records)
     return manager
 
 
@@ -62,5 +52,5 @@ def _group_named(name: str) -> PlacementGroup:
     """By name across namespaces: the launcher's job made it in a namespace of its own."""
     for info in placement_group_table().values():
         if info.get("name") == name and info.get("state") != "REMOVED":
-            return PlacementGroup(ray._raylet.PlacementGroupID(bytes.fromhex(info["placement_group_id"])))
+            return PlacementGroup(ray.PlacementGroupID(bytes.fromhex(info["placement_group_id"])))
     raise ConfigError(f"placement group {name!r} of the cluster is gone")

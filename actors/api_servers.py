@@ -38,15 +38,26 @@ class APIServerHost:
     ``watch()`` ref fail and reports the servers dead.
     """
 
-    def __init__(self, endpoints: ClusterEndpoints, count: int, port: int, ranks: list[int] | None,
-                 settings: ServerSettings | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: ClusterEndpoints,
+        count: int,
+        port: int,
+        ranks: list[int] | None,
+        settings: ServerSettings | None = None,
+    ) -> None:
         from raydp.serve.processes import APIServerProcessManager
 
         self._died = threading.Event()
         self._why = ""
         self._servers = APIServerProcessManager(
-            endpoints, count, host=node_ip(), port=port, node_id=ray.get_runtime_context().get_node_id(),
-            ranks=ranks, settings=settings,
+            endpoints,
+            count,
+            host=node_ip(),
+            port=port,
+            node_id=ray.get_runtime_context().get_node_id(),
+            ranks=ranks,
+            settings=settings,
         )
         self._servers.on_death(self._on_death)
 
@@ -68,16 +79,31 @@ class APIServerHost:
 class RemoteAPIServers:
     """The launcher's handle on one :class:`APIServerHost`: its URL, its death, its end."""
 
-    def __init__(self, endpoints: ClusterEndpoints, node_id: str, count: int, port: int,
-                 ranks: Sequence[int] | None, label: str, settings: ServerSettings | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: ClusterEndpoints,
+        node_id: str,
+        count: int,
+        port: int,
+        ranks: Sequence[int] | None,
+        label: str,
+        settings: ServerSettings | None = None,
+    ) -> None:
         self.node_id, self.count, self.label = node_id, count, label
         self.ranks = list(ranks) if ranks is not None else None
         self._listeners: list[DeathListener] = []
         self._closed = threading.Event()
-        self._actor = ray.remote(APIServerHost).options(
-            num_cpus=0, namespace=NAMESPACE, max_concurrency=4, name=f"{endpoints.name}-api-{label}",
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(endpoints, count, port, self.ranks, settings)
+        self._actor = (
+            ray.remote(APIServerHost)
+            .options(
+                num_cpus=0,
+                namespace=NAMESPACE,
+                max_concurrency=4,
+                name=f"{endpoints.name}-api-{label}",
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            )
+            .remote(endpoints, count, port, self.ranks, settings)
+        )
         try:
             self.url: str = ray.get(self._actor.url.remote(), timeout=START_TIMEOUT_S)
         except BaseException:
@@ -95,8 +121,9 @@ class RemoteAPIServers:
         except Exception as exc:  # the host actor (or its node) died
             why = f"host actor died: {exc!r:.300}"
         if not self._closed.is_set():
-            notify(self._listeners, ProcessDeadError(f"API servers {self.label} at {self.url} ({why})", None,
-                                                     self.node_id))
+            notify(
+                self._listeners, ProcessDeadError(f"API servers {self.label} at {self.url} ({why})", None, self.node_id)
+            )
 
     def close(self) -> None:
         if self._closed.is_set():

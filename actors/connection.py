@@ -14,13 +14,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 logger = logging.getLogger("raydp")
 auth_logger = logging.getLogger("raydp.auth")  # the CLI prints it as one line of its own
 RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
-RAY_AUTH_NOTICES = ("Token authentication is enabled for this Ray cluster",
-                    "Token authentication is disabled for this Ray cluster")
+RAY_AUTH_NOTICES = (
+    "Token authentication is enabled for this Ray cluster",
+    "Token authentication is disabled for this Ray cluster",
+)
 _reported = threading.Event()
 
 
@@ -40,12 +44,16 @@ def report_auth_mode(token_auth: bool) -> None:
         return
     _reported.set()
     if token_auth:
-        auth_logger.info("Ray cluster: token authentication on (every node, driver and job needs the cluster's "
-                    "token: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
+        auth_logger.info(
+            "Ray cluster: token authentication on (every node, driver and job needs the cluster's "
+            "token: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+        )
     else:
-        auth_logger.warning("Ray cluster: token authentication OFF: anyone who can reach its ports can run code on "
-                       "it; set RAY_AUTH_MODE=token with a token on every node (README: Ray token "
-                       "authentication)")
+        auth_logger.warning(
+            "Ray cluster: token authentication OFF: anyone who can reach its ports can run code on "
+            "it; set RAY_AUTH_MODE=token with a token on every node (docs/operations.md: Ray token "
+            "authentication)"
+        )
 
 
 def connect(address: str | None = None, *, local: dict[str, Any] | None = None, quiet: bool = False) -> bool:
@@ -78,6 +86,28 @@ def connect(address: str | None = None, *, local: dict[str, Any] | None = None, 
     return True
 
 
+@contextmanager
+def connected(
+    address: str | None = None, *, local: dict[str, Any] | None = None, quiet: bool = False
+) -> Iterator[None]:
+    """:func:`connect` for a block; a connection the block made is closed at its end (CLI commands)."""
+    started = connect(address, local=local, quiet=quiet)
+    try:
+        yield
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def this_node_id() -> str:
+    """The Ray node this process runs on (it must be connected)."""
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
+
+
 def _token_auth() -> bool:
     # The compiled module's stub lists neither; they are what Ray's own setup code reads.
     from ray._raylet import AuthenticationMode, get_authentication_mode  # type: ignore[attr-defined]
@@ -91,8 +121,10 @@ def _start_local(local: dict[str, Any], opts: dict[str, Any]) -> None:
     cores = os.cpu_count() or 1
     if local.get("num_cpus", 0) > cores:
         logging.getLogger("raydp").warning(
-            "starting a local Ray with %d logical CPUs on a %d-core machine: the ranks share (oversubscribe) "
-            "the cores", local["num_cpus"], cores)
+            "starting a local Ray with %d logical CPUs on a %d-core machine: the ranks share (oversubscribe) the cores",
+            local["num_cpus"],
+            cores,
+        )
     # address="local": a new cluster even where ray.init() would find one (RAY_ADDRESS, the latest
     # cluster started on the machine).
     ray.init(address="local", **{"include_dashboard": False, **local, **opts})

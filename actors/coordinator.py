@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
+import msgspec
 import ray
 
 from raydp.actors.metrics import CoordinatorMetrics, export_periodically
-from raydp.config import TransportKind
+from raydp.config import RaydpConfig, TransportKind
 from raydp.coordinator.loop import CoordinatorLoop
 from raydp.coordinator.resync import Restored
 from raydp.coordinator.state import CoordinatorState
 from raydp.logs import configure_component_logging
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
+from raydp.wire.records import APIServerRecord, ClusterInfo, CoordinatorStatus, LaunchRecord
 from raydp.wire.transport import SocketOptions
 
 
@@ -28,7 +29,8 @@ class CoordinatorActor:
     * ``wait_for_engines(n, timeout_s)`` -> True once ``n`` engines subscribed;
       ``wait_for_rank(rank, timeout_s)`` -> True once that one has (a restarted rank);
     * ``set_cluster(endpoints, info, launch)`` / ``cluster()`` -> the cluster's endpoints, for
-      ``raydp.attach``; ``launch()`` -> its config and engine class, for ``raydp scale``;
+      ``raydp.attach``; ``config()`` -> its config; ``launch()`` -> its config and engine class,
+      for ``raydp scale`` (records: :mod:`raydp.wire.records`);
     * ``add_api_servers(record)`` / ``info()`` -> devices per rank and API servers, for ``raydp status``;
     * ``state()`` -> wave, running flag, counts, dead ranks, dropped/broadcast counters;
     * ``shutdown()`` broadcasts Shutdown to engines and closes every socket.
@@ -72,11 +74,11 @@ class CoordinatorActor:
             rebind=successor_of[0] if successor_of is not None else None,
         )
         self._cluster: ClusterEndpoints | None = None
-        self._info: dict[str, Any] = {}
-        self._launch: dict[str, Any] = {}
-        self._api_servers: list[dict[str, Any]] = []
+        self._info = ClusterInfo()
+        self._launch: LaunchRecord | None = None
+        self._api_servers: list[APIServerRecord] = []
         self._metrics_stop = threading.Event()
-        export_periodically(self._loop.describe, CoordinatorMetrics(cluster_name), self._metrics_stop)
+        export_periodically(self._loop.describe, CoordinatorMetrics(cluster_name).export, self._metrics_stop)
 
     def endpoints(self) -> CoordinatorEndpoints:
         return self._loop.endpoints
@@ -91,29 +93,33 @@ class CoordinatorActor:
         return self._loop.wait_for_rank(rank, timeout_s)
 
     def set_cluster(
-        self, endpoints: ClusterEndpoints, info: dict[str, Any] | None = None, launch: dict[str, Any] | None = None
+        self, endpoints: ClusterEndpoints, info: ClusterInfo | None = None, launch: LaunchRecord | None = None
     ) -> None:
         self._cluster = endpoints
         if info is not None:
-            self._info = dict(info)
+            self._info = info
         if launch is not None:
-            self._launch = dict(launch)
+            self._launch = launch
 
     def cluster(self) -> ClusterEndpoints | None:
         return self._cluster
 
-    def launch(self) -> dict[str, Any]:
+    def launch(self) -> LaunchRecord | None:
         """How the cluster was launched (config, engine class), for a process that scales it later."""
-        return dict(self._launch)
+        return self._launch
 
-    def add_api_servers(self, record: dict[str, Any]) -> None:
-        self._api_servers.append(dict(record))
+    def config(self) -> RaydpConfig | None:
+        """The cluster's config alone: an attaching process need not import the engine class."""
+        return self._launch.config if self._launch is not None else None
 
-    def info(self) -> dict[str, Any]:
+    def add_api_servers(self, record: APIServerRecord) -> None:
+        self._api_servers.append(record)
+
+    def info(self) -> ClusterInfo:
         """What ``raydp status`` shows beyond the state: devices per rank, API servers."""
-        return {**self._info, "api_servers": list(self._api_servers)}
+        return msgspec.structs.replace(self._info, api_servers=list(self._api_servers))
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> CoordinatorStatus:
         return self._loop.describe()
 
     def shutdown(self) -> None:

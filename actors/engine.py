@@ -58,11 +58,19 @@ class EngineCoreActor:
             preload(config)  # the slow imports first: the probe finishes meanwhile
             device_ids = device_ids.resolve(config.startup_timeout_s)
         self.host = EngineHost(
-            config, rank, local_rank, node_id, frontend_node_id, device_ids, ipc_prefix, engine_cls, curve,
+            config,
+            rank,
+            local_rank,
+            node_id,
+            frontend_node_id,
+            device_ids,
+            ipc_prefix,
+            engine_cls,
+            curve,
             executor_factory=RayExecutor,
         )
         self._metrics_stop = threading.Event()
-        export_periodically(self.host.counters, EngineMetrics(config.name, rank), self._metrics_stop)
+        export_periodically(self.host.counters, EngineMetrics(config.name, rank).export, self._metrics_stop)
 
     def __repr__(self) -> str:
         # Ray prefixes this actor's log lines with its repr: name the rank and node.

@@ -11,11 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ray.util.metrics import Counter, Gauge
 
+from raydp.wire.records import CoordinatorStatus
+
 logger = logging.getLogger("raydp.metrics")
+T = TypeVar("T")
 EXPORT_INTERVAL_S = 1.0
 TAGS = ("cluster", "rank")
 
@@ -33,27 +36,26 @@ class CoordinatorMetrics:
         self.dead = Gauge("raydp_rank_dead", "1 while the rank is dead", TAGS)
         self.wave = Gauge("raydp_wave", "the cluster's current request wave", ("cluster",))
 
-    def export(self, state: dict[str, Any]) -> None:
-        dead = {int(r) for r in state.get("dead", {})}
-        for rank, (waiting, running) in enumerate(state["counts"]):
+    def export(self, state: CoordinatorStatus) -> None:
+        for rank, (waiting, running) in enumerate(state.counts):
             tags = {"cluster": self.cluster, "rank": str(rank)}
             self.waiting.set(waiting, tags)
             self.running.set(running, tags)
-            self.deaths.set(state["deaths"][rank], tags)
-            self.restarts.set(state["restarts"][rank], tags)
-            self.dead.set(1 if rank in dead else 0, tags)
-            work = state.get("work", [])
-            if rank < len(work) and work[rank] >= 0:
-                self.work.set(work[rank], tags)
-        self.wave.set(state["wave"], {"cluster": self.cluster})
+            self.deaths.set(state.deaths[rank], tags)
+            self.restarts.set(state.restarts[rank], tags)
+            self.dead.set(1 if rank in state.dead else 0, tags)
+            if rank < len(state.work) and state.work[rank] >= 0:
+                self.work.set(state.work[rank], tags)
+        self.wave.set(state.wave, {"cluster": self.cluster})
 
 
 class EngineMetrics:
     """One rank's request counters as a Ray counter, tagged by cluster, rank and outcome."""
 
     def __init__(self, cluster: str, rank: int) -> None:
-        self.requests = Counter("raydp_engine_requests", "requests by outcome: added, finished, aborted",
-                                ("cluster", "rank", "outcome"))
+        self.requests = Counter(
+            "raydp_engine_requests", "requests by outcome: added, finished, aborted", ("cluster", "rank", "outcome")
+        )
         self._tags = {"cluster": cluster, "rank": str(rank)}
         self._last: dict[str, int] = {}
 
@@ -65,14 +67,15 @@ class EngineMetrics:
             self._last[outcome] = int(total)
 
 
-def export_periodically(read: Callable[[], dict[str, Any]], metrics: CoordinatorMetrics | EngineMetrics,
-                        stop: threading.Event, interval_s: float = EXPORT_INTERVAL_S) -> threading.Thread:
+def export_periodically(
+    read: Callable[[], T], export: Callable[[T], None], stop: threading.Event, interval_s: float = EXPORT_INTERVAL_S
+) -> threading.Thread:
     """Export ``read()`` every ``interval_s`` until ``stop``; a failing export is logged, never fatal."""
 
     def run() -> None:
         while not stop.wait(interval_s):
             try:
-                metrics.export(read())
+                export(read())
             except Exception:
                 logger.exception("exporting raydp metrics to Ray failed")
 

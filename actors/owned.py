@@ -12,6 +12,7 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydp.backend import OwnedResources
+from raydp.orchestration.ranks import RankTable
 from raydp.placement.groups import remove_groups
 from raydp.wire.transport import remove_cluster_ipc_dirs
 
@@ -24,7 +25,8 @@ class Owned(OwnedResources):
     """The Ray side of a launch: actors, placement groups, watcher and restart threads."""
 
     coordinator: Any = None
-    engines: list[Any] = field(default_factory=list)
+    ranks: RankTable = field(default_factory=RankTable)  # the engines are the ranks' handles
+    engines: list[Any] = field(default_factory=list)  # engines found by name (ending another's cluster)
     groups: list[PlacementGroup] = field(default_factory=list)
     watcher: threading.Thread | None = None
     run_refs: list[Any] = field(default_factory=list)
@@ -50,7 +52,7 @@ class Owned(OwnedResources):
         so the loops leave first (their ``run`` refs end), then each actor exits
         from inside (``__ray_terminate__``), and only a wedged one is killed.
         """
-        actors = [a for a in [self.coordinator, *self.engines] if a is not None]
+        actors = [a for a in [self.coordinator, *self.engines, *self.ranks.handles()] if a is not None]
         _wait([a.shutdown.remote() for a in actors] + self.run_refs)
         _wait([a.__ray_terminate__.remote() for a in actors])
         for actor in actors:
@@ -68,19 +70,14 @@ class Owned(OwnedResources):
             return
         here = ray.get_runtime_context().get_node_id()
         refs = [
-            remove_ipc_dirs.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-            ).remote(self.name)
+            remove_ipc_dirs.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+                self.name
+            )
             for node in self.nodes - {here}
         ]
         remove_cluster_ipc_dirs(self.name)
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=GRACE_S)
-
-    def kill_engines(self, except_rank: int) -> None:
-        for rank, actor in enumerate(self.engines):
-            if rank != except_rank:
-                _kill(actor)
 
 
 def _remove_ipc_dirs(cluster_name: str) -> None:

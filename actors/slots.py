@@ -1,14 +1,14 @@
-"""Where each rank runs: its placement group, node and devices.
+"""Where each rank runs: its placement group, node and devices (the Ray runtime's placement).
 
-Split from the manager so that its startup reads as the sequence of steps it
-is; everything here runs once per launch, before any actor exists.
+Each function returns :class:`~raydp.orchestration.ranks.RankRecord` objects
+with the rank's group and node filled in; the orchestration sequences decide
+when to place (launch, scale-up, a rank whose node died).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ray.util.placement_group import PlacementGroup
@@ -18,6 +18,7 @@ from raydp.actors.engine import DeviceProbe, probe_device_ids
 from raydp.actors.owned import Owned
 from raydp.config import RaydpConfig
 from raydp.errors import PlacementError
+from raydp.orchestration.ranks import RankRecord
 from raydp.placement.groups import (
     create_groups,
     create_unpinned_groups,
@@ -32,25 +33,15 @@ from raydp.placement.planner import plan_placement
 logger = logging.getLogger("raydp.manager")
 
 
-@dataclass(frozen=True)
-class RankSlot:
-    """Where one rank lives: its group and node."""
-
-    rank: int
-    local_rank: int
-    node_id: str
-    group: PlacementGroup
-
-
 def place_ranks(
     config: RaydpConfig, user_groups: Sequence[PlacementGroup] | None, driver_node_id: str, owned: Owned
-) -> tuple[RankSlot, ...]:
+) -> list[RankRecord]:
     """Validate the user's groups, or plan and create ours (recorded in ``owned``); wait until ready."""
     cfg = config
     if user_groups is not None:
         validate_user_groups(user_groups, dp_size=cfg.dp_size, world_size=cfg.world_size, accelerator=cfg.accelerator)
         wait_ready(user_groups, cfg.placement_timeout_s)
-        return slots_from_groups(user_groups)
+        return slots_from_groups(user_groups, owns_groups=False)
     plan = plan_placement(
         read_inventory(cfg.accelerator),
         dp_size=cfg.dp_size,
@@ -63,32 +54,7 @@ def place_ranks(
     groups = create_groups(plan, cfg.name, lifetime="detached" if cfg.detached else None)
     owned.groups.extend(groups)
     wait_ready(groups, cfg.placement_timeout_s)
-    return tuple(RankSlot(r.rank, r.local_rank, r.node_id, g) for r, g in zip(plan.ranks, groups, strict=True))
-
-
-def place_more(
-    config: RaydpConfig, slots: Sequence[RankSlot], dp_size: int, driver_node_id: str, owned: Owned
-) -> tuple[RankSlot, ...]:
-    """Groups for ranks ``len(slots)..dp_size-1`` (a scale-up), planned on what is free now.
-
-    If they do not fit and no allowlist pins the cluster to known nodes, the
-    groups are made unpinned and left pending for up to ``placement_timeout_s``
-    (an autoscaler sees Ray's pending demand and may add nodes); on timeout they
-    are removed and :class:`~raydp.errors.PlacementTimeoutError` says why.
-    """
-    return _place(config, range(len(slots), dp_size), slots, driver_node_id, owned, f"scale to dp_size={dp_size}")
-
-
-def replace_slot(
-    config: RaydpConfig, slots: Sequence[RankSlot], rank: int, driver_node_id: str, owned: Owned
-) -> RankSlot:
-    """A new group for ``rank``, whose node died: planned on what is free now, as for a scale-up.
-
-    The rank's old group must be removed first (its name is reused).
-    """
-    others = [s for s in slots if s.rank != rank]
-    (slot,) = _place(config, range(rank, rank + 1), others, driver_node_id, owned, f"re-placing rank {rank}")
-    return slot
+    return [RankRecord(r.rank, r.node_id, r.local_rank, g) for r, g in zip(plan.ranks, groups, strict=True)]
 
 
 def _is_alive(inventory: Inventory, node: str) -> bool:
@@ -111,15 +77,26 @@ def _alive_allowlist(inventory: Inventory, allowlist: Sequence[str] | None) -> l
     return alive
 
 
-def _place(
-    config: RaydpConfig, ranks: range, existing: Sequence[RankSlot], driver_node_id: str, owned: Owned, why: str
-) -> tuple[RankSlot, ...]:
+def place_more(
+    config: RaydpConfig, ranks: range, existing: Sequence[RankRecord], driver_node_id: str, owned: Owned, why: str
+) -> list[RankRecord]:
+    """Groups for ``ranks`` (a scale-up, or a rank whose node died), planned on what is free now.
+
+    If they do not fit and no allowlist pins the cluster to known nodes, the
+    groups are made unpinned and left pending for up to ``placement_timeout_s``
+    (an autoscaler sees Ray's pending demand and may add nodes); on timeout they
+    are removed and :class:`~raydp.errors.PlacementTimeoutError` says why. A
+    re-placed rank's old group must be removed first (its name is reused).
+    """
     cfg = config
     lifetime = "detached" if cfg.detached else None
     inventory = read_inventory(cfg.accelerator)
     try:
         plan = plan_placement(
-            inventory, dp_size=len(ranks), world_size=cfg.world_size, strategy=cfg.placement_strategy,
+            inventory,
+            dp_size=len(ranks),
+            world_size=cfg.world_size,
+            strategy=cfg.placement_strategy,
             master_node_id=_alive_master(inventory, cfg.master_node_id or driver_node_id),
             node_allowlist=_alive_allowlist(inventory, cfg.node_allowlist),
         )
@@ -132,10 +109,14 @@ def _place(
     else:
         logger.warning(
             "%s: %d ranks do not fit the free capacity now; waiting up to %gs for nodes to join "
-            "(an autoscaler sees the pending placement groups)", why, len(ranks), cfg.placement_timeout_s,
+            "(an autoscaler sees the pending placement groups)",
+            why,
+            len(ranks),
+            cfg.placement_timeout_s,
         )
-        groups = create_unpinned_groups(cfg.name, ranks, cfg.world_size, cfg.accelerator,
-                                        span=cfg.placement_strategy == "span", lifetime=lifetime)
+        groups = create_unpinned_groups(
+            cfg.name, ranks, cfg.world_size, cfg.accelerator, span=cfg.placement_strategy == "span", lifetime=lifetime
+        )
     try:
         wait_ready(groups, cfg.placement_timeout_s)
     except BaseException:
@@ -145,12 +126,7 @@ def _place(
     return slots_from_groups(groups, ranks.start, existing)
 
 
-def probe_devices(config: RaydpConfig, slots: Sequence[RankSlot]) -> list[tuple[str, ...]]:
-    """Ask each device bundle which device ids Ray gave it (none for CPU bundles)."""
-    return [probe.resolve(config.startup_timeout_s) for probe in start_device_probes(config, slots)]
-
-
-def start_device_probes(config: RaydpConfig, slots: Sequence[RankSlot]) -> list[DeviceProbe]:
+def start_device_probes(config: RaydpConfig, slots: Sequence[RankRecord]) -> list[DeviceProbe]:
     """One probe per rank, started: a task in each of its device bundles (none for CPU bundles).
 
     A node's probes run one after another (each waits for the one before), so
@@ -183,8 +159,11 @@ def _device_request(accelerator: str) -> dict[str, Any]:
 
 
 def slots_from_groups(
-    groups: Sequence[PlacementGroup], first_rank: int = 0, existing: Sequence[RankSlot] = ()
-) -> tuple[RankSlot, ...]:
+    groups: Sequence[PlacementGroup],
+    first_rank: int = 0,
+    existing: Sequence[RankRecord] = (),
+    owns_groups: bool = True,
+) -> list[RankRecord]:
     from ray.util.placement_group import placement_group_table
 
     nodes = [placement_group_table(g)["bundles_to_node_id"] for g in groups]
@@ -196,5 +175,5 @@ def slots_from_groups(
         node = bundle_nodes[max(bundle_nodes)]  # the engine core's CPU bundle comes last
         local = per_node.get(node, 0)
         per_node[node] = local + 1
-        slots.append(RankSlot(rank, local, node, group))
-    return tuple(slots)
+        slots.append(RankRecord(rank, node, local, group, owns_groups))
+    return slots

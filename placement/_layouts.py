@@ -129,8 +129,9 @@ def _strict(ctx: Ctx) -> Layout:
         except InfeasibleError:
             continue
     where = f"at most the master's {mfit}" if use_master else "the master hosts none"
-    raise InfeasibleError(f"no per-node rank count dividing dp_size={req.dp_size} ({where}) "
-                      "has enough nodes with that many free")
+    raise InfeasibleError(
+        f"no per-node rank count dividing dp_size={req.dp_size} ({where}) has enough nodes with that many free"
+    )
 
 
 def _strict_layout(ctx: Ctx, per_node: int, use_master: bool) -> Layout:
@@ -241,14 +242,16 @@ def build_plan(inv: Inventory, req: Request, layout: Layout) -> PlacementPlan:
         lead = inv.node(node_ids[0])
         local = local_counts.get(lead.node_id, 0)
         local_counts[lead.node_id] = local + 1
-        ranks.append(RankPlacement(
-            rank=rank,
-            node_id=lead.node_id,
-            node_ip=lead.ip,
-            local_rank=local,
-            is_master=lead.node_id == req.master,
-            node_ids=node_ids,
-        ))
+        ranks.append(
+            RankPlacement(
+                rank=rank,
+                node_id=lead.node_id,
+                node_ip=lead.ip,
+                local_rank=local,
+                is_master=lead.node_id == req.master,
+                node_ids=node_ids,
+            )
+        )
     return PlacementPlan(
         ranks=tuple(ranks),
         strategy=req.strategy,

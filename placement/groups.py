@@ -84,10 +84,14 @@ def create_unpinned_groups(
     groups: list[PlacementGroup] = []
     try:
         for rank in ranks:
-            groups.append(placement_group(
-                bundles=rank_bundles(world_size, accelerator), strategy="PACK" if span else "STRICT_PACK",
-                name=group_name(name, rank), lifetime=lifetime,
-            ))
+            groups.append(
+                placement_group(
+                    bundles=rank_bundles(world_size, accelerator),
+                    strategy="PACK" if span else "STRICT_PACK",
+                    name=group_name(name, rank),
+                    lifetime=lifetime,
+                )
+            )
     except BaseException:
         remove_groups(groups)
         raise
@@ -163,15 +167,19 @@ def _timeout_message(
         stats = table.get("stats") or {}
         nodes = plan.ranks[i].node_ids if plan and i < plan.dp_size else _targets.get(groups[i], ())
         target = "+".join(n[:8] for n in nodes) or "?"
-        rows.append([
-            str(table.get("name") or groups[i].id.hex()),
-            str(table.get("state", "UNKNOWN")),
-            str(stats.get("scheduling_state", "?")),
-            f"{_describe_bundles(groups[i].bundle_specs)} ({table.get('strategy', '?')})",
-            target,
-        ])
-    head = (f"{len(stuck)} of {len(groups)} placement groups not ready after {timeout_s:g}s "
-            "(pending groups are left in place for the caller to remove):")
+        rows.append(
+            [
+                str(table.get("name") or groups[i].id.hex()),
+                str(table.get("state", "UNKNOWN")),
+                str(stats.get("scheduling_state", "?")),
+                f"{_describe_bundles(groups[i].bundle_specs)} ({table.get('strategy', '?')})",
+                target,
+            ]
+        )
+    head = (
+        f"{len(stuck)} of {len(groups)} placement groups not ready after {timeout_s:g}s "
+        "(pending groups are left in place for the caller to remove):"
+    )
     body = render_table(("group", "state", "scheduling", "waits for", "target node"), rows)
     accelerator = plan.accelerator if plan else _accelerator_of(groups[stuck[0]].bundle_specs)
     return "\n".join([head, body, _capacity_now(accelerator)])
@@ -200,8 +208,13 @@ def _capacity_now(accelerator: str) -> str:
     except Exception as exc:  # the report must not hide the timeout itself
         return f"node capacity unavailable: {exc}"
     rows = [
-        [inv.short(n.node_id), "head" if n.is_head else "-", n.ip or "-", f"{n.free}/{n.devices}",
-         "?" if n.free_cpus is None else str(n.free_cpus)]
+        [
+            inv.short(n.node_id),
+            "head" if n.is_head else "-",
+            n.ip or "-",
+            f"{n.free}/{n.devices}",
+            "?" if n.free_cpus is None else str(n.free_cpus),
+        ]
         for n in inv.nodes
     ]
     headers = ("node", "role", "ip", f"{accelerator} free/total", "CPU free")
@@ -245,9 +258,7 @@ def validate_user_groups(
 ) -> None:
     """Check user-provided groups fit the layout; ConfigError lists every problem."""
     if len(groups) != dp_size:
-        raise ConfigError(
-            f"placement_groups: got {len(groups)} groups, dp_size={dp_size} needs exactly one per rank"
-        )
+        raise ConfigError(f"placement_groups: got {len(groups)} groups, dp_size={dp_size} needs exactly one per rank")
     problems: list[str] = []
     seen: dict[str, int] = {}
     shape = _Shape(world_size, accelerator, tuple(strategies))
@@ -290,8 +301,10 @@ def _group_problems(group: object, index: int, seen: dict[str, int], shape: _Sha
 
 def _bundle_problems(bundles: list[dict[str, float]], world_size: int, accelerator: str) -> list[str]:
     if len(bundles) != world_size + 1:
-        return [f"{len(bundles)} bundles ({_describe_bundles(bundles)}), "
-                f"expected {world_size + 1} (world_size={world_size} devices + 1 engine core)"]
+        return [
+            f"{len(bundles)} bundles ({_describe_bundles(bundles)}), "
+            f"expected {world_size + 1} (world_size={world_size} devices + 1 engine core)"
+        ]
     problems = [
         f"bundle {j} is {_describe_bundles([b])}, needs {accelerator} >= 1"
         for j, b in enumerate(bundles[:world_size])

@@ -173,11 +173,7 @@ def inventory_from_nodes(
     """
     if not accelerator:
         raise ConfigError("accelerator='': expected a Ray resource name such as 'GPU'")
-    parsed = [
-        _node_info(raw, available, accelerator)
-        for raw in nodes
-        if _is_alive(raw)
-    ]
+    parsed = [_node_info(raw, available, accelerator) for raw in nodes if _is_alive(raw)]
     # Head first, then by node id: a stable order that does not depend on how
     # Ray happened to list the nodes.
     parsed.sort(key=lambda n: (not n.is_head, n.node_id))

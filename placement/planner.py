@@ -61,8 +61,13 @@ def plan_placement(
     which nodes may host ranks (ids or unique prefixes).
     """
     req = _validate(
-        inventory, dp_size=dp_size, world_size=world_size, dp_size_local=dp_size_local,
-        strategy=strategy, master_node_id=master_node_id, node_allowlist=node_allowlist,
+        inventory,
+        dp_size=dp_size,
+        world_size=world_size,
+        dp_size_local=dp_size_local,
+        strategy=strategy,
+        master_node_id=master_node_id,
+        node_allowlist=node_allowlist,
     )
     try:
         layout = find_layout(Ctx(inventory, req))
@@ -95,8 +100,7 @@ def _validate(
     master = _resolve_master(inv, master_node_id)
     if master is None and dp_size_local:
         raise ConfigError(
-            f"dp_size_local={dp_size_local} needs a master node: pass master_node_id "
-            "(the inventory has no head node)"
+            f"dp_size_local={dp_size_local} needs a master node: pass master_node_id (the inventory has no head node)"
         )
     allowed = _resolve_allowlist(inv, node_allowlist)
     return Request(dp_size, world_size, dp_size_local, strat, master, allowed)
@@ -117,17 +121,23 @@ def _check_int(name: str, value: object, minimum: int) -> None:
 def _check_strategy_args(strategy: PlacementStrategy, dp_size: int, local: int | None, accelerator: str) -> None:
     if strategy == "strict" and local is not None:
         if local == 0:
-            raise ConfigError("dp_size_local=0 with strategy='strict': every node used hosts "
-                              "dp_size_local ranks, so it must be >= 1 (or unset)")
+            raise ConfigError(
+                "dp_size_local=0 with strategy='strict': every node used hosts "
+                "dp_size_local ranks, so it must be >= 1 (or unset)"
+            )
         if dp_size % local:
             raise ConfigError(f"dp_size_local={local} with strategy='strict' must divide dp_size={dp_size}")
     if strategy == "span":
         if local is not None and local > 1:
-            raise ConfigError(f"dp_size_local={local} with strategy='span': a spanning rank uses whole "
-                              "nodes, so the master hosts at most 1 rank (use 0, 1 or unset)")
+            raise ConfigError(
+                f"dp_size_local={local} with strategy='span': a spanning rank uses whole "
+                "nodes, so the master hosts at most 1 rank (use 0, 1 or unset)"
+            )
         if accelerator == CPU:
-            raise ConfigError("strategy='span' with accelerator='CPU': the engine core needs a CPU on a "
-                              "node whose CPUs are all devices; use 'fill' or 'strict'")
+            raise ConfigError(
+                "strategy='span' with accelerator='CPU': the engine core needs a CPU on a "
+                "node whose CPUs are all devices; use 'fill' or 'strict'"
+            )
 
 
 def _resolve_master(inv: Inventory, master_node_id: str | None) -> str | None:

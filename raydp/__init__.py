@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from raydp.client.aio import AsyncClient
     from raydp.client.client import Client
     from raydp.cluster import Cluster
-    from raydp.engine.core import EchoEngine, EngineContext, EngineCore
+    from raydp.engine.core import EngineContext, EngineCore
+    from raydp.models.echo import EchoEngine
     from raydp.wire.sampling import Sampling
 
 __all__ = [
@@ -77,7 +78,7 @@ _LAZY = {
     "Cluster": "raydp.cluster",
     "attach": "raydp.api",
     "launch": "raydp.api",
-    "EchoEngine": "raydp.engine.core",
+    "EchoEngine": "raydp.models.echo",
     "EngineContext": "raydp.engine.core",
     "EngineCore": "raydp.engine.core",
     "Sampling": "raydp.wire.sampling",

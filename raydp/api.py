@@ -11,8 +11,7 @@ from raydp.backend import Backend
 from raydp.cluster import Cluster
 from raydp.config import RaydpConfig
 from raydp.engine.core import check_engine_class, engine_path, load_engine_class
-from raydp.errors import ConfigError, CoordinatorDeadError, DeathCause
-from raydp.names import NAMESPACE, coordinator_name
+from raydp.errors import ConfigError
 
 
 def launch(
@@ -47,6 +46,7 @@ def launch(
     _check_engine_kwargs(config, engine_cls)
     bar = _progress_bar(progress, config)
     manager: Backend
+    node_id: str | None = None  # the mp backend's endpoints name no node of Ray's
     if backend == "mp":
         from raydp.local import ProcessManager
 
@@ -55,10 +55,11 @@ def launch(
         connect(address, local=local_resources(config.dp_size, config.world_size, config.accelerator))
         from raydp.actors.manager import ActorManager
 
-        manager = ActorManager(config, placement_groups=placement_groups, progress=bar, engine_cls=engine_cls)
+        ray_manager = ActorManager(config, placement_groups=placement_groups, progress=bar, engine_cls=engine_cls)
+        manager, node_id = ray_manager, ray_manager.driver_node_id
     endpoints = manager.start()
     try:
-        return Cluster(manager, endpoints)
+        return Cluster(manager, endpoints, node_id=node_id)
     except BaseException:
         manager.close()
         raise
@@ -92,22 +93,17 @@ def _resolve_config(config: RaydpConfig | None, engine: str | type | None, field
 def attach(name: str, *, address: str | None = None) -> Cluster:
     """A handle to a cluster launched elsewhere (e.g. ``detached=True``) by its name.
 
-    ``close()`` on it closes only its clients, never the cluster's actors.
+    ``close()`` on it closes only its clients, never the cluster's actors;
+    ``shutdown()`` ends the cluster. Raises ConfigError if no cluster of
+    that name is running (or it is still starting).
     """
     connect(address)
-    import ray
+    from raydp.actors.attached import AttachedBackend
 
-    try:
-        coordinator = ray.get_actor(coordinator_name(name), namespace=NAMESPACE)
-    except ValueError:
-        raise ConfigError(f"name={name!r}: no raydp cluster of that name is running") from None
-    try:
-        endpoints = ray.get(coordinator.cluster.remote(), timeout=30)
-    except ray.exceptions.RayError as exc:
-        raise CoordinatorDeadError(f"of cluster {name!r}", None, DeathCause.UNKNOWN, repr(exc)) from exc
-    if endpoints is None:
-        raise ConfigError(f"name={name!r}: the cluster is still starting")
-    return Cluster(None, endpoints)
+    backend = AttachedBackend.find(name)
+    return Cluster(
+        backend, backend.endpoints, node_id=backend.node_id, follow_liveness=True, terminate=backend.terminate
+    )
 
 
 def _progress_bar(enabled: bool | None, config: RaydpConfig) -> Any:

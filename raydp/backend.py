@@ -2,8 +2,9 @@
 
 A *backend* starts one cluster's coordinator and engine cores, watches them,
 and tears them down: :class:`raydp.actors.ActorManager` on Ray,
-:class:`raydp.local.ProcessManager` as local processes. :class:`~raydp.cluster.Cluster`
-sees either one only through :class:`Backend`.
+:class:`raydp.local.ProcessManager` as local processes; or reaches a cluster
+that another process launched: :class:`raydp.actors.attached.AttachedBackend`.
+:class:`~raydp.cluster.Cluster` sees each one only through :class:`Backend`.
 
 What both share is written here once:
 
@@ -31,6 +32,7 @@ from raydp.config import RaydpConfig
 from raydp.coordinator.client import CoordinatorClient
 from raydp.errors import ComponentDeadError, EngineDeadError
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.wire.records import APIServerRecord, CoordinatorStatus
 from raydp.wire.transport import IpcDir
 
 DeathListener = Callable[[ComponentDeadError], None]
@@ -73,7 +75,7 @@ class Backend(Protocol):
         """Call ``listener`` with the new endpoint once a dead rank has rejoined."""
         ...
 
-    def coordinator_state(self) -> dict[str, Any]:
+    def coordinator_state(self) -> CoordinatorStatus:
         """The coordinator's wave, running flag, counts and counters."""
         ...
 
@@ -85,12 +87,18 @@ class Backend(Protocol):
         """Call ``listener(endpoints, size, drain_timeout_s)`` at each step of a scale change."""
         ...
 
-    def register_api_servers(self, record: dict[str, Any]) -> None:
+    def register_api_servers(self, record: APIServerRecord) -> None:
         """Note where API servers listen, so that ``raydp status`` can list them."""
         ...
 
     def start_api_servers(
-        self, endpoints: ClusterEndpoints, node_id: str, ranks: list[int], count: int, port: int, label: str,
+        self,
+        endpoints: ClusterEndpoints,
+        node_id: str,
+        ranks: list[int],
+        count: int,
+        port: int,
+        label: str,
         settings: Any = None,
     ) -> APIServerGroup:
         """Start ``count`` API servers on node ``node_id`` that route to ``ranks`` (hybrid and external modes).
@@ -211,6 +219,20 @@ class OwnedResources:
                 close()
             except Exception:  # one failing closer must not leak the rest
                 logger.exception("release step failed")
+        if self.ctx is not None:
+            self.ctx.destroy(linger=0)
+        if self.ipc_dir is not None:
+            self.ipc_dir.remove()
+
+    def leave(self) -> None:
+        """Drop this process's own sockets, and leave the components running (a detached cluster)."""
+        with self.lock:
+            if self.released:
+                return
+            self.released = True
+        self.stop.set()
+        for close in self.closers:
+            close()
         if self.ctx is not None:
             self.ctx.destroy(linger=0)
         if self.ipc_dir is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from raydp.backend import APIServerGroup, Backend
@@ -15,8 +16,8 @@ from raydp.errors import (
     ConfigError,
     EngineDeadError,
 )
-from raydp.names import NAMESPACE, coordinator_name
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.wire.records import APIServerRecord, CoordinatorStatus
 
 if TYPE_CHECKING:
     from raydp.client.balancer import Policy
@@ -33,12 +34,31 @@ class Cluster:
     ``close()`` is idempotent and also runs at interpreter exit. Clients made
     by :meth:`client` are told of dead ranks at once (their in-flight requests
     on that rank fail with :class:`~raydp.errors.EngineDeadError`).
+
+    Whatever runs the cluster is its :class:`~raydp.backend.Backend`: one that
+    launched it, or one attached to it (:mod:`raydp.actors.attached`).
+    ``node_id`` is this process's node as the endpoints name nodes (None:
+    none of theirs); ``follow_liveness``: the backend reports no deaths, so
+    clients follow the coordinator's word on them; ``terminate`` is what
+    :meth:`shutdown` adds to :meth:`close` (ending a cluster that closing the
+    backend leaves running).
     """
 
-    def __init__(self, manager: Backend | None, endpoints: ClusterEndpoints) -> None:
+    def __init__(
+        self,
+        manager: Backend,
+        endpoints: ClusterEndpoints,
+        *,
+        node_id: str | None = None,
+        follow_liveness: bool = False,
+        terminate: Callable[[], None] | None = None,
+    ) -> None:
         self._manager = manager
         self.endpoints = endpoints
-        self.config: RaydpConfig | None = manager.config if manager is not None else None
+        self.config: RaydpConfig = manager.config
+        self._node_id = node_id
+        self._follow_liveness = follow_liveness
+        self._terminate = terminate
         self._clients: list[Client] = []
         self._api_servers: list[APIServerGroup] = []
         self._lock = threading.Lock()
@@ -49,10 +69,9 @@ class Cluster:
         # Dropping the last handle closes the clients (and, via the manager's
         # own finalizer, the actors), as close() would.
         weakref.finalize(self, _close_all, self._clients)
-        if manager is not None:
-            manager.on_death(self._on_death)
-            manager.on_restart(self._on_restart)
-            manager.on_scale(self._on_scale)
+        manager.on_death(self._on_death)
+        manager.on_restart(self._on_restart)
+        manager.on_scale(self._on_scale)
 
     @property
     def name(self) -> str:
@@ -67,8 +86,15 @@ class Cluster:
         """The engines' summed capacity, as reported in the handshake."""
         return self.endpoints.capacity
 
-    def client(self, *, client_index: int = 0, client_count: int = 1, balancer: Policy = "least-loaded",
-               migration_limit: int = 3, prefix_load_margin: int | None = None) -> Client:
+    def client(
+        self,
+        *,
+        client_index: int = 0,
+        client_count: int = 1,
+        balancer: Policy = "least-loaded",
+        migration_limit: int = 3,
+        prefix_load_margin: int | None = None,
+    ) -> Client:
         """A new :class:`~raydp.client.client.Client` wired to this cluster.
 
         ``balancer`` picks how it chooses a rank: ``least-loaded`` (by the
@@ -86,10 +112,10 @@ class Cluster:
                 raise ClusterClosedError(f"cluster {self.name!r} is closed")
             client = Client(
                 self.endpoints,
-                node_id=_node_id(),
+                node_id=self._node_id,
                 client_index=client_index,
                 client_count=client_count,
-                follow_liveness=self._manager is None,
+                follow_liveness=self._follow_liveness,
                 balancer=balancer,
                 migration_limit=migration_limit,
                 **margin,
@@ -111,10 +137,10 @@ class Cluster:
         from raydp.serve.processes import APIServerProcessManager
 
         self._check_open()
-        node = _node_id()
-        servers = APIServerProcessManager(self.endpoints, count, host=host, port=port, node_id=node,
-                                          settings=settings)
-        self._adopt(servers, "internal", node, None, count)
+        servers = APIServerProcessManager(
+            self.endpoints, count, host=host, port=port, node_id=self._node_id, settings=settings
+        )
+        self._adopt(servers, "internal", self._node_id, None, count)
         return servers
 
     def serve_api_per_node(
@@ -129,8 +155,7 @@ class Cluster:
         by_node: dict[str, list[int]] = {}
         for ep in self.endpoints.engines:
             by_node.setdefault(ep.node_id, []).append(ep.rank)
-        return self._serve_groups([(node, ranks, count, port) for node, ranks in by_node.items()], "hybrid",
-                                  settings)
+        return self._serve_groups([(node, ranks, count, port) for node, ranks in by_node.items()], "hybrid", settings)
 
     def serve_api_per_rank(self, *, port: int = 0, settings: ServerSettings | None = None) -> list[APIServerGroup]:
         """External mode: one API server per rank, on the rank's node, for an outside router.
@@ -148,7 +173,9 @@ class Cluster:
         started: list[APIServerGroup] = []
         try:
             for node_id, ranks, count, port in groups:
-                servers = self._start_group(node_id, ranks, count, port, f"{mode}-dp{ranks[0]}", settings)
+                servers = self._manager.start_api_servers(
+                    self.endpoints, node_id, ranks, count, port, f"{mode}-dp{ranks[0]}", settings
+                )
                 started.append(servers)
                 self._adopt(servers, mode, node_id, ranks, count)
         except BaseException:
@@ -157,37 +184,19 @@ class Cluster:
             raise
         return started
 
-    def _start_group(self, node_id: str, ranks: list[int], count: int, port: int, label: str,
-                     settings: ServerSettings | None) -> APIServerGroup:
-        if self._manager is not None:
-            return self._manager.start_api_servers(self.endpoints, node_id, ranks, count, port, label, settings)
-        from raydp.actors.api_servers import RemoteAPIServers  # attached: the cluster runs on Ray
-
-        return RemoteAPIServers(self.endpoints, node_id, count, port, ranks, label, settings)
-
-    def _adopt(self, servers: APIServerGroup, mode: str, node_id: str | None, ranks: list[int] | None,
-               count: int) -> None:
+    def _adopt(
+        self, servers: APIServerGroup, mode: str, node_id: str | None, ranks: list[int] | None, count: int
+    ) -> None:
         """Watch ``servers`` like the engines, close them with the cluster, list them in ``raydp status``."""
         servers.on_death(self._on_death)
         with self._lock:
             self._api_servers.append(servers)
-        self._register_api_servers({"mode": mode, "url": servers.url, "count": count, "node_id": node_id,
-                                    "ranks": ranks})
+        self._manager.register_api_servers(APIServerRecord(mode, servers.url, count, node_id, ranks))
 
     def _check_open(self) -> None:
         with self._lock:
             if self._closed:
                 raise ClusterClosedError(f"cluster {self.name!r} is closed")
-
-    def _register_api_servers(self, record: dict[str, Any]) -> None:
-        """Tell the coordinator (for ``raydp status``); an attached handle reaches it by name."""
-        if self._manager is not None:
-            self._manager.register_api_servers(record)
-            return
-        import ray
-
-        coordinator = ray.get_actor(coordinator_name(self.name), namespace=NAMESPACE)
-        ray.get(coordinator.add_api_servers.remote(record), timeout=30)  # in place for a `raydp status` right after
 
     def _on_death(self, err: ComponentDeadError) -> None:
         with self._lock:
@@ -224,17 +233,7 @@ class Cluster:
         """
         check_scale_args(dp_size, drain_timeout_s)
         self._check_open()
-        if self._manager is not None:
-            self._manager.scale(dp_size, float(drain_timeout_s))
-            return
-        from raydp.actors.adopt import adopt
-
-        manager = adopt(self.name)  # a detached cluster, launched by another process
-        try:
-            manager.on_scale(self._on_scale)
-            manager.scale(dp_size, float(drain_timeout_s))
-        finally:
-            manager.leave()
+        self._manager.scale(dp_size, float(drain_timeout_s))
 
     def _on_scale(self, endpoints: ClusterEndpoints, size: int, drain_timeout_s: float | None) -> None:
         with self._lock:
@@ -274,14 +273,9 @@ class Cluster:
         with self._lock:
             return list(self._deaths)
 
-    def coordinator_state(self) -> dict[str, Any]:
-        """The coordinator's wave, running flag and counts (for tests and operators)."""
-        if self._manager is not None:
-            return dict(self._manager.coordinator_state())
-        import ray
-
-        coordinator = ray.get_actor(coordinator_name(self.name), namespace=NAMESPACE)
-        return dict(ray.get(coordinator.state.remote(), timeout=30))
+    def coordinator_state(self) -> CoordinatorStatus:
+        """The coordinator's wave, running flag, counts and counters (for tests and operators)."""
+        return self._manager.coordinator_state()
 
     def close(self) -> None:
         """Close every client, then (if this handle launched them) the actors and groups."""
@@ -297,16 +291,13 @@ class Cluster:
             server.close()
         for client in clients:
             client.close()
-        if self._manager is not None:
-            self._manager.close()
+        self._manager.close()
 
     def shutdown(self) -> None:
         """Close this handle and end the cluster itself, even one launched elsewhere."""
         self.close()
-        if self._manager is None:
-            from raydp.actors.terminate import terminate_cluster
-
-            terminate_cluster(self.name, self.endpoints.ipc_prefix)
+        if self._terminate is not None:
+            self._terminate()
 
     def __enter__(self) -> Cluster:
         return self
@@ -334,10 +325,3 @@ def _tell(notify: Any, arg: Any) -> None:
 def _close_all(clients: list[Client]) -> None:
     for client in list(clients):
         client.close()
-
-
-def _node_id() -> str | None:
-    """This process's Ray node id, if it is connected to Ray."""
-    import ray
-
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None

@@ -38,17 +38,16 @@ class RaydpConfig(BaseModel):
 
     name: str = Field("raydp", pattern=_NAME_PATTERN, description="cluster name; prefixes actors and groups")
     dp_size: int = Field(1, ge=1, le=4096, description="number of data-parallel ranks")
-    dp_size_local: int | None = Field(
-        None, ge=1, description="ranks on the master node (default: as many as fit)"
-    )
+    dp_size_local: int | None = Field(None, ge=1, description="ranks on the master node (default: as many as fit)")
     tensor_parallel_size: int = Field(1, ge=1, le=1024, description="devices per rank that shard each layer")
     pipeline_parallel_size: int = Field(1, ge=1, le=1024, description="pipeline stages per rank")
     accelerator: str = Field(
         "GPU", min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_:.-]*$", description="Ray resource of one device bundle"
     )
     placement_strategy: PlacementStrategy = Field(
-        "fill", description="fill: master first, then nodes as they fit; strict: the same count per node; "
-        "span: one rank over several identical nodes"
+        "fill",
+        description="fill: master first, then nodes as they fit; strict: the same count per node; "
+        "span: one rank over several identical nodes",
     )
     node_allowlist: tuple[str, ...] | None = Field(
         None, description="node ids (or unique prefixes) that may host ranks"
@@ -57,13 +56,15 @@ class RaydpConfig(BaseModel):
         None, description="node id (or unique prefix) of the master; default the driver's"
     )
     engine: str = Field(
-        "raydp.engine:EchoEngine", pattern=r"^[\w.]+:[\w.]+$", description="engine core class as 'module:Class'"
+        "raydp.models.echo:EchoEngine", pattern=r"^[\w.]+:[\w.]+$", description="engine core class as 'module:Class'"
     )
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     lockstep: bool = Field(False, description="run ranks in request waves (expert-parallel engines)")
     allreduce_interval: int = Field(32, ge=1, le=1_000_000, description="steps between 'unfinished work' all-reduces")
     allreduce_min_interval_s: float = Field(
-        0.02, ge=0, le=10,
+        0.02,
+        ge=0,
+        le=10,
         # Each all-reduce costs a rank ~0.05 ms of dispatch into gloo and gloo's threads ~0.15 ms of CPU:
         # with near-empty steps, 200 a second took a quarter of a rank's step rate; 50 a second, a few %.
         description="more steps between them when steps are short: an interval lasts at least this long",
@@ -108,15 +109,21 @@ class RaydpConfig(BaseModel):
     @model_validator(mode="after")
     def _check_local_size(self) -> RaydpConfig:
         if self.dp_size_local is not None and self.dp_size_local > self.dp_size:
-            raise ValueError(
-                f"dp_size_local={self.dp_size_local} must be <= dp_size={self.dp_size}"
-            )
+            raise ValueError(f"dp_size_local={self.dp_size_local} must be <= dp_size={self.dp_size}")
         return self
 
     def config_hash(self) -> str:
         """A hash of the fields every rank must agree on (checked in the handshake)."""
-        keys = ("name", "dp_size", "tensor_parallel_size", "pipeline_parallel_size",
-                "engine", "engine_kwargs", "lockstep", "allreduce_interval")
+        keys = (
+            "name",
+            "dp_size",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "engine",
+            "engine_kwargs",
+            "lockstep",
+            "allreduce_interval",
+        )
         blob = json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -148,9 +155,7 @@ def _parse_json(name: str, raw: str) -> Any:
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
-        raise ConfigError(
-            f"{ENV_PREFIX}{name.upper()}={raw!r}: expected a JSON object"
-        ) from None
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r}: expected a JSON object") from None
 
 
 def format_validation_error(

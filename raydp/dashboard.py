@@ -46,8 +46,10 @@ class Panel:
 def _quantiles(metric: str, by: str = "") -> tuple[Query, ...]:
     group = f"le{', ' + by if by else ''}"
     label = f"{{{{{by}}}}} " if by else ""
-    return tuple(Query(f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket[{RATE}])))",
-                       f"{label}p{int(q * 100)}") for q in (0.5, 0.99))
+    return tuple(
+        Query(f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket[{RATE}])))", f"{label}p{int(q * 100)}")
+        for q in (0.5, 0.99)
+    )
 
 
 def _per_rank(metric: str) -> Query:
@@ -55,43 +57,91 @@ def _per_rank(metric: str) -> Query:
 
 
 PANELS: Final[tuple[Panel, ...]] = (
-    Panel("HTTP requests by route and status", "reqps", (
-        Query(f"sum by (route, status) (rate(raydp_http_requests_total[{RATE}]))", "{{route}} {{status}}"),
-    ), "answers per second over every API server process"),
-    Panel("HTTP errors by route", "reqps", (
-        # "or ... * 0": a route with no error yet shows 0, not nothing.
-        Query(f'sum by (route) (rate(raydp_http_requests_total{{status=~"[45].."}}[{RATE}])) '
-              f"or sum by (route) (rate(raydp_http_requests_total[{RATE}])) * 0", "{{route}}"),
-    ), "4xx and 5xx answers per second (499: the client hung up)"),
-    Panel("HTTP latency", "s", _quantiles("raydp_http_request_duration_seconds", "route"),
-          "arrival to the last byte out, by route"),
-    Panel("Time to first token", "s", _quantiles("raydp_time_to_first_token_seconds"),
-          "arrival to the first token sent, over every API server"),
-    Panel("Tokens sent", "short", (
-        Query(f"sum(rate(raydp_generated_tokens_total[{RATE}]))", "tokens/s"),
-    ), "generated tokens per second sent to clients"),
-    Panel("Stream migrations", "short", (
-        Query(f"sum(increase(raydp_stream_migrations_total[{RATE}]))", "moved streams"),
-    ), "streams moved to a live rank after theirs died mid-stream (raydp serve --migration-limit)"),
-    Panel("Engine requests by outcome", "reqps", (
-        Query(f"sum by (cluster, outcome) (rate(ray_raydp_engine_requests_total{{{CLUSTER}}}[{RATE}]))",
-              "{{cluster}} {{outcome}}"),
-    ), "requests added, finished and aborted per second, over every rank"),
-    Panel("Waiting requests per rank", "short", (_per_rank("raydp_rank_waiting"),),
-          "queued on the rank, from the coordinator's load snapshots"),
-    Panel("Running requests per rank", "short", (_per_rank("raydp_rank_running"),),
-          "being stepped on the rank"),
-    Panel("Work per rank", "short", (_per_rank("raydp_rank_work"),),
-          "tokens the rank has left to generate (engines that report work())"),
-    Panel("Deaths and restarts per rank", "short", (
-        Query(f"max by (cluster, rank) (ray_raydp_rank_deaths{{{CLUSTER}}})", "{{cluster}} rank {{rank}} deaths"),
-        Query(f"max by (cluster, rank) (ray_raydp_rank_restarts{{{CLUSTER}}})",
-              "{{cluster}} rank {{rank}} restarts"),
-        Query(f"max by (cluster, rank) (ray_raydp_rank_dead{{{CLUSTER}}})", "{{cluster}} rank {{rank}} dead now"),
-    ), "since launch; 'dead now' is 1 while the rank is down"),
-    Panel("Request wave", "short", (
-        Query(f"max by (cluster) (ray_raydp_wave{{{CLUSTER}}})", "{{cluster}}"),
-    ), "the lockstep wave number: rises as waves complete (dense clusters stay at 0)"),
+    Panel(
+        "HTTP requests by route and status",
+        "reqps",
+        (Query(f"sum by (route, status) (rate(raydp_http_requests_total[{RATE}]))", "{{route}} {{status}}"),),
+        "answers per second over every API server process",
+    ),
+    Panel(
+        "HTTP errors by route",
+        "reqps",
+        (
+            # "or ... * 0": a route with no error yet shows 0, not nothing.
+            Query(
+                f'sum by (route) (rate(raydp_http_requests_total{{status=~"[45].."}}[{RATE}])) '
+                f"or sum by (route) (rate(raydp_http_requests_total[{RATE}])) * 0",
+                "{{route}}",
+            ),
+        ),
+        "4xx and 5xx answers per second (499: the client hung up)",
+    ),
+    Panel(
+        "HTTP latency",
+        "s",
+        _quantiles("raydp_http_request_duration_seconds", "route"),
+        "arrival to the last byte out, by route",
+    ),
+    Panel(
+        "Time to first token",
+        "s",
+        _quantiles("raydp_time_to_first_token_seconds"),
+        "arrival to the first token sent, over every API server",
+    ),
+    Panel(
+        "Tokens sent",
+        "short",
+        (Query(f"sum(rate(raydp_generated_tokens_total[{RATE}]))", "tokens/s"),),
+        "generated tokens per second sent to clients",
+    ),
+    Panel(
+        "Stream migrations",
+        "short",
+        (Query(f"sum(increase(raydp_stream_migrations_total[{RATE}]))", "moved streams"),),
+        "streams moved to a live rank after theirs died mid-stream (raydp serve --migration-limit)",
+    ),
+    Panel(
+        "Engine requests by outcome",
+        "reqps",
+        (
+            Query(
+                f"sum by (cluster, outcome) (rate(ray_raydp_engine_requests_total{{{CLUSTER}}}[{RATE}]))",
+                "{{cluster}} {{outcome}}",
+            ),
+        ),
+        "requests added, finished and aborted per second, over every rank",
+    ),
+    Panel(
+        "Waiting requests per rank",
+        "short",
+        (_per_rank("raydp_rank_waiting"),),
+        "queued on the rank, from the coordinator's load snapshots",
+    ),
+    Panel("Running requests per rank", "short", (_per_rank("raydp_rank_running"),), "being stepped on the rank"),
+    Panel(
+        "Work per rank",
+        "short",
+        (_per_rank("raydp_rank_work"),),
+        "tokens the rank has left to generate (engines that report work())",
+    ),
+    Panel(
+        "Deaths and restarts per rank",
+        "short",
+        (
+            Query(f"max by (cluster, rank) (ray_raydp_rank_deaths{{{CLUSTER}}})", "{{cluster}} rank {{rank}} deaths"),
+            Query(
+                f"max by (cluster, rank) (ray_raydp_rank_restarts{{{CLUSTER}}})", "{{cluster}} rank {{rank}} restarts"
+            ),
+            Query(f"max by (cluster, rank) (ray_raydp_rank_dead{{{CLUSTER}}})", "{{cluster}} rank {{rank}} dead now"),
+        ),
+        "since launch; 'dead now' is 1 while the rank is down",
+    ),
+    Panel(
+        "Request wave",
+        "short",
+        (Query(f"max by (cluster) (ray_raydp_wave{{{CLUSTER}}})", "{{cluster}}"),),
+        "the lockstep wave number: rises as waves complete (dense clusters stay at 0)",
+    ),
 )
 
 LEFT_OUT: Final[dict[str, str]] = {
@@ -113,21 +163,44 @@ def build() -> dict[str, Any]:
     width, height = 12, 8
     panels = [
         g.TimeSeries(
-            title=p.title, description=p.description, dataSource="${datasource}", unit=p.unit,
-            targets=[g.Target(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + i), datasource="${datasource}")
-                     for i, q in enumerate(p.queries)],
+            title=p.title,
+            description=p.description,
+            dataSource="${datasource}",
+            unit=p.unit,
+            targets=[
+                g.Target(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + i), datasource="${datasource}")
+                for i, q in enumerate(p.queries)
+            ],
             gridPos=g.GridPos(h=height, w=width, x=(n % 2) * width, y=(n // 2) * height),
         )
         for n, p in enumerate(PANELS)
     ]
-    templating = g.Templating(list=[
-        g.Template(name="datasource", label="Data source", query="prometheus", type="datasource"),
-        g.Template(name="cluster", label="raydp cluster", query="label_values(ray_raydp_rank_waiting, cluster)",
-                   dataSource="${datasource}", includeAll=True, multi=True, default="$__all", allValue=".*"),
-    ])
-    dashboard = g.Dashboard(title="raydp", uid=UID, description="raydp clusters: HTTP, ranks, waves",
-                            tags=["raydp"], timezone="browser", refresh="10s", panels=panels,
-                            templating=templating, time=g.Time("now-30m", "now"))
+    templating = g.Templating(
+        list=[
+            g.Template(name="datasource", label="Data source", query="prometheus", type="datasource"),
+            g.Template(
+                name="cluster",
+                label="raydp cluster",
+                query="label_values(ray_raydp_rank_waiting, cluster)",
+                dataSource="${datasource}",
+                includeAll=True,
+                multi=True,
+                default="$__all",
+                allValue=".*",
+            ),
+        ]
+    )
+    dashboard = g.Dashboard(
+        title="raydp",
+        uid=UID,
+        description="raydp clusters: HTTP, ranks, waves",
+        tags=["raydp"],
+        timezone="browser",
+        refresh="10s",
+        panels=panels,
+        templating=templating,
+        time=g.Time("now-30m", "now"),
+    )
     data: dict[str, Any] = json.loads(json.dumps(dashboard.to_json_data(), cls=DashboardEncoder))
     return data
 

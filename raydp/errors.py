@@ -174,9 +174,7 @@ class ProcessDeadError(ComponentDeadError):
 
     component = "process"
 
-    def __init__(
-        self, name: str, exitcode: int | None, node_id: str | None = None, restarting: bool = False
-    ) -> None:
+    def __init__(self, name: str, exitcode: int | None, node_id: str | None = None, restarting: bool = False) -> None:
         super().__init__(name, node_id, DeathCause.of_exit(exitcode), describe_exit(exitcode))
         if restarting:
             self.args = (f"{self.args[0]}; restarting it",)

@@ -30,4 +30,3 @@ def configure_component_logging(component: str) -> None:
     logger.addHandler(handler)
     logger.setLevel(os.environ.get("RAYDP_LOG_LEVEL", "INFO"))
     logger.propagate = False
-

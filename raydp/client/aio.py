@@ -33,16 +33,18 @@ class AsyncRequest:
                 loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
         self._client = client
-        request = client._make_request(prompt_token_ids, max_tokens, kw.get("rank"), kw.get("request_id"),
-                                       kw.get("sampling"))
+        request = client.request_for(
+            prompt_token_ids, max_tokens, kw.get("rank"), kw.get("request_id"), kw.get("sampling")
+        )
         self.request_id = request.request_id
         # The IO thread records the serving rank on a handle; its outputs go to the listener.
         self._handle = RequestHandle(request.request_id)
         self.finish_reason: str | None = None
         self._finished = False
         moves = client.migrations_for(kw.get("migratable", False), kw.get("rank"))
-        self.submission = Submission(request, kw.get("rank"), listener, bool(kw.get("retryable", False)),
-                                     self._handle, migrations=moves)
+        self.submission = Submission(
+            request, kw.get("rank"), listener, bool(kw.get("retryable", False)), self._handle, migrations=moves
+        )
 
     @property
     def rank(self) -> int | None:
@@ -110,7 +112,7 @@ class AsyncClient:
     def _flush(self) -> None:
         items, self._pending = self._pending, []
         try:
-            self.client._submit_batch(items)
+            self.client.send_batch(items)
         except RaydpError as exc:  # the client closed: every request of the batch learns it
             for item in items:
                 item.listener(exc)

@@ -61,8 +61,10 @@ class LoadBalancer:
         if prefix_tokens < 1:
             raise ConfigError(f"prefix_tokens={prefix_tokens}: must be >= 1 (the tokens a prefix key covers)")
         if prefix_load_margin < 0:
-            raise ConfigError(f"prefix_load_margin={prefix_load_margin}: must be >= 0 (score units: "
-                              f"{WAITING_WEIGHT} per waiting request, 1 per running one)")
+            raise ConfigError(
+                f"prefix_load_margin={prefix_load_margin}: must be >= 0 (score units: "
+                f"{WAITING_WEIGHT} per waiting request, 1 per running one)"
+            )
         self.policy = policy
         self.prefix_tokens, self.prefix_load_margin = prefix_tokens, prefix_load_margin
         self._turn = itertools.count()
@@ -113,7 +115,7 @@ class LoadBalancer:
         fewest of ours in flight, then lowest rank). ``prefix``: see the module
         docstring (``prompt`` is the request's; without one it is least-loaded).
         ``power-of-two`` and ``round-robin`` are the usual alternatives, kept for
-        comparison (``scripts/bench.py``).
+        comparison (``python -m benchmarks --only routing``).
         """
         live = [r for r in self.eligible if r not in dead]
         if not live:

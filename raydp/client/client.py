@@ -73,8 +73,9 @@ class Client:
             raise ConfigError(f"migration_limit={migration_limit!r}: must be an int >= 0 (moves of one stream)")
         self.migration_limit = migration_limit
         self.client_index, self.client_count = client_index, client_count
-        policy = LoadBalancer(len(endpoints.engines), client_count, ranks, balancer,
-                              prefix_load_margin=prefix_load_margin)
+        policy = LoadBalancer(
+            len(endpoints.engines), client_count, ranks, balancer, prefix_load_margin=prefix_load_margin
+        )
         self._call_ids = itertools.count(1)
         self._ids = itertools.count()
         self._io = ClientSockets(endpoints, node_id, options or SocketOptions())
@@ -82,8 +83,9 @@ class Client:
             endpoints, self._io, policy, follow_liveness=follow_liveness, last_heard=time.monotonic()
         )
         self._id_prefix = self._io.identity.hex()  # request ids: unique per client, then a counter
-        self._turns = ClientTurns(self._io, self._router, follow_liveness=follow_liveness,
-                                  heartbeat_interval_s=endpoints.heartbeat_interval_s)
+        self._turns = ClientTurns(
+            self._io, self._router, follow_liveness=follow_liveness, heartbeat_interval_s=endpoints.heartbeat_interval_s
+        )
 
     # ---- public API (any thread) --------------------------------------------------
 
@@ -105,16 +107,20 @@ class Client:
         engine that cannot honour a field fails the request naming it.
         ``migratable``: see the module docstring (not with ``rank``).
         """
-        request = self._make_request(prompt_token_ids, max_tokens, rank, request_id, sampling)
+        request = self.request_for(prompt_token_ids, max_tokens, rank, request_id, sampling)
         moves = self.migrations_for(migratable, rank)
         handle = RequestHandle(request.request_id, self._turns.read_for)
-        self._turns.run([Submission(request, rank, handle._on_item, retryable, handle, awaited=True,
-                                    migrations=moves)])
+        self._turns.run([Submission(request, rank, handle.deliver, retryable, handle, awaited=True, migrations=moves)])
         return handle
 
     def submit_many(
-        self, prompts: Sequence[Sequence[int]], max_tokens: int = 16, *, retryable: bool = False,
-        sampling: Sampling | None = None, migratable: bool = False,
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_tokens: int = 16,
+        *,
+        retryable: bool = False,
+        sampling: Sampling | None = None,
+        migratable: bool = False,
     ) -> list[RequestHandle]:
         """Send many requests at once: one turn of the client's lock and one message per rank.
 
@@ -127,13 +133,12 @@ class Client:
         moves = self.migrations_for(migratable, None)
         for i, prompt in enumerate(prompts):
             try:
-                request = self._make_request(prompt, max_tokens, None, None, sampling)
+                request = self.request_for(prompt, max_tokens, None, None, sampling)
             except ConfigError as exc:
                 raise ConfigError(f"prompts[{i}]: {exc}") from None
             handle = RequestHandle(request.request_id, self._turns.read_for)
-            items.append(Submission(request, None, handle._on_item, retryable, handle, awaited=True,
-                                    migrations=moves))
-        self._submit_batch(items)
+            items.append(Submission(request, None, handle.deliver, retryable, handle, awaited=True, migrations=moves))
+        self.send_batch(items)
         return [item.handle for item in items if item.handle is not None]
 
     def generate(
@@ -176,8 +181,10 @@ class Client:
         if not isinstance(migratable, bool):
             raise ConfigError(f"migratable={migratable!r}: must be True or False")
         if migratable and rank is not None:
-            raise ConfigError(f"migratable=True with rank={rank}: a request pinned to a rank cannot move; "
-                              "leave rank unset, or migratable False")
+            raise ConfigError(
+                f"migratable=True with rank={rank}: a request pinned to a rank cannot move; "
+                "leave rank unset, or migratable False"
+            )
         return self.migration_limit if migratable else 0
 
     def snapshot(self) -> StatsSnapshot | None:
@@ -230,10 +237,15 @@ class Client:
 
     # ---- validation -------------------------------------------------------------------
 
-    def _make_request(
-        self, prompt: Sequence[int], max_tokens: int, rank: int | None, request_id: str | None,
+    def request_for(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        rank: int | None,
+        request_id: str | None,
         sampling: Sampling | None = None,
     ) -> Request:
+        """The validated request a submit of these arguments sends (``AsyncClient`` builds on it)."""
         if not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKEN_ID:
             raise ConfigError(f"max_tokens={max_tokens!r}: must be an int in [1, {MAX_TOKEN_ID}]")
         tokens = list(prompt)
@@ -254,7 +266,7 @@ class Client:
         if not isinstance(rank, int) or not 0 <= rank < n:
             raise ConfigError(f"rank={rank!r}: must be an int in [0, {n})")
 
-    def _submit_batch(self, items: list[Submission]) -> None:
+    def send_batch(self, items: list[Submission]) -> None:
         """Many submissions under one turn of the lock, one message per rank."""
         if items:
             self._turns.run(items)

@@ -32,6 +32,7 @@ def prefix_key(prompt: Sequence[int], prefix_tokens: int = DEFAULT_PREFIX_TOKENS
 
 def preference(key: bytes, ranks: Iterable[int]) -> list[int]:
     """``ranks`` in the key's order of preference (rendezvous hashing: the highest weight first)."""
+
     def weight(rank: int) -> bytes:
         return hashlib.blake2b(key + rank.to_bytes(4, "little"), digest_size=8).digest()
 

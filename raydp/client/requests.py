@@ -45,11 +45,25 @@ class RequestState:
     (:meth:`continuation`).
     """
 
-    __slots__ = ("got_output", "handle", "listener", "migrations_left", "original", "rank", "request", "retryable",
-                 "streamed")
+    __slots__ = (
+        "got_output",
+        "handle",
+        "listener",
+        "migrations_left",
+        "original",
+        "rank",
+        "request",
+        "retryable",
+        "streamed",
+    )
 
     def __init__(
-        self, request: Request, rank: int, listener: Listener, retryable: bool, handle: RequestHandle | None = None,
+        self,
+        request: Request,
+        rank: int,
+        listener: Listener,
+        retryable: bool,
+        handle: RequestHandle | None = None,
         migrations: int = 0,
     ) -> None:
         self.request, self.rank, self.listener, self.retryable = request, rank, listener, retryable
@@ -112,7 +126,7 @@ class RequestHandle:
         with self._lock:
             return [t for chunk in self._chunks for t in chunk]
 
-    def _on_item(self, item: Output | RaydpError) -> None:
+    def deliver(self, item: Output | RaydpError) -> None:
         """Called from the client's IO thread."""
         if isinstance(item, Output) and item.error is not None:
             item = RequestError(item.request_id, item.error)

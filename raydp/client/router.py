@@ -278,9 +278,14 @@ class RequestRouter:
             return
         state.request, state.rank = continuation, self.balancer.choose(self.dead, continuation.prompt_token_ids)
         self.migrations += 1
-        logger.info("client: request %s moved from dead rank %d to rank %d after %d tokens (%d moves left)",
-                    continuation.request_id, error.rank, state.rank, len(state.streamed or []),
-                    state.migrations_left)
+        logger.info(
+            "client: request %s moved from dead rank %d to rank %d after %d tokens (%d moves left)",
+            continuation.request_id,
+            error.rank,
+            state.rank,
+            len(state.streamed or []),
+            state.migrations_left,
+        )
         self._send_request(state)
 
     def revive(self, endpoint: EngineEndpoint) -> None:

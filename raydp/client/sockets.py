@@ -145,4 +145,3 @@ class ClientSockets:
         self.ctx.destroy(linger=0)
         self.bell.close()
         self.reader_bell.close()
-

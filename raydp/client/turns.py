@@ -277,7 +277,9 @@ class ClientTurns:
         if not self._follow_liveness or time.monotonic() - self.router.last_heard < self._silence_limit:
             return False
         self._fatal = CoordinatorDeadError(
-            f"of cluster {self.router.endpoints.name!r}", self.router.endpoints.coordinator.node_id, DeathCause.UNKNOWN,
+            f"of cluster {self.router.endpoints.name!r}",
+            self.router.endpoints.coordinator.node_id,
+            DeathCause.UNKNOWN,
             f"no snapshot for {self._silence_limit:.0f}s",
         )
         logger.error("client: %s", self._fatal)

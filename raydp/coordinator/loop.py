@@ -22,7 +22,6 @@ import logging
 import math
 import threading
 import time
-from typing import Any
 
 import zmq
 
@@ -42,6 +41,7 @@ from raydp.wire.control import (
 from raydp.wire.dropped import DropLog, frame_sender
 from raydp.wire.endpoints import CoordinatorEndpoints
 from raydp.wire.polling import has_input
+from raydp.wire.records import CoordinatorStatus
 from raydp.wire.security import guard
 from raydp.wire.transport import IpcDir, SocketOptions, bind_endpoints, make_socket
 
@@ -105,7 +105,11 @@ class CoordinatorLoop:
         self.broadcasts = 0
 
     def _bind(
-        self, opts: SocketOptions, transport: TransportKind, node_id: str, ip: str | None,
+        self,
+        opts: SocketOptions,
+        transport: TransportKind,
+        node_id: str,
+        ip: str | None,
         rebind: CoordinatorEndpoints | None,
     ) -> CoordinatorEndpoints:
         self.publish = make_socket(self.ctx, zmq.PUB, opts, serves=True)
@@ -253,26 +257,26 @@ class CoordinatorLoop:
         self.dropped += 1
         self._drops.drop(sender, why)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> CoordinatorStatus:
         """Wave, running flag, counts and counters, for operators and tests (any thread)."""
         s = self.state
         with self._state_lock, self._subscribed_changed:
-            return {
-                "wave": s.wave,
-                "running": s.running,
-                "dp_size": s.engine_count,
-                "routable": s.size,
-                "hold": s.hold_phase(),
-                "counts": [list(c) for c in s.counts],
-                "work": list(s.work),  # -1 where the engine reports none (yet)
-                "dead": dict(s.dead),
-                "deaths": list(s.deaths),
-                "restarts": list(s.restarts),
-                "dropped": self.dropped + s.rejected,
-                "broadcasts": self.broadcasts,
-                "subscribed": sorted(self.subscribed),
-                "resynced": s.resync is None or s.resync.done,  # a successor heard every live rank
-            }
+            return CoordinatorStatus(
+                wave=s.wave,
+                running=s.running,
+                dp_size=s.engine_count,
+                routable=s.size,
+                hold=s.hold_phase(),
+                counts=[list(c) for c in s.counts],
+                work=list(s.work),
+                dead=dict(s.dead),
+                deaths=list(s.deaths),
+                restarts=list(s.restarts),
+                dropped=self.dropped + s.rejected,
+                broadcasts=self.broadcasts,
+                subscribed=sorted(self.subscribed),
+                resynced=s.resync is None or s.resync.done,  # a successor heard every live rank
+            )
 
     def wait_for_rank(self, rank: int, timeout_s: float) -> bool:
         """Block until engine ``rank`` has subscribed (a restarted one, whatever its peers do)."""
@@ -282,9 +286,7 @@ class CoordinatorLoop:
     def wait_for_engines(self, ranks: int, timeout_s: float) -> bool:
         """Block until ``ranks`` engines have subscribed to the broadcast socket."""
         with self._subscribed_changed:
-            return self._subscribed_changed.wait_for(
-                lambda: len(self.subscribed) >= ranks, timeout=timeout_s
-            )
+            return self._subscribed_changed.wait_for(lambda: len(self.subscribed) >= ranks, timeout=timeout_s)
 
     def stop(self) -> None:
         self._stop.set()

@@ -45,6 +45,7 @@ logger = logging.getLogger("raydp.coordinator")
 _STARTS = (FirstRequest, StartWave)
 _HOLDING = (HoldCluster, HoldAck, RegroupCluster, Regrouped, ReleaseCluster)
 
+
 @dataclass
 class CoordinatorState:
     """Load and wave bookkeeping for ``engine_count`` ranks."""
@@ -309,7 +310,9 @@ class CoordinatorState:
             self.rejected += 1
             logger.warning(
                 "coordinator: dropped ScaleEngines(engine_count=%d, size=%d): need engine_count >= 1 and "
-                "1 <= size <= engine_count", n, msg.size,
+                "1 <= size <= engine_count",
+                n,
+                msg.size,
             )
             return
         if n != self.engine_count or size != self.size:

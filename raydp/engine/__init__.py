@@ -1,17 +1,35 @@
-"""One DP rank's engine core and the loop that drives it.
+"""One DP rank's engine runtime: the engine core protocol and the loop that drives it.
 
-Owns the engine core protocol users implement, the echo engine and how engine
-classes are loaded (``core``), the torch reference LM (``tiny_lm``), the
-per-rank host that handshakes and wires sockets (``host``), the step loop
-(``loop``) and its sockets (``sockets``), the wave bookkeeping of lockstep
-ranks (``waves``) and the DP process group with its rendezvous
-(``collective``). Imports the wire layer, never Ray, the coordinator, the
-client or a backend.
+Imports the wire layer, never Ray, the coordinator, the client, a backend or
+the engines in :mod:`raydp.models`, which it loads by path
+(``raydp.models.echo:EchoEngine`` and ``raydp.models.tiny_lm:TinyLMEngine`` are
+the paths to pass as ``engine=``).
 
-``raydp.engine:EchoEngine`` and ``raydp.engine.tiny_lm:TinyLMEngine`` are
-the paths to pass as ``engine=``.
+Modules:
+
+- ``core``: the :class:`EngineCore` protocol users implement, its ``EngineContext``, and loading
+  engine classes by path;
+- ``executor``: what an engine sees of its device workers, and what a worker implements;
+- ``host``: one rank in any process (build the engine, handshake, run the loop);
+- ``loop``: the per-rank step loop;
+- ``sockets``: its sockets and how it waits on them;
+- ``outbox``: its non-blocking sends to clients;
+- ``waves``: lockstep wave bookkeeping;
+- ``lockstep``: a rank's waves, all-reduce, holds and regroups;
+- ``collective``: the gloo DP group and its rendezvous;
+- ``gloo_interface``: which network interface gloo binds to.
 """
 
-from raydp.engine.core import EchoEngine, EngineContext, EngineCore
+from typing import Any
 
-__all__ = ["EchoEngine", "EngineContext", "EngineCore"]
+from raydp.engine.core import EngineContext, EngineCore, load_engine_class
+
+__all__ = ["EngineContext", "EngineCore"]
+
+
+def __getattr__(name: str) -> Any:
+    # EchoEngine moved to raydp.models.echo: the old import still works, with a
+    # DeprecationWarning, loaded by path since the engine runtime sits below models.
+    if name == "EchoEngine":
+        return load_engine_class("raydp.engine:EchoEngine")
+    raise AttributeError(f"module 'raydp.engine' has no attribute {name!r}")

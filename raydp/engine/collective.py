@@ -57,8 +57,13 @@ class Rendezvous:
             listener.listen(128)
             port = listener.getsockname()[1]
             self.store: Any = dist.TCPStore(
-                ip, port, dp_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
-                wait_for_workers=False, master_listen_fd=listener.fileno(),
+                ip,
+                port,
+                dp_size,
+                is_master=True,
+                timeout=datetime.timedelta(seconds=timeout_s),
+                wait_for_workers=False,
+                master_listen_fd=listener.fileno(),
             )
         except BaseException:
             listener.close()

@@ -89,8 +89,9 @@ class EngineHost:
         self.executor: Executor | None = None
         try:
             self.executor = self._start_workers(factory, device_ids, executor_factory)
-            context = EngineContext(rank, local_rank, config.dp_size, config.world_size, node_id, device_ids,
-                                    self.executor)
+            context = EngineContext(
+                rank, local_rank, config.dp_size, config.world_size, node_id, device_ids, self.executor
+            )
             if self.executor is None:  # with workers, each worker sees only its own device
                 set_device_visibility(config.accelerator, device_ids)
             self.engine = factory(context, **config.engine_kwargs)
@@ -111,8 +112,17 @@ class EngineHost:
         if executor_factory is None:
             raise ConfigError(f"engine={cfg.engine!r} needs device workers, which this backend cannot start")
         spec = WorkerGroupSpec(
-            cfg.name, self.rank, cfg.world_size, worker_class, self.node_id, cfg.accelerator, device_ids,
-            self.ipc_dir, self._curve, cfg.max_message_bytes, cfg.startup_timeout_s,
+            cfg.name,
+            self.rank,
+            cfg.world_size,
+            worker_class,
+            self.node_id,
+            cfg.accelerator,
+            device_ids,
+            self.ipc_dir,
+            self._curve,
+            cfg.max_message_bytes,
+            cfg.startup_timeout_s,
         )
         return executor_factory(spec, self.fail)
 
@@ -152,7 +162,10 @@ class EngineHost:
             for address in [a for a in self._rendezvous if a != regroup.dp_master]:
                 self._rendezvous.pop(address).close()
         return GlooDPGroup(
-            regroup.dp_master, self.rank, regroup.dp_size, timeout_s=self.config.handshake_timeout_s,
+            regroup.dp_master,
+            self.rank,
+            regroup.dp_size,
+            timeout_s=self.config.handshake_timeout_s,
             store=self._hosted_store(regroup.dp_master),
         )
 
@@ -166,7 +179,9 @@ class EngineHost:
                 # Join the DP group before READY, so launch() returns with it formed.
                 if init.parallel.lockstep:
                     self._collective = GlooDPGroup(
-                        init.parallel.dp_master, self.rank, init.parallel.dp_size,
+                        init.parallel.dp_master,
+                        self.rank,
+                        init.parallel.dp_size,
                         store=self._hosted_store(init.parallel.dp_master),
                     )
                 capacity = int(getattr(self.engine, "capacity", lambda: 0)())
@@ -234,14 +249,21 @@ class EngineHost:
         if parallel.lockstep:
             assert self._collective is not None, "the DP group is formed before READY"
             self._lockstep = LockstepRank(
-                self.rank, EngineWaves(self.rank, parallel.allreduce_interval, wave=parallel.wave),
-                self._collective, sockets.to_coordinator, join=self._join_group,
+                self.rank,
+                EngineWaves(self.rank, parallel.allreduce_interval, wave=parallel.wave),
+                self._collective,
+                sockets.to_coordinator,
+                join=self._join_group,
                 attach=getattr(self.engine, "attach_dp_group", None),
                 min_interval_s=self.config.allreduce_min_interval_s,
             )
         return EngineLoop(
-            self.engine, self.rank, sockets, lockstep=self._lockstep,
-            stats_interval_s=parallel.stats_interval_s, workers=self.executor,
+            self.engine,
+            self.rank,
+            sockets,
+            lockstep=self._lockstep,
+            stats_interval_s=parallel.stats_interval_s,
+            workers=self.executor,
         )
 
     def counters(self) -> dict[str, int]:

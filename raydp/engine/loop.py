@@ -54,8 +54,7 @@ BUILTIN_WORKERS = "raydp_workers"
 COUNTERS = ("added", "finished", "aborted")  # what it counts, per rank
 # The engine core's own methods: the loop drives these, a utility call may not.
 ENGINE_PROTOCOL = frozenset(
-    {"add_request", "abort", "step", "has_unfinished", "load", "execute_dummy_batch", "shutdown",
-     "attach_dp_group"}
+    {"add_request", "abort", "step", "has_unfinished", "load", "execute_dummy_batch", "shutdown", "attach_dp_group"}
 )
 
 
@@ -316,5 +315,3 @@ class EngineLoop:
 
     def _drop(self, sender: str, why: str) -> None:
         self._drops.drop(sender, why)
-
-

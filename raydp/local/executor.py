@@ -56,7 +56,11 @@ def check_device_count(accelerator: str, needed: int, what: str, have: int | Non
 
 
 def _worker_main(
-    context: WorkerContext, spec: WorkerGroupSpec, store: str, channel: list[str], ready: Connection,
+    context: WorkerContext,
+    spec: WorkerGroupSpec,
+    store: str,
+    channel: list[str],
+    ready: Connection,
     death_pipe: Connection,
 ) -> None:
     from raydp.workers.runtime import WorkerRuntime, local_device
@@ -86,8 +90,9 @@ class MPExecutor(ChannelExecutor):
 
     def __init__(self, spec: WorkerGroupSpec, on_death: DeathHandler | None = None) -> None:
         ws = spec.world_size
-        check_device_count(spec.accelerator, (spec.dp_rank + 1) * ws,
-                           f"rank {spec.dp_rank} with world_size={ws} (devices per rank)")
+        check_device_count(
+            spec.accelerator, (spec.dp_rank + 1) * ws, f"rank {spec.dp_rank} with world_size={ws} (devices per rank)"
+        )
         contexts = [_context(spec, tp) for tp in range(ws)]
         super().__init__(contexts, on_death)
         self.spec = spec
@@ -106,8 +111,9 @@ class MPExecutor(ChannelExecutor):
 
         spec = self.spec
         self._rendezvous = Rendezvous("127.0.0.1", spec.world_size)
-        server = ChannelServer(spec.ipc_dir, SocketOptions(max_message_bytes=spec.max_message_bytes),
-                               remote=False, ctx=None)
+        server = ChannelServer(
+            spec.ipc_dir, SocketOptions(max_message_bytes=spec.max_message_bytes), remote=False, ctx=None
+        )
         # The engine runs in a daemon process, which multiprocessing forbids to have
         # children; its workers still end with it (parent-death pipes, daemon flag).
         mp.current_process().daemon = False
@@ -117,8 +123,19 @@ class MPExecutor(ChannelExecutor):
             for context in self.contexts:
                 reader, writer = ctx.Pipe(duplex=False)
                 readers.append(reader)
-                self.procs.append(spawn(ctx, spec.label(context.tp_rank), _worker_main, context, spec,
-                                        self._rendezvous.address, server.addresses, writer, rank=context.tp_rank))
+                self.procs.append(
+                    spawn(
+                        ctx,
+                        spec.label(context.tp_rank),
+                        _worker_main,
+                        context,
+                        spec,
+                        self._rendezvous.address,
+                        server.addresses,
+                        writer,
+                        rank=context.tp_rank,
+                    )
+                )
                 writer.close()
             self.links = server.accept(spec.world_size, spec.timeout_s, self._check_started)
             for tp, reader in enumerate(readers):

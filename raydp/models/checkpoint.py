@@ -128,8 +128,15 @@ def make_model(
     The vocabulary has ``vocab_size`` entries, or fewer when the embedded corpus
     runs out of merges (about 1,450); ``config.json`` has the actual size.
     """
-    params = {"format": FORMAT_VERSION, "seed": seed, "layers": layers, "hidden_size": hidden_size,
-              "heads": heads, "vocab_size": vocab_size, "max_position_embeddings": max_position_embeddings}
+    params = {
+        "format": FORMAT_VERSION,
+        "seed": seed,
+        "layers": layers,
+        "hidden_size": hidden_size,
+        "heads": heads,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": max_position_embeddings,
+    }
     _validate(params)
     target = Path(path).expanduser().absolute()
     if not overwrite and _check_existing(target, params):
@@ -156,8 +163,14 @@ def parameter_count(path: str | os.PathLike[str]) -> int:
 
 
 def _validate(params: dict[str, int]) -> None:
-    lower = {"seed": 0, "layers": 1, "hidden_size": 32, "heads": 1, "vocab_size": MIN_VOCAB,
-             "max_position_embeddings": 16}
+    lower = {
+        "seed": 0,
+        "layers": 1,
+        "hidden_size": 32,
+        "heads": 1,
+        "vocab_size": MIN_VOCAB,
+        "max_position_embeddings": 16,
+    }
     for field, low in lower.items():
         value = params[field]
         if isinstance(value, bool) or not isinstance(value, int):
@@ -248,8 +261,14 @@ def _train_tokenizer(vocab_size: int, max_length: int) -> Any:
     )
     bpe.train_from_iterator(CORPUS, trainer=trainer)
     bos, eos, pad = SPECIAL_TOKENS
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=bos, eos_token=eos, pad_token=pad,
-                                   chat_template=CHAT_TEMPLATE, model_max_length=max_length)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=pad,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=max_length,
+    )
 
 
 def _random_model(tokenizer: Any, params: dict[str, int]) -> Any:
@@ -257,13 +276,24 @@ def _random_model(tokenizer: Any, params: dict[str, int]) -> Any:
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     hidden, heads = params["hidden_size"], params["heads"]
-    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-           "pad_token_id": tokenizer.pad_token_id}
+    ids = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=params["layers"], num_attention_heads=heads, num_key_value_heads=heads,
-        head_dim=hidden // heads, max_position_embeddings=params["max_position_embeddings"],
-        tie_word_embeddings=False, initializer_range=INITIALIZER_RANGE, dtype="float32", **ids,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=params["layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=params["max_position_embeddings"],
+        tie_word_embeddings=False,
+        initializer_range=INITIALIZER_RANGE,
+        dtype="float32",
+        **ids,
     )
     with torch.random.fork_rng(devices=[]):  # seed our weights without resetting the caller's generator
         torch.manual_seed(params["seed"])

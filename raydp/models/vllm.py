@@ -65,9 +65,11 @@ class VllmEngine:
     @classmethod
     def _check_layout(cls, world_size: int, pipeline_parallel_size: int = 1) -> None:
         if world_size != 1:
-            raise ConfigError(f"tensor_parallel_size * pipeline_parallel_size={world_size}: VllmEngine runs one "
-                              "device per rank; use raydp.models.vllm:VllmTPEngine (--engine vllm picks it) for "
-                              "tensor parallelism")
+            raise ConfigError(
+                f"tensor_parallel_size * pipeline_parallel_size={world_size}: VllmEngine runs one "
+                "device per rank; use raydp.models.vllm:VllmTPEngine (--engine vllm picks it) for "
+                "tensor parallelism"
+            )
 
     def __init__(self, context: EngineContext, **engine_kwargs: Any) -> None:
         self._check_layout(context.world_size)
@@ -105,7 +107,11 @@ class VllmEngine:
         prompt = {"type": "token", "prompt_token_ids": list(request.prompt_token_ids)}
         params = sampling_params(request.sampling, request.max_tokens)
         core_request = self._inputs.process_inputs(
-            request.request_id, prompt, params, self._tasks, arrival_time=request.arrival_time or time.time(),
+            request.request_id,
+            prompt,
+            params,
+            self._tasks,
+            arrival_time=request.arrival_time or time.time(),
         )
         req, wave = self.core.preprocess_add_request(core_request)
         self.core.add_request(req, wave)
@@ -151,9 +157,15 @@ class VllmEngine:
 
     def describe(self) -> dict[str, Any]:
         model = self.config.model_config
-        return {"rank": self.context.rank, "pid": os.getpid(), "model": model.model, "dtype": str(model.dtype),
-                "max_model_len": model.max_model_len, "kv_blocks": self.capacity(),
-                "block_size": self.config.cache_config.block_size}
+        return {
+            "rank": self.context.rank,
+            "pid": os.getpid(),
+            "model": model.model,
+            "dtype": str(model.dtype),
+            "max_model_len": model.max_model_len,
+            "kv_blocks": self.capacity(),
+            "block_size": self.config.cache_config.block_size,
+        }
 
     def stats(self) -> dict[str, int]:
         """Counters for tests and the demo (called as a utility)."""
@@ -213,5 +225,7 @@ class VllmTPEngine(VllmEngine):
     @classmethod
     def _check_layout(cls, world_size: int, pipeline_parallel_size: int = 1) -> None:
         if pipeline_parallel_size != 1:
-            raise ConfigError(f"pipeline_parallel_size={pipeline_parallel_size}: VllmTPEngine shards over tensor "
-                              "parallelism only; must be 1")
+            raise ConfigError(
+                f"pipeline_parallel_size={pipeline_parallel_size}: VllmTPEngine shards over tensor "
+                "parallelism only; must be 1"
+            )

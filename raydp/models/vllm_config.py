@@ -62,8 +62,10 @@ def check_kwargs(engine_kwargs: Mapping[str, Any], tensor_parallel_size: int, pi
     given = {"tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size}
     for key in SET_BY_RAYDP:
         if key in engine_kwargs and engine_kwargs[key] != given[key]:
-            raise ConfigError(f"engine_kwargs.{key}={engine_kwargs[key]!r}: must match raydp's {key}={given[key]} "
-                              "(set it on the cluster config, not in engine_kwargs)")
+            raise ConfigError(
+                f"engine_kwargs.{key}={engine_kwargs[key]!r}: must match raydp's {key}={given[key]} "
+                "(set it on the cluster config, not in engine_kwargs)"
+            )
 
 
 def engine_args(engine_kwargs: Mapping[str, Any], tensor_parallel_size: int, pipeline_parallel_size: int) -> Any:
@@ -75,8 +77,12 @@ def engine_args(engine_kwargs: Mapping[str, Any], tensor_parallel_size: int, pip
     for key in engine_kwargs:
         if key not in known:
             raise ConfigError(f"engine_kwargs.{key}: not a vLLM engine argument (vllm.EngineArgs has no such field)")
-    fields = {**_platform_defaults(engine_kwargs), **engine_kwargs, "tensor_parallel_size": tensor_parallel_size,
-              "pipeline_parallel_size": pipeline_parallel_size}
+    fields = {
+        **_platform_defaults(engine_kwargs),
+        **engine_kwargs,
+        "tensor_parallel_size": tensor_parallel_size,
+        "pipeline_parallel_size": pipeline_parallel_size,
+    }
     try:
         return EngineArgs(**fields)
     except (TypeError, ValueError) as exc:
@@ -86,8 +92,11 @@ def engine_args(engine_kwargs: Mapping[str, Any], tensor_parallel_size: int, pip
 def _platform_defaults(engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
-    if current_platform.is_cpu() and "kv_cache_memory_bytes" not in engine_kwargs \
-            and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+    if (
+        current_platform.is_cpu()
+        and "kv_cache_memory_bytes" not in engine_kwargs
+        and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    ):
         return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
     return {}
 

@@ -33,8 +33,14 @@ def executor_class(workers: RaydpExecutor, init_method: str) -> type[Any]:
             self._workers = workers
             workers.collective_rpc("vllm_init", [dumps((self.vllm_config, init_method))])
 
-        def collective_rpc(self, method: Any, timeout: float | None = None, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None, non_block: bool = False) -> Any:
+        def collective_rpc(
+            self,
+            method: Any,
+            timeout: float | None = None,
+            args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None,
+            non_block: bool = False,
+        ) -> Any:
             payload = dumps((method, args, kwargs or {}))
             replies = [loads(r) for r in self._workers.collective_rpc("vllm_rpc", [payload], timeout_s=timeout)]
             return _done(replies) if non_block else replies

@@ -69,6 +69,6 @@ class Tracked:
             return False
         # The newest token can complete a stop string that began a few tokens back: decode a
         # window long enough for the longest one (a token holds at least one byte of text).
-        window = self.generated[-(max(len(s.encode()) for s in self.stops) + 4):]
+        window = self.generated[-(max(len(s.encode()) for s in self.stops) + 4) :]
         text = tokenizer.decode(window, skip_special_tokens=True)
         return any(stop in text for stop in self.stops)

@@ -79,13 +79,18 @@ class VllmWorker:
         from vllm.v1.worker.worker_base import WorkerWrapperBase
 
         wrapper = WorkerWrapperBase(rpc_rank=self.context.tp_rank)
-        wrapper.init_worker(all_kwargs=[{
-            "vllm_config": vllm_config,
-            "local_rank": 0,  # Ray gave this process its one device: it is device 0 here
-            "rank": self.context.tp_rank,
-            "distributed_init_method": init_method,
-            "is_driver_worker": self.context.tp_rank == 0,
-        }] * (self.context.tp_rank + 1))
+        wrapper.init_worker(
+            all_kwargs=[
+                {
+                    "vllm_config": vllm_config,
+                    "local_rank": 0,  # Ray gave this process its one device: it is device 0 here
+                    "rank": self.context.tp_rank,
+                    "distributed_init_method": init_method,
+                    "is_driver_worker": self.context.tp_rank == 0,
+                }
+            ]
+            * (self.context.tp_rank + 1)
+        )
         wrapper.init_device()
         release_shared_memory_names(self.context.tp_rank)
         wrapper.load_model()
@@ -125,6 +130,33 @@ class VllmWorker:
         return result
 
 
+_GROUP_GETTERS = (
+    "get_world_group",
+    "get_inner_dp_world_group",
+    "get_tp_group",
+    "get_etp_group",
+    "get_dcp_group",
+    "get_pp_group",
+    "get_dp_group",
+    "get_ep_group",
+    "get_eplb_group",
+    "get_pcp_group",
+)
+
+
+def _live_groups(parallel_state: Any) -> list[Any]:
+    """vLLM's process groups this worker is in, through its public getters (an uninitialised one asserts)."""
+    groups: list[Any] = []
+    for getter in _GROUP_GETTERS:
+        try:
+            group = getattr(parallel_state, getter)()
+        except (AssertionError, AttributeError):
+            continue
+        if group is not None and all(group is not seen for seen in groups):
+            groups.append(group)
+    return groups
+
+
 def release_shared_memory_names(tp_rank: int) -> list[str]:
     """Unlink the shared-memory names this worker created for vLLM's groups; returns them.
 
@@ -134,10 +166,8 @@ def release_shared_memory_names(tp_rank: int) -> list[str]:
     from vllm.distributed import parallel_state
 
     released: list[str] = []
-    for ref in list(parallel_state._groups.values()):
-        group = ref()
-        if group is not None:
-            released += _release_segment(group) + _release_queue(group.mq_broadcaster)
+    for group in _live_groups(parallel_state):
+        released += _release_segment(group) + _release_queue(group.mq_broadcaster)
     if released:
         logger.debug("vLLM worker tp%d released shared memory names %s", tp_rank, released)
     return released

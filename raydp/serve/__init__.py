@@ -1,15 +1,26 @@
 """HTTP front-ends: an OpenAI-compatible API, served by N processes sharing one listening socket.
 
-The app (``app``: ``build_app``) over its routes (``completions``, ``chat``;
-``text_answer`` writes their text answers, ``generation`` runs one request),
-request bodies (``bodies``), errors (``api_errors``), the API-key check
-(``api_keys``), encodings
-(``responses``) and Prometheus metrics (``metrics``); text goes through a
-:mod:`raydp.text` tokenizer (``tokenizer`` re-exports the byte tokenizer,
-where it used to live); uvicorn serving it on a shared socket with
-connection timers, over HTTP or HTTPS (``server``: ``serve_on_socket``,
-``serve_forever``; ``protocol``); the settings of a server (``settings``); and the processes
-that run it (``processes``). Each process builds a :mod:`raydp.client` from
-the cluster's endpoints; no Ray runs in them. Imports the client,
-:mod:`raydp.text`, :mod:`raydp.backend` and :mod:`raydp.processes`; never Ray or a backend.
+Each process builds a :mod:`raydp.client` client from the cluster's endpoints;
+no Ray runs in them. Text goes through a :mod:`raydp.text` tokenizer. Imports
+the client, :mod:`raydp.text`, :mod:`raydp.backend` and
+:mod:`raydp.processes`; never Ray or a backend.
+
+Modules:
+
+- ``app``: ``build_app``, the Starlette app over one client;
+- ``completions``: ``POST /v1/completions`` and ``POST /v1/generate``;
+- ``chat``: ``POST /v1/chat/completions``, over the tokenizer's chat template;
+- ``generation``: one generation as a route serves it (deadline, typed errors, metrics, hang-ups);
+- ``text_answer``: text answers, whole or streamed, cut at stop strings;
+- ``bodies``: request bodies, parsed with errors that name the field;
+- ``api_errors``: errors in OpenAI's shape, with the status that fits;
+- ``api_keys``: the bearer-key check, as ASGI middleware;
+- ``responses``: JSON bodies and server-sent events;
+- ``metrics``: Prometheus metrics of one API server process;
+- ``server``: uvicorn on a socket that N processes share, over HTTP or HTTPS;
+- ``protocol``: uvicorn's h11 protocol with the connection timers uvicorn lacks;
+- ``settings``: ``ServerSettings``, and ``ServeEnvironment`` (``RAYDP_API_KEY``);
+- ``draining``: stopping a server without cutting its requests off;
+- ``processes``: ``APIServerProcessManager``, N API server processes, respawned when one dies;
+- ``tokenizer``: the byte tokenizer's old home, re-exporting :mod:`raydp.text.byte_tokenizer`.
 """

@@ -34,16 +34,28 @@ from starlette.routing import Route
 from raydp.errors import ClusterClosedError, ComponentDeadError, ConfigError, RaydpError, ShuttingDownError
 from raydp.serve.responses import JSON
 
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
-          503: "service_unavailable", 504: "timeout"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
 
 
 class ApiError(Exception):
     """An error answer: raised anywhere in a handler, rendered by :func:`api_error_handler`."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -91,8 +103,12 @@ def _describe(request: Request, exc: HTTPException) -> ApiError:
         return ApiError(404, f"no route {method} {path}; routes: {_routes(request)}", code="not_found")
     if exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
-        return ApiError(405, f"method {method} is not allowed on {path}; allowed: {allowed}",
-                        code="method_not_allowed", headers=exc.headers)
+        return ApiError(
+            405,
+            f"method {method} is not allowed on {path}; allowed: {allowed}",
+            code="method_not_allowed",
+            headers=exc.headers,
+        )
     return ApiError(exc.status_code, exc.detail, headers=exc.headers)
 
 

@@ -23,8 +23,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from raydp.serve.api_errors import ApiError
 
-_MISSING = ApiError(401, "missing API key: send 'Authorization: Bearer KEY' (the OpenAI SDK's api_key)",
-                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+_MISSING = ApiError(
+    401,
+    "missing API key: send 'Authorization: Bearer KEY' (the OpenAI SDK's api_key)",
+    code="invalid_api_key",
+    headers={"WWW-Authenticate": "Bearer"},
+)
 _WRONG = ApiError(401, "incorrect API key provided", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 

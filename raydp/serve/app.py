@@ -67,16 +67,30 @@ def build_app(
     ``metrics`` defaults to a fresh :class:`ApiMetrics` of ``client``; ``in_flight`` tracks its
     running requests, for a server that stops (:mod:`.draining`); ``api_keys`` and
     ``protect_metrics`` as in :class:`~raydp.serve.settings.ServerSettings`."""
-    ServerSettings(model=model, max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s,
-                   max_tokens_limit=max_tokens_limit, vocab_size=vocab_size, tokenizer=tokenizer,
-                   api_keys=tuple(api_keys), protect_metrics=protect_metrics)  # ConfigError
+    ServerSettings(
+        model=model,
+        max_body_bytes=max_body_bytes,
+        request_timeout_s=request_timeout_s,
+        max_tokens_limit=max_tokens_limit,
+        vocab_size=vocab_size,
+        tokenizer=tokenizer,
+        api_keys=tuple(api_keys),
+        protect_metrics=protect_metrics,
+    )  # ConfigError
     text = load_tokenizer(tokenizer)  # raises ConfigError
     if vocab_size is None and tokenizer is not None:
         vocab_size = text.vocab_size
     metrics = metrics if metrics is not None else ApiMetrics(client)
     limits = Limits(model, max_tokens_limit, lambda: client.dp_size, vocab_size)
-    generation = GenerationRoutes(AsyncClient(client), limits, max_body_bytes, request_timeout_s, metrics,
-                                  in_flight if in_flight is not None else InFlight(), text)
+    generation = GenerationRoutes(
+        AsyncClient(client),
+        limits,
+        max_body_bytes,
+        request_timeout_s,
+        metrics,
+        in_flight if in_flight is not None else InFlight(),
+        text,
+    )
     chat = ChatRoute(generation)
     created = int(time.time())
 
@@ -107,10 +121,11 @@ def build_app(
 
     return Starlette(
         routes=routes,
-        middleware=[Middleware(RequestMetrics, metrics=metrics, routes=[r.path for r in routes]),
-                    # Without keys there is nothing to check: no layer on every request's path.
-                    *([Middleware(ApiKeys, keys=list(api_keys), protect_metrics=protect_metrics)] if api_keys
-                      else [])],
+        middleware=[
+            Middleware(RequestMetrics, metrics=metrics, routes=[r.path for r in routes]),
+            # Without keys there is nothing to check: no layer on every request's path.
+            *([Middleware(ApiKeys, keys=list(api_keys), protect_metrics=protect_metrics)] if api_keys else []),
+        ],
         exception_handlers={
             ApiError: api_error_handler,
             HTTPException: http_exception_handler,

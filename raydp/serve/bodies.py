@@ -42,8 +42,11 @@ def _prompt_kind(value: Any) -> str | None:
 
 Prompt = Annotated[
     Union[Annotated[str, Tag("text"), Field(min_length=1)], Annotated[TokenIds, Tag("tokens")]],
-    Discriminator(_prompt_kind, custom_error_type="prompt_type",
-                  custom_error_message="Input should be a string or a list of token ids"),
+    Discriminator(
+        _prompt_kind,
+        custom_error_type="prompt_type",
+        custom_error_message="Input should be a string or a list of token ids",
+    ),
 ]
 
 
@@ -54,8 +57,11 @@ def _stop_kind(value: Any) -> str | None:
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 Stop = Annotated[
     Union[Annotated[StopString, Tag("one")], Annotated[list[StopString], Tag("list"), Field(max_length=MAX_STOPS)]],
-    Discriminator(_stop_kind, custom_error_type="stop_type",
-                  custom_error_message=f"Input should be a string or a list of at most {MAX_STOPS} strings"),
+    Discriminator(
+        _stop_kind,
+        custom_error_type="stop_type",
+        custom_error_message=f"Input should be a string or a list of at most {MAX_STOPS} strings",
+    ),
 ]
 _UNION_TAGS = frozenset({"text", "tokens", "one", "list"})  # the unions' tags, which a param does not name
 _ENGINE_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos")
@@ -107,8 +113,11 @@ class TextBody(_Body):
         if self.stream_options is None:
             return False
         if not self.stream:
-            raise ApiError(400, f"stream_options={self.stream_options.model_dump()}: allowed only with "
-                           "stream=true", param="stream_options")
+            raise ApiError(
+                400,
+                f"stream_options={self.stream_options.model_dump()}: allowed only with stream=true",
+                param="stream_options",
+            )
         return self.stream_options.include_usage
 
 
@@ -173,8 +182,12 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def _too_large(what: str, limit: int) -> ApiError:
     # Closing is cheaper than reading and discarding the rest of an oversized body.
-    return ApiError(413, f"request body: {what}; must be at most max_body_bytes={limit}",
-                    code="request_too_large", headers={"Connection": "close"})
+    return ApiError(
+        413,
+        f"request body: {what}; must be at most max_body_bytes={limit}",
+        code="request_too_large",
+        headers={"Connection": "close"},
+    )
 
 
 def parse(model: type[B], body: bytes) -> B:
@@ -230,13 +243,18 @@ class Limits:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model:
-            raise ApiError(404, f"model={model!r}: not served here; this server serves {self.model!r}",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"model={model!r}: not served here; this server serves {self.model!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     def check_max_tokens(self, max_tokens: int) -> None:
         if max_tokens > self.max_tokens:
-            raise ApiError(400, f"max_tokens={max_tokens}: must be <= {self.max_tokens} (this server's cap)",
-                           param="max_tokens")
+            raise ApiError(
+                400, f"max_tokens={max_tokens}: must be <= {self.max_tokens} (this server's cap)", param="max_tokens"
+            )
 
     def check_rank(self, rank: int | None) -> None:
         ranks = self.ranks() if callable(self.ranks) else self.ranks
@@ -248,5 +266,8 @@ class Limits:
             return  # the model checked 0 <= id <= MAX_TOKEN_ID
         for i, token in enumerate(token_ids):
             if token >= self.vocab_size:
-                raise ApiError(400, f"{field}[{i}]={token}: must be in [0, {self.vocab_size}) (the vocabulary)",
-                               param=f"{field}[{i}]")
+                raise ApiError(
+                    400,
+                    f"{field}[{i}]={token}: must be in [0, {self.vocab_size}) (the vocabulary)",
+                    param=f"{field}[{i}]",
+                )

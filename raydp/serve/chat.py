@@ -35,8 +35,14 @@ class ChatShape:
         self._whole, self._chunks = whole, chunks
 
     def whole(self, text: str, token_ids: list[int], finish_reason: str, rank: int | None) -> dict[str, Any]:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": finish_reason, "token_ids": token_ids, "rank": rank}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "token_ids": token_ids,
+            "rank": rank,
+        }
         return self._whole.wrap([choice])
 
     def _delta(self, delta: dict[str, str], finish_reason: str | None, rank: int | None) -> dict[str, Any]:
@@ -70,16 +76,20 @@ class ChatRoute:
         prompt = self._prompt(body)
         gen = routes.start_text(body, prompt, body.max_new_tokens(routes.limits.max_tokens))
         created, rid, model = int(time.time()), f"chatcmpl-{gen.request_id}", routes.limits.model
-        shape = ChatShape(Envelope(rid, "chat.completion", created, model),
-                          Envelope(rid, "chat.completion.chunk", created, model))
+        shape = ChatShape(
+            Envelope(rid, "chat.completion", created, model), Envelope(rid, "chat.completion.chunk", created, model)
+        )
         return await answer(request, gen, shape, stream=body.stream, include_usage=include_usage)
 
     def _prompt(self, body: ChatBody) -> list[int]:
         tokenizer = self.routes.tokenizer
         if not tokenizer.has_chat_template:
-            raise ApiError(400, f"this server's tokenizer, {tokenizer.name}, has no chat template, so it serves "
-                           "no chat; start it with a tokenizer that has one (raydp serve --tokenizer DIR)",
-                           code="chat_template_missing")
+            raise ApiError(
+                400,
+                f"this server's tokenizer, {tokenizer.name}, has no chat template, so it serves "
+                "no chat; start it with a tokenizer that has one (raydp serve --tokenizer DIR)",
+                code="chat_template_missing",
+            )
         try:
             return tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
         except ConfigError as exc:

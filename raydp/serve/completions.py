@@ -46,8 +46,14 @@ class CompletionShape:
         self.envelope = envelope
 
     def _choice(self, text: str, token_ids: list[int], finish_reason: str | None, rank: int | None) -> dict[str, Any]:
-        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason,
-                  "token_ids": token_ids, "rank": rank}
+        choice = {
+            "text": text,
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "token_ids": token_ids,
+            "rank": rank,
+        }
         return self.envelope.wrap([choice])
 
     def whole(self, text: str, token_ids: list[int], finish_reason: str, rank: int | None) -> dict[str, Any]:
@@ -71,19 +77,27 @@ class GenerationRoutes:
     """The handlers of both routes over one :class:`AsyncClient`, and the start of every text generation."""
 
     def __init__(
-        self, aclient: AsyncClient, limits: Limits, max_body_bytes: int, timeout_s: float, metrics: ApiMetrics,
-        in_flight: InFlight, tokenizer: TextTokenizer,
+        self,
+        aclient: AsyncClient,
+        limits: Limits,
+        max_body_bytes: int,
+        timeout_s: float,
+        metrics: ApiMetrics,
+        in_flight: InFlight,
+        tokenizer: TextTokenizer,
     ) -> None:
         self.aclient, self.limits, self.max_body_bytes = aclient, limits, max_body_bytes
         self.timeout_s, self.metrics, self.in_flight = timeout_s, metrics, in_flight
         self.tokenizer = tokenizer
 
-    def _start(self, prompt: list[int], max_tokens: int, rank: int | None, sampling: Sampling | None = None
-               ) -> Generation:
+    def _start(
+        self, prompt: list[int], max_tokens: int, rank: int | None, sampling: Sampling | None = None
+    ) -> Generation:
         self.limits.check_max_tokens(max_tokens)
         self.limits.check_rank(rank)
-        return Generation(self.aclient, prompt, max_tokens, rank, self.timeout_s, self.metrics, self.in_flight,
-                          sampling)
+        return Generation(
+            self.aclient, prompt, max_tokens, rank, self.timeout_s, self.metrics, self.in_flight, sampling
+        )
 
     async def read(self, request: Request, model: type[T]) -> T:
         """The request's body as ``model``, for this server's model."""
@@ -114,12 +128,15 @@ class GenerationRoutes:
         if isinstance(body.prompt, str):
             prompt = self.tokenizer.encode(body.prompt)
             if not prompt:
-                raise ApiError(400, f"prompt={body.prompt[:80]!r}: {self.tokenizer.name} encodes it to no tokens; "
-                               "must encode to at least one", param="prompt")
+                raise ApiError(
+                    400,
+                    f"prompt={body.prompt[:80]!r}: {self.tokenizer.name} encodes it to no tokens; "
+                    "must encode to at least one",
+                    param="prompt",
+                )
         else:
             prompt = body.prompt
             self.limits.check_token_ids(prompt, "prompt")
         gen = self.start_text(body, prompt, body.max_tokens)
         envelope = Envelope(f"cmpl-{gen.request_id}", "text_completion", int(time.time()), self.limits.model)
-        return await answer(request, gen, CompletionShape(envelope), stream=body.stream,
-                            include_usage=include_usage)
+        return await answer(request, gen, CompletionShape(envelope), stream=body.stream, include_usage=include_usage)

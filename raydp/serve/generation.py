@@ -37,8 +37,15 @@ class Generation:
     """A request in flight for one HTTP request; see the module docstring."""
 
     def __init__(
-        self, aclient: AsyncClient, prompt: Sequence[int], max_tokens: int, rank: int | None,
-        timeout_s: float, metrics: ApiMetrics, in_flight: InFlight, sampling: Sampling | None = None,
+        self,
+        aclient: AsyncClient,
+        prompt: Sequence[int],
+        max_tokens: int,
+        rank: int | None,
+        timeout_s: float,
+        metrics: ApiMetrics,
+        in_flight: InFlight,
+        sampling: Sampling | None = None,
     ) -> None:
         self.started = time.perf_counter()
         self._deadline = time.monotonic() + timeout_s
@@ -52,8 +59,9 @@ class Generation:
             # the caller sees an answer, not a 503, for a death it could not have seen coming. With
             # --migration-limit, one that has streamed moves too, from its last token.
             migratable = rank is None and aclient.client.migration_limit > 0
-            self.request = aclient.submit(prompt, max_tokens, rank=rank, sampling=sampling, retryable=rank is None,
-                                          migratable=migratable)
+            self.request = aclient.submit(
+                prompt, max_tokens, rank=rank, sampling=sampling, retryable=rank is None, migratable=migratable
+            )
         except RaydpError as exc:
             raise from_raydp_error(exc) from None
         in_flight.add(self.request)  # a stopping server ends it with a 503 (shutting_down)
@@ -75,8 +83,7 @@ class Generation:
             return None
         except asyncio.TimeoutError:
             self.close()
-            raise ApiError(504, f"the request ran past request_timeout_s={self._timeout_s:g}",
-                           code="timeout") from None
+            raise ApiError(504, f"the request ran past request_timeout_s={self._timeout_s:g}", code="timeout") from None
         except RaydpError as exc:
             raise from_raydp_error(exc) from None
         if not self._got_first:

@@ -48,15 +48,23 @@ class ApiMetrics:
         self.client = client
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("raydp_http_requests", "HTTP answers by route and status",
-                                ["route", "status"], registry=r)
-        self.latency = Histogram("raydp_http_request_duration_seconds", "arrival to last byte out, by route",
-                                 ["route"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.first_token = Histogram("raydp_time_to_first_token_seconds", "arrival to the first token",
-                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "raydp_http_requests", "HTTP answers by route and status", ["route", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "raydp_http_request_duration_seconds",
+            "arrival to last byte out, by route",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.first_token = Histogram(
+            "raydp_time_to_first_token_seconds", "arrival to the first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
         self.tokens = Counter("raydp_generated_tokens", "tokens sent to clients", registry=r)
-        self.deaths = Counter("raydp_rank_deaths", "live-to-dead changes of a rank seen by this server",
-                              ["rank"], registry=r)
+        self.deaths = Counter(
+            "raydp_rank_deaths", "live-to-dead changes of a rank seen by this server", ["rank"], registry=r
+        )
         self._dead_now: set[int] = set()
         r.register(_SnapshotCollector(self))
 
@@ -104,8 +112,9 @@ class _SnapshotCollector:
 
     def collect(self) -> Iterable[Metric]:
         client = self.metrics.client
-        info = GaugeMetricFamily("raydp_api_server_info", "the API server process that answered",
-                                 labels=["client_index", "client_count"])
+        info = GaugeMetricFamily(
+            "raydp_api_server_info", "the API server process that answered", labels=["client_index", "client_count"]
+        )
         info.add_metric([str(client.client_index), str(client.client_count)], 1)
         waiting = GaugeMetricFamily("raydp_rank_waiting", "waiting requests per rank", labels=["rank"])
         running = GaugeMetricFamily("raydp_rank_running", "running requests per rank", labels=["rank"])
@@ -120,8 +129,9 @@ class _SnapshotCollector:
             for rank, tokens in enumerate(snap.work):
                 if tokens >= 0:  # -1: the engine does not report work
                     work.add_metric([str(rank)], tokens)
-        moved = CounterMetricFamily("raydp_stream_migrations", "streams moved to a live rank after theirs died "
-                                    "mid-stream (--migration-limit)")
+        moved = CounterMetricFamily(
+            "raydp_stream_migrations", "streams moved to a live rank after theirs died mid-stream (--migration-limit)"
+        )
         moved.add_metric([], client.migrations)
         return [info, waiting, running, work, dead, moved]
 

@@ -74,14 +74,31 @@ class APIServerProcessManager:
         self._restarts_left = [self._settings.max_restarts] * count
         self.procs.extend(self._spawn(index) for index in range(count))
         # A stopping server answers its running requests before it exits: wait that long before killing it.
-        self._finalizer = weakref.finalize(self, _release, self.procs, self._sock, self._stop, self._lock,
-                                           stop_bound_s(self._settings.graceful_shutdown_s))
+        self._finalizer = weakref.finalize(
+            self,
+            _release,
+            self.procs,
+            self._sock,
+            self._stop,
+            self._lock,
+            stop_bound_s(self._settings.graceful_shutdown_s),
+        )
         watch_processes(self.procs, self._stop, self._report, "raydp-api-watcher")
 
     def _spawn(self, index: int) -> Proc:
         endpoints, count, node_id, ranks, settings = self._args
-        return spawn(mp.get_context("spawn"), f"{endpoints.name}-api{index}", _api_main, self._sock, endpoints,
-                     index, count, node_id, ranks, settings)
+        return spawn(
+            mp.get_context("spawn"),
+            f"{endpoints.name}-api{index}",
+            _api_main,
+            self._sock,
+            endpoints,
+            index,
+            count,
+            node_id,
+            ranks,
+            settings,
+        )
 
     @property
     def url(self) -> str:
@@ -102,9 +119,14 @@ class APIServerProcessManager:
             restarting = index >= 0 and not self._stop.is_set() and self._restarts_left[index] > 0
             if restarting:
                 self._restarts_left[index] -= 1
-        notify(self._listeners, ProcessDeadError(
-            f"API server {proc.name} (pid {proc.process.pid})", proc.process.exitcode, restarting=restarting,
-        ))
+        notify(
+            self._listeners,
+            ProcessDeadError(
+                f"API server {proc.name} (pid {proc.process.pid})",
+                proc.process.exitcode,
+                restarting=restarting,
+            ),
+        )
         if not restarting:
             return
         with self._lock:

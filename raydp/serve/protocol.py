@@ -44,10 +44,13 @@ from raydp.wire.dropped import DropLog
 
 logger = logging.getLogger("raydp.serve")
 UVICORN_MALFORMED = "Invalid HTTP request received."  # uvicorn's message (and log line) for what h11 refuses
-MALFORMED_BODY = msgspec.json.encode(ApiError(
-    400, "malformed HTTP request: the request line, a header or the body framing is not valid HTTP/1.1",
-    code="malformed_request",
-).body())
+MALFORMED_BODY = msgspec.json.encode(
+    ApiError(
+        400,
+        "malformed HTTP request: the request line, a header or the body framing is not valid HTTP/1.1",
+        code="malformed_request",
+    ).body()
+)
 
 
 class _NotUvicornsMalformedLine(logging.Filter):
@@ -60,8 +63,12 @@ class _NotUvicornsMalformedLine(logging.Filter):
 QUIET_MALFORMED: Final = _NotUvicornsMalformedLine()
 
 
-OVERLOADED = ApiError(503, "the API server is at its connection limit (max_connections); retry shortly",
-                      code="server_overloaded", headers={"Connection": "close"})
+OVERLOADED = ApiError(
+    503,
+    "the API server is at its connection limit (max_connections); retry shortly",
+    code="server_overloaded",
+    headers={"Connection": "close"},
+)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -83,8 +90,10 @@ class GuardedH11Protocol(H11Protocol):
         async def capped(scope: Scope, receive: Receive, send: Send) -> None:
             # uvicorn counts before adding the request's task; here it is among the tasks already.
             if scope["type"] == "http" and (len(self.connections) >= limit or len(self.tasks) > limit):
-                self.overloads.drop(f"HTTP client {self.client[0] if self.client else 'unknown'}",
-                                    f"{len(self.connections)} connections, limit {limit}")
+                self.overloads.drop(
+                    f"HTTP client {self.client[0] if self.client else 'unknown'}",
+                    f"{len(self.connections)} connections, limit {limit}",
+                )
                 await OVERLOADED.response()(scope, receive, send)
                 return
             await app(scope, receive, send)
@@ -107,10 +116,16 @@ class GuardedH11Protocol(H11Protocol):
         """What h11 refused (``msg`` is uvicorn's): the API's 400, unless an answer is under way; then close."""
         self.drops.drop(f"HTTP client {self.client[0] if self.client else 'unknown'}", msg)
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(MALFORMED_BODY)),
-                       (b"connection", b"close")]
-            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                          h11.Data(data=MALFORMED_BODY), h11.EndOfMessage()):
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(MALFORMED_BODY)),
+                (b"connection", b"close"),
+            ]
+            for event in (
+                h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                h11.Data(data=MALFORMED_BODY),
+                h11.EndOfMessage(),
+            ):
                 self.transport.write(self.conn.send(event))
         self.transport.close()
 
@@ -146,5 +161,8 @@ def guarded_protocol(read_timeout_s: float) -> type[GuardedH11Protocol]:
     """
     drops = DropLog(logger, "api server", what="malformed HTTP request")
     overloads = DropLog(logger, "api server", what="request over max_connections")
-    return type("GuardedH11Protocol", (GuardedH11Protocol,),
-                {"read_timeout_s": read_timeout_s, "drops": drops, "overloads": overloads})
+    return type(
+        "GuardedH11Protocol",
+        (GuardedH11Protocol,),
+        {"read_timeout_s": read_timeout_s, "drops": drops, "overloads": overloads},
+    )

@@ -70,8 +70,13 @@ class _Server(uvicorn.Server):
     ``on_grace_over`` is called ``grace_s`` into the shutdown if it is still waiting for requests.
     """
 
-    def __init__(self, config: uvicorn.Config, stop: threading.Event | None,
-                 on_grace_over: Callable[[], None] | None = None, grace_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        stop: threading.Event | None,
+        on_grace_over: Callable[[], None] | None = None,
+        grace_s: float = 0.0,
+    ) -> None:
         super().__init__(config)
         self._stop = stop
         self._on_grace_over, self._grace_s = on_grace_over, grace_s
@@ -128,8 +133,12 @@ def serve_on_socket(
 
     With ``tls`` it serves HTTPS only.
     """
-    ServerSettings(idle_timeout_s=idle_timeout_s, read_timeout_s=read_timeout_s, max_connections=max_connections,
-                   graceful_shutdown_s=graceful_shutdown_s)  # raises ConfigError
+    ServerSettings(
+        idle_timeout_s=idle_timeout_s,
+        read_timeout_s=read_timeout_s,
+        max_connections=max_connections,
+        graceful_shutdown_s=graceful_shutdown_s,
+    )  # raises ConfigError
     tls = tls or Tls()
     logging.getLogger("uvicorn.error").addFilter(QUIET_MALFORMED)  # the protocol logs those, with their sender
     wait_s = graceful_shutdown_s + (FLUSH_S if on_grace_over else 0.0)  # then uvicorn cancels what is left
@@ -171,18 +180,44 @@ def serve_forever(
     Requests still running ``graceful_shutdown_s`` into the stop get a 503 (:mod:`.draining`).
     """
     s = settings or ServerSettings()
-    client = Client(endpoints, node_id=node_id, client_index=client_index, client_count=client_count, ranks=ranks,
-                    balancer=s.balancer, migration_limit=s.migration_limit, prefix_load_margin=s.prefix_load_margin)
+    client = Client(
+        endpoints,
+        node_id=node_id,
+        client_index=client_index,
+        client_count=client_count,
+        ranks=ranks,
+        balancer=s.balancer,
+        migration_limit=s.migration_limit,
+        prefix_load_margin=s.prefix_load_margin,
+    )
     in_flight = InFlight()
-    reason = (f"API server {client_index} of {endpoints.name!r} is shutting down: the request was still running "
-              f"after graceful_shutdown_s={s.graceful_shutdown_s:g}")
+    reason = (
+        f"API server {client_index} of {endpoints.name!r} is shutting down: the request was still running "
+        f"after graceful_shutdown_s={s.graceful_shutdown_s:g}"
+    )
     try:
-        app = build_app(client, model=s.model or endpoints.name, max_body_bytes=s.max_body_bytes,
-                        request_timeout_s=s.request_timeout_s, max_tokens_limit=s.max_tokens_limit,
-                        vocab_size=s.vocab_size, in_flight=in_flight, tokenizer=s.tokenizer,
-                        api_keys=[k.get_secret_value() for k in s.api_keys], protect_metrics=s.protect_metrics)
-        serve_on_socket(sock, app, idle_timeout_s=s.idle_timeout_s, read_timeout_s=s.read_timeout_s,
-                        max_connections=s.max_connections, graceful_shutdown_s=s.graceful_shutdown_s, stop=stop,
-                        on_grace_over=lambda: in_flight.fail_all(reason), tls=Tls.of(s))
+        app = build_app(
+            client,
+            model=s.model or endpoints.name,
+            max_body_bytes=s.max_body_bytes,
+            request_timeout_s=s.request_timeout_s,
+            max_tokens_limit=s.max_tokens_limit,
+            vocab_size=s.vocab_size,
+            in_flight=in_flight,
+            tokenizer=s.tokenizer,
+            api_keys=[k.get_secret_value() for k in s.api_keys],
+            protect_metrics=s.protect_metrics,
+        )
+        serve_on_socket(
+            sock,
+            app,
+            idle_timeout_s=s.idle_timeout_s,
+            read_timeout_s=s.read_timeout_s,
+            max_connections=s.max_connections,
+            graceful_shutdown_s=s.graceful_shutdown_s,
+            stop=stop,
+            on_grace_over=lambda: in_flight.fail_all(reason),
+            tls=Tls.of(s),
+        )
     finally:
         client.close()

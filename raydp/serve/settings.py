@@ -36,28 +36,44 @@ class ServerSettings(BaseModel):
     max_body_bytes: int = Field(1 << 20, ge=1, description="largest request body; more is a 413")
     request_timeout_s: float = Field(300.0, gt=0, description="a request running longer gets a 504")
     max_tokens_limit: int = Field(MAX_TOKENS_LIMIT, ge=1, description="largest max_tokens a request may ask")
-    vocab_size: int | None = Field(None, ge=1, description="token ids must be below it (default: the tokenizer's "
-                                   "vocabulary if one is given, else any < 2**31)")
-    tokenizer: str | None = Field(None, min_length=1, description="local directory of a Hugging Face tokenizer for "
-                                  "text and chat (default: the byte tokenizer, one token per UTF-8 byte)")
+    vocab_size: int | None = Field(
+        None,
+        ge=1,
+        description="token ids must be below it (default: the tokenizer's "
+        "vocabulary if one is given, else any < 2**31)",
+    )
+    tokenizer: str | None = Field(
+        None,
+        min_length=1,
+        description="local directory of a Hugging Face tokenizer for "
+        "text and chat (default: the byte tokenizer, one token per UTF-8 byte)",
+    )
     idle_timeout_s: float = Field(5.0, gt=0, description="an idle connection is closed after it")
     read_timeout_s: float = Field(10.0, gt=0, description="a request must arrive whole within it of its first byte")
     max_connections: int = Field(2048, ge=1, description="open connections per process before requests get a 503")
     graceful_shutdown_s: float = Field(3.0, ge=0, description="on shutdown, running requests get this long")
     balancer: Policy = Field("least-loaded", description="how the server's client picks a rank for a request")
-    prefix_load_margin: int = Field(DEFAULT_PREFIX_LOAD_MARGIN, ge=0, description="balancer 'prefix': a prompt "
-                                    "leaves its prefix's rank once that rank's load passes the least-loaded "
-                                    f"one's by this (score: {WAITING_WEIGHT} per waiting request, 1 per running)")
+    prefix_load_margin: int = Field(
+        DEFAULT_PREFIX_LOAD_MARGIN,
+        ge=0,
+        description="balancer 'prefix': a prompt "
+        "leaves its prefix's rank once that rank's load passes the least-loaded "
+        f"one's by this (score: {WAITING_WEIGHT} per waiting request, 1 per running)",
+    )
     max_restarts: int = Field(3, ge=0, description="times a dead server process is spawned again on the socket")
-    migration_limit: int = Field(0, ge=0, description="times a stream may move to a live rank when its rank "
-                                 "dies mid-stream, continuing from its last token (0: it fails, as without)")
-    api_keys: tuple[SecretStr, ...] = Field((), description="if any, every /v1/* request needs "
-                                            "'Authorization: Bearer KEY' with one of them")
+    migration_limit: int = Field(
+        0,
+        ge=0,
+        description="times a stream may move to a live rank when its rank "
+        "dies mid-stream, continuing from its last token (0: it fails, as without)",
+    )
+    api_keys: tuple[SecretStr, ...] = Field(
+        (), description="if any, every /v1/* request needs 'Authorization: Bearer KEY' with one of them"
+    )
     protect_metrics: bool = Field(False, description="GET /metrics needs an API key too (default: open)")
     ssl_certfile: str | None = Field(None, description="PEM certificate (chain): serve HTTPS")
     ssl_keyfile: str | None = Field(None, description="PEM private key of ssl_certfile")
-    ssl_ca_certs: str | None = Field(None, description="PEM CA bundle: clients must present a certificate "
-                                     "it signed")
+    ssl_ca_certs: str | None = Field(None, description="PEM CA bundle: clients must present a certificate it signed")
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -68,10 +84,14 @@ class ServerSettings(BaseModel):
         out = []
         for i, key in enumerate(keys):
             plain = key.get_secret_value() if isinstance(key, SecretStr) else key
-            if not isinstance(plain, str) or not 0 < len(plain) <= MAX_KEY_CHARS or not all(
-                    "!" <= c <= "~" for c in plain):
-                raise ValueError(f"entry {i} (value not shown): must be 1 to {MAX_KEY_CHARS} visible ASCII "
-                                 "characters, no spaces")
+            if (
+                not isinstance(plain, str)
+                or not 0 < len(plain) <= MAX_KEY_CHARS
+                or not all("!" <= c <= "~" for c in plain)
+            ):
+                raise ValueError(
+                    f"entry {i} (value not shown): must be 1 to {MAX_KEY_CHARS} visible ASCII characters, no spaces"
+                )
             out.append(SecretStr(plain))
         return tuple(out)
 
@@ -85,11 +105,15 @@ class ServerSettings(BaseModel):
     @model_validator(mode="after")
     def _tls_pairs(self) -> ServerSettings:
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            raise ValueError(f"ssl_certfile={self.ssl_certfile!r}, ssl_keyfile={self.ssl_keyfile!r}: HTTPS needs "
-                             "both, or neither for plain HTTP")
+            raise ValueError(
+                f"ssl_certfile={self.ssl_certfile!r}, ssl_keyfile={self.ssl_keyfile!r}: HTTPS needs "
+                "both, or neither for plain HTTP"
+            )
         if self.ssl_ca_certs is not None and self.ssl_certfile is None:
-            raise ValueError(f"ssl_ca_certs={self.ssl_ca_certs!r}: client certificates need HTTPS; set "
-                             "ssl_certfile and ssl_keyfile too")
+            raise ValueError(
+                f"ssl_ca_certs={self.ssl_ca_certs!r}: client certificates need HTTPS; set "
+                "ssl_certfile and ssl_keyfile too"
+            )
         if self.protect_metrics and not self.api_keys:
             raise ValueError("protect_metrics=True: needs at least one API key in api_keys")
         return self
@@ -103,8 +127,10 @@ class ServerSettings(BaseModel):
     def _a_directory(cls, path: str | None) -> str | None:
         # Only that it is a directory: loading it is for the servers (``load_tokenizer``), and costs an import.
         if path is not None and not os.path.isdir(path):
-            raise ValueError(f"{path!r} is no directory; must be a local directory holding a Hugging Face "
-                             "tokenizer (tokenizer.json or tokenizer_config.json)")
+            raise ValueError(
+                f"{path!r} is no directory; must be a local directory holding a Hugging Face "
+                "tokenizer (tokenizer.json or tokenizer_config.json)"
+            )
         return path
 
     def __init__(self, **data: Any) -> None:

@@ -44,8 +44,14 @@ class Envelope:
     model: str
 
     def wrap(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
-                "choices": choices, **extra}
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
 
 
 class Shape(Protocol):
@@ -110,15 +116,19 @@ class TextGeneration:
 
     def usage(self) -> dict[str, int]:
         done = len(self.token_ids)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
-                "total_tokens": self.prompt_tokens + done}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": done,
+            "total_tokens": self.prompt_tokens + done,
+        }
 
     def close(self) -> None:
         self.gen.close()
 
 
-async def answer(request: Request, gen: TextGeneration, shape: Shape, *, stream: bool,
-                 include_usage: bool = False) -> Response:
+async def answer(
+    request: Request, gen: TextGeneration, shape: Shape, *, stream: bool, include_usage: bool = False
+) -> Response:
     """The route's response: see the module docstring. Closes ``gen`` however it ends."""
     if stream:
         return await _stream(request, gen, shape, include_usage)
@@ -143,8 +153,9 @@ async def _stream(request: Request, gen: TextGeneration, shape: Shape, include_u
     return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(_close, events))
 
 
-async def _events(gen: TextGeneration, shape: Shape, first: Piece | None,
-                  include_usage: bool) -> AsyncGenerator[bytes, None]:
+async def _events(
+    gen: TextGeneration, shape: Shape, first: Piece | None, include_usage: bool
+) -> AsyncGenerator[bytes, None]:
     extra = {"usage": None} if include_usage else {}  # OpenAI's chunks say so when a usage chunk follows
     piece = first
     try:

@@ -66,5 +66,7 @@ class ByteTokenizer:
         return StreamDecoder()
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        raise ConfigError(f"{self.name} has no chat template; serve a tokenizer that has one (tokenizer=DIR, "
-                          "raydp serve --tokenizer DIR) to render chat messages")
+        raise ConfigError(
+            f"{self.name} has no chat template; serve a tokenizer that has one (tokenizer=DIR, "
+            "raydp serve --tokenizer DIR) to render chat messages"
+        )

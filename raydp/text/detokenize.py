@@ -42,19 +42,19 @@ class IncrementalDetokenizer:
         for token in token_ids:
             self._ids.append(token)
             # Token by token, so that a chunk ending inside a character still gives the characters before it.
-            text = self._decode(self._ids[self._prefix:])
+            text = self._decode(self._ids[self._prefix :])
             if len(text) > len(self._prefix_text) and not text.endswith(REPLACEMENT):
-                pieces.append(text[len(self._prefix_text):])
+                pieces.append(text[len(self._prefix_text) :])
                 self._advance()
         return "".join(pieces)
 
     def flush(self) -> str:
         """The text still held back at the end of the stream (an unfinished character as U+FFFD)."""
-        text = self._decode(self._ids[self._prefix:])
-        rest = text[len(self._prefix_text):]
+        text = self._decode(self._ids[self._prefix :])
+        rest = text[len(self._prefix_text) :]
         self._advance()
         return rest
 
     def _advance(self) -> None:
         self._prefix, self._read = self._read, len(self._ids)
-        self._prefix_text = self._decode(self._ids[self._prefix:self._read])
+        self._prefix_text = self._decode(self._ids[self._prefix : self._read])

@@ -43,8 +43,9 @@ class HFTokenizer:
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... by file and version
-            raise ConfigError(f"tokenizer={path!r}: no tokenizer loads from it ({type(exc).__name__}: "
-                              f"{_first_line(exc)}); {_WHAT}") from None
+            raise ConfigError(
+                f"tokenizer={path!r}: no tokenizer loads from it ({type(exc).__name__}: {_first_line(exc)}); {_WHAT}"
+            ) from None
         return cls(tokenizer, path)
 
     @property
@@ -62,14 +63,18 @@ class HFTokenizer:
 
     def apply_chat_template(self, messages: Sequence[ChatMessage]) -> list[int]:
         if not self.has_chat_template:
-            raise ConfigError(f"{self.name} has no chat template (no chat_template in its tokenizer_config.json "
-                              "or chat_template.jinja); serve one that has to render chat messages")
+            raise ConfigError(
+                f"{self.name} has no chat template (no chat_template in its tokenizer_config.json "
+                "or chat_template.jinja); serve one that has to render chat messages"
+            )
         try:
             ids = self._tokenizer.apply_chat_template(
-                [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, return_dict=False)
+                [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
         except Exception as exc:  # jinja's TemplateError, or a template's own raise_exception(...)
-            raise ConfigError(f"messages: the chat template of {self.name} refused them "
-                              f"({type(exc).__name__}: {_first_line(exc)})") from None
+            raise ConfigError(
+                f"messages: the chat template of {self.name} refused them ({type(exc).__name__}: {_first_line(exc)})"
+            ) from None
         return [int(t) for t in ids]
 
 

@@ -134,8 +134,19 @@ class EngineReport(WireMessage, tag=13):
 
 
 ToCoordinator = Union[
-    EngineStats, WaveComplete, StartWave, FirstRequest, ScaleEngines, EngineDead, EngineRevived,
-    HoldCluster, HoldAck, RegroupCluster, Regrouped, ReleaseCluster, EngineReport,
+    EngineStats,
+    WaveComplete,
+    StartWave,
+    FirstRequest,
+    ScaleEngines,
+    EngineDead,
+    EngineRevived,
+    HoldCluster,
+    HoldAck,
+    RegroupCluster,
+    Regrouped,
+    ReleaseCluster,
+    EngineReport,
 ]
 
 # ---- coordinator -> clients / engines ---------------------------------------------------

@@ -36,3 +36,7 @@ class ClusterEndpoints(msgspec.Struct, frozen=True):
         """These endpoints with one rank moved (a restarted rank binds new addresses)."""
         engines = [endpoint if e.rank == endpoint.rank else e for e in self.engines]
         return msgspec.structs.replace(self, engines=engines)
+
+    def with_engines(self, engines: list[EngineEndpoint], capacity: int) -> ClusterEndpoints:
+        """These endpoints with another set of ranks (a scale change) and their capacity."""
+        return msgspec.structs.replace(self, engines=list(engines), capacity=capacity)

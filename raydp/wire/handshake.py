@@ -62,13 +62,16 @@ class HandshakeResult:
         return sum(r.capacity for r in self.ready.values())
 
 
-def parallel_config(
-    config: RaydpConfig, dp_master: str, dp_size: int | None = None, wave: int = 0
-) -> ParallelConfig:
+def parallel_config(config: RaydpConfig, dp_master: str, dp_size: int | None = None, wave: int = 0) -> ParallelConfig:
     """The parallel layout every rank's INIT carries (``dp_size``: the size after a scale change)."""
     return ParallelConfig(
-        dp_size or config.dp_size, config.world_size, config.lockstep, config.allreduce_interval, dp_master,
-        config.stats_interval_s, wave,
+        dp_size or config.dp_size,
+        config.world_size,
+        config.lockstep,
+        config.allreduce_interval,
+        dp_master,
+        config.stats_interval_s,
+        wave,
     )
 
 
@@ -113,9 +116,7 @@ class HandshakeServer:
                     progress(done, len(slots))
         return HandshakeResult({r: s.ready for r, s in slots.items() if s.ready is not None})
 
-    def _on_message(
-        self, slots: dict[int, _Slot], init_for: Callable[[int], Init], config_hash: str
-    ) -> int | None:
+    def _on_message(self, slots: dict[int, _Slot], init_for: Callable[[int], Init], config_hash: str) -> int | None:
         """Handle one message; return the rank that just became READY, if any."""
         frames = self._sock.recv_multipart()
         sender = identity_sender("peer", frames[0])  # a ROUTER puts the identity first: it is always there
@@ -140,9 +141,7 @@ class HandshakeServer:
             return rank
         self._reject(identity, f"rank {rank} sent {type(msg).__name__}, which engines never send", rank)
 
-    def _on_hello(
-        self, identity: bytes, rank: int, slot: _Slot, msg: Hello, init_for: Callable[[int], Init]
-    ) -> None:
+    def _on_hello(self, identity: bytes, rank: int, slot: _Slot, msg: Hello, init_for: Callable[[int], Init]) -> None:
         if slot.hello is not None:
             self._reject(identity, f"duplicate rank {rank}: a second HELLO arrived", rank)
         if msg.local != slot.expected_local:
@@ -180,8 +179,7 @@ def _timeout_message(slots: dict[int, _Slot], timeout_s: float) -> str:
     silent = [r for r, s in slots.items() if s.hello is None]
     unready = [r for r, s in slots.items() if s.hello is not None and s.ready is None]
     return (
-        f"engine startup timed out after {timeout_s:.0f}s: "
-        f"no HELLO from ranks {silent}, no READY from ranks {unready}"
+        f"engine startup timed out after {timeout_s:.0f}s: no HELLO from ranks {silent}, no READY from ranks {unready}"
     )
 
 

@@ -64,8 +64,15 @@ class Sampling(WireMessage, gc=False):
 
     def is_greedy(self) -> bool:
         """True when this asks for nothing beyond greedy decoding to ``max_tokens``."""
-        return (self.temperature == 0.0 and self.top_p == 1.0 and self.top_k == 0 and self.seed is None
-                and not self.stop and not self.stop_token_ids and not self.ignore_eos)
+        return (
+            self.temperature == 0.0
+            and self.top_p == 1.0
+            and self.top_k == 0
+            and self.seed is None
+            and not self.stop
+            and not self.stop_token_ids
+            and not self.ignore_eos
+        )
 
     def set_fields(self) -> list[str]:
         """The names of the fields that differ from greedy decoding, in declaration order."""
@@ -80,8 +87,10 @@ def unsupported(engine: str, sampling: Sampling | None, allowed: tuple[str, ...]
     for name in sampling.set_fields():
         if name not in allowed:
             value = getattr(sampling, name)
-            return (f"{name}={value!r}: {engine} cannot honour it (it decodes greedily; "
-                    f"allowed: {', '.join(allowed) or 'none of the sampling fields'})")
+            return (
+                f"{name}={value!r}: {engine} cannot honour it (it decodes greedily; "
+                f"allowed: {', '.join(allowed) or 'none of the sampling fields'})"
+            )
     return None
 
 

@@ -1,10 +1,13 @@
 """Device workers inside a rank: the per-step channel, a worker's runtime, the driver-side executor.
 
-Owns the channel between an engine core and its workers (``channel``: Unix
-sockets on one node, CURVE TCP across nodes), what runs in each worker
-process (``runtime``: join the device group, build the user's worker class,
-answer calls), and the executor both backends build on (``executor``:
-``ChannelExecutor``). The backends start the processes:
-``raydp.actors.workers`` (Ray actors) and ``raydp.local.executor`` (child
-processes). Imports the engine and wire layers, never Ray or a backend.
+The backends start the processes: ``raydp.actors.workers`` (Ray actors) and
+``raydp.local.executor`` (child processes). Imports the engine and wire
+layers, never Ray or a backend.
+
+Modules:
+
+- ``channel``: the channel between an engine core and its workers (Unix sockets on one node,
+  CURVE TCP across nodes);
+- ``runtime``: one worker in any process (join the device group, build the worker class, answer calls);
+- ``executor``: ``ChannelExecutor``, the driver side both backends build on.
 """

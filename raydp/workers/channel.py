@@ -344,8 +344,9 @@ class ChannelServer:
             self.hub.sock.close(linger=0)
 
 
-def connect_worker(addresses: list[str], tp_rank: int, same_node: bool, curve: CurveKeys | None,
-                   max_bytes: int, world_size: int = 1) -> Link:
+def connect_worker(
+    addresses: list[str], tp_rank: int, same_node: bool, curve: CurveKeys | None, max_bytes: int, world_size: int = 1
+) -> Link:
     """The worker's end: the Unix socket on the driver's node, else CURVE TCP."""
     unix = [a for a in addresses if a.startswith("unix://")]
     if same_node and unix:

@@ -115,8 +115,16 @@ class ChannelExecutor:
 
     # ---- the channel ----------------------------------------------------------------------
 
-    def _call(self, kind: int, method: str, args: Any, kwargs: Any, timeout_s: float | None,
-              targets: range, answered_by: range) -> list[Any]:
+    def _call(
+        self,
+        kind: int,
+        method: str,
+        args: Any,
+        kwargs: Any,
+        timeout_s: float | None,
+        targets: range,
+        answered_by: range,
+    ) -> list[Any]:
         self.check_health()
         if self._closing.is_set():
             raise RaydpError(f"the workers of rank {self.dp_rank} are closed")

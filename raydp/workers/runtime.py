@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from raydp.engine.core import current_path
 from raydp.engine.executor import WORKER_DESCRIBE, Worker, WorkerContext
 from raydp.engine.gloo_interface import use_interface_of
 from raydp.errors import ConfigError
@@ -24,12 +25,17 @@ from raydp.workers.channel import RPC, STEP, STOP, Call, Link, LinkClosedError, 
 logger = logging.getLogger("raydp.worker")
 
 
-
 class WorkerRuntime:
     """A worker's lifecycle: constructed -> (group joined, worker built) -> serving -> stopped."""
 
-    def __init__(self, context: WorkerContext, worker_class: str | type, store_address: str,
-                 timeout_s: float = 300.0, store: Any = None) -> None:
+    def __init__(
+        self,
+        context: WorkerContext,
+        worker_class: str | type,
+        store_address: str,
+        timeout_s: float = 300.0,
+        store: Any = None,
+    ) -> None:
         """``store``: the group's TCPStore when this worker hosts it (else it connects to ``store_address``)."""
         self.context = context
         self._stop = threading.Event()
@@ -49,8 +55,12 @@ class WorkerRuntime:
         """Where this worker runs and what it sees, for operators and tests."""
         ctx = self.context
         return {
-            "dp_rank": ctx.dp_rank, "tp_rank": ctx.tp_rank, "node_id": ctx.node_id, "pid": os.getpid(),
-            "device": ctx.device, "device_ids": list(ctx.device_ids),
+            "dp_rank": ctx.dp_rank,
+            "tp_rank": ctx.tp_rank,
+            "node_id": ctx.node_id,
+            "pid": os.getpid(),
+            "device": ctx.device,
+            "device_ids": list(ctx.device_ids),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
 
@@ -130,7 +140,7 @@ def _import_class(path: str) -> type:
     """Import ``module:Class`` (as engine classes are, without their method check)."""
     import importlib
 
-    module_name, _, attr = path.partition(":")
+    module_name, _, attr = current_path(path).partition(":")  # a reference engine's old module still loads
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
@@ -165,10 +175,14 @@ def _join_group(context: WorkerContext, store_address: str, timeout_s: float, st
     if store is None:
         store = dist.TCPStore(host, int(port), context.world_size, is_master=False, timeout=timeout)
     use_interface_of(node_ip())  # gloo: this node's own interface, not where the hostname resolves
-    dist.init_process_group(backend, store=store, rank=context.tp_rank, world_size=context.world_size,
-                            timeout=timeout)
-    logger.info("worker %s joined its %s group of %d in %.2fs", context.tag, backend, context.world_size,
-                time.monotonic() - started)
+    dist.init_process_group(backend, store=store, rank=context.tp_rank, world_size=context.world_size, timeout=timeout)
+    logger.info(
+        "worker %s joined its %s group of %d in %.2fs",
+        context.tag,
+        backend,
+        context.world_size,
+        time.monotonic() - started,
+    )
     return True
 
 

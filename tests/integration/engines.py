@@ -6,8 +6,9 @@ from typing import Any
 
 import msgspec
 
-from raydp.engine.core import EchoEngine, EngineContext
-from raydp.engine.echo_workers import WorkerEchoEngine
+from raydp.engine.core import EngineContext
+from raydp.models.echo import EchoEngine
+from raydp.models.echo_workers import WorkerEchoEngine
 from raydp.wire.protocol import Request
 
 

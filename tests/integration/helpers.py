@@ -1,63 +1,10 @@
-"""Assertions about what a closed cluster left behind."""
+"""Assertions about what a closed cluster left behind (the probes are :mod:`raydp.testing.leftovers`')."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import TypeVar
+from raydp.testing.leftovers import live_actors, live_groups, socket_dirs, wait_until
 
-import ray
-from ray.util.state import list_actors, list_placement_groups
-
-T = TypeVar("T")
-
-
-def _retry(fn: Callable[[], T], attempts: int = 5) -> T:
-    """The state API goes through the dashboard, which may lag on a busy 2-core box."""
-    for attempt in range(attempts):
-        try:
-            return fn()
-        except ConnectionError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(1 + attempt)
-    raise AssertionError("unreachable")
-
-
-def _address() -> str:
-    """This driver's cluster: without it the state API may query another cluster on the host."""
-    return str(ray.get_runtime_context().gcs_address)
-
-
-def live_actors(name: str) -> list[str]:
-    actors = _retry(
-        lambda: list_actors(
-            address=_address(), filters=[("state", "!=", "DEAD")], raise_on_missing_output=False
-        )
-    )
-    return [a.name for a in actors if a.name and a.name.startswith(f"{name}-")]
-
-
-def live_groups(name: str) -> list[str]:
-    groups = _retry(lambda: list_placement_groups(address=_address(), raise_on_missing_output=False))
-    return [g.name for g in groups if g.name.startswith(f"{name}-") and g.state != "REMOVED"]
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return bool(predicate())
-
-
-def socket_dirs(name: str) -> list[Path]:
-    root = Path(tempfile.gettempdir()) / f"raydp-{os.getuid()}"
-    return sorted(root.glob(f"{name}-*")) if root.exists() else []
+__all__ = ["assert_nothing_left", "live_actors", "live_groups", "socket_dirs", "wait_until"]
 
 
 def assert_nothing_left(name: str, *, timeout: float = 15.0, wait_sockets: bool = False) -> None:

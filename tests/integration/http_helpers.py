@@ -58,8 +58,13 @@ def raydp_serve(*flags: str, env: dict[str, str] | None = None) -> Iterator[Serv
         stderr_path = log.name
     full_env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAYDP_LOG_LEVEL": "WARNING", **(env or {})}
     with open(stderr_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "raydp", "serve", "--backend", "mp", "--port", "0", *flags],
-                                env=full_env, text=True, stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raydp", "serve", "--backend", "mp", "--port", "0", *flags],
+            env=full_env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
     try:
         banner = _banner(proc)
         assert "Ctrl-C to stop" in banner, banner + Path(stderr_path).read_text()
@@ -99,8 +104,14 @@ class Answer:
         return json.loads(self.body)
 
 
-def call(address: tuple[str, int], method: str, path: str, body: Any = None,
-         headers: dict[str, str] | None = None, timeout: float = 30) -> Answer:
+def call(
+    address: tuple[str, int],
+    method: str,
+    path: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> Answer:
     """One request on a fresh connection (``body``: bytes as is, anything else as JSON)."""
     conn = http.client.HTTPConnection(*address, timeout=timeout)
     try:
@@ -142,37 +153,9 @@ def rss(pids: list[int]) -> int:
     return sum(psutil.Process(pid).memory_info().rss for pid in pids)
 
 
-class Call(threading.Thread):
-    """One HTTP request on its own connection; ``started`` is set once a stream's first event is in."""
-
-    def __init__(self, address: tuple[str, int], path: str, body: dict[str, Any]) -> None:
-        super().__init__(daemon=True)
-        self.address, self.path, self.body = address, path, body
-        self.started = threading.Event()
-        self.status: int | None = None
-        self.data = b""
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            conn = http.client.HTTPConnection(*self.address, timeout=60)
-            conn.request("POST", self.path, json.dumps(self.body), {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            self.status = resp.status
-            if self.body.get("stream"):
-                self.data = resp.readline()
-                self.started.set()
-            self.data += resp.read()  # IncompleteRead if the chunked body is cut off
-            conn.close()
-        except BaseException as exc:  # a reset, a cut-off body: what the test must not see
-            self.error = exc
-        finally:
-            self.started.set()
-
-
 def shutting_down(body: dict[str, Any], grace_s: float) -> bool:
     """``body`` is the 503 a stopping API server gives a request still running after ``grace_s``."""
     error = body.get("error", {})
     return (error.get("type"), error.get("code")) == ("service_unavailable", "shutting_down") and (
-        f"after graceful_shutdown_s={grace_s:g}" in error.get("message", ""))
+        f"after graceful_shutdown_s={grace_s:g}" in error.get("message", "")
+    )

@@ -31,8 +31,9 @@ import ray
 import raydp
 from raydp import Client
 from raydp.errors import EngineDeadError
+from raydp.testing.ray_hosts import SPAN_RESOURCE, node_ids_by_ip
 from raydp.wire.transport import pick_address
-from tests.integration.ray_hosts import MARK, SPAN_RESOURCE
+from tests.integration.ray_hosts import MARK
 
 
 def reply(**fields: Any) -> None:
@@ -40,30 +41,35 @@ def reply(**fields: Any) -> None:
     sys.stdout.flush()
 
 
-def node_ids_by_ip(hosts: list[str], timeout: float = 90.0) -> dict[str, str]:
-    """The live nodes' ids by IP, once every host has joined."""
-    deadline = time.monotonic() + timeout
-    while True:
-        nodes = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        if all(h in nodes for h in hosts):
-            return nodes
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"hosts {hosts} did not all join Ray within {timeout}s; nodes seen: {nodes}")
-        time.sleep(0.2)
-
-
 def config(kind: str, placed: list[str]) -> dict[str, Any]:
     """The launch fields of cluster ``kind``, ranks (or workers) placed on the hosts' nodes in order."""
     common: dict[str, Any] = {
-        "name": f"mh-{kind}", "master_node_id": placed[0], "node_allowlist": tuple(placed),
-        "auth": "curve", "transport": "auto", "progress": False,
+        "name": f"mh-{kind}",
+        "master_node_id": placed[0],
+        "node_allowlist": tuple(placed),
+        "auth": "curve",
+        "transport": "auto",
+        "progress": False,
     }
     if kind == "span":
-        return {**common, "dp_size": 1, "tensor_parallel_size": len(placed), "placement_strategy": "span",
-                "accelerator": SPAN_RESOURCE, "engine": "raydp.engine.echo_workers:WorkerEchoEngine"}
+        return {
+            **common,
+            "dp_size": 1,
+            "tensor_parallel_size": len(placed),
+            "placement_strategy": "span",
+            "accelerator": SPAN_RESOURCE,
+            "engine": "raydp.models.echo_workers:WorkerEchoEngine",
+        }
     lockstep = kind == "lockstep"
-    return {**common, "dp_size": len(placed), "dp_size_local": 1, "accelerator": "GPU", "lockstep": lockstep,
-            "allreduce_interval": 4, "engine_kwargs": {"step_delay_s": 0.01, "collective": lockstep}}
+    return {
+        **common,
+        "dp_size": len(placed),
+        "dp_size_local": 1,
+        "accelerator": "GPU",
+        "lockstep": lockstep,
+        "allreduce_interval": 4,
+        "engine_kwargs": {"step_delay_s": 0.01, "collective": lockstep},
+    }
 
 
 class Driver:
@@ -84,9 +90,13 @@ class Driver:
             "seconds": time.monotonic() - started,
             "curve": ep.curve is not None,
             "engines": [
-                {"rank": e.rank, "node_id": e.node_id, "input_addresses": e.input_addresses,
-                 # the address this process's client connects to (what ClientSockets picks)
-                 "picked": pick_address(e.input_addresses, same_node=e.node_id == self.node_id)}
+                {
+                    "rank": e.rank,
+                    "node_id": e.node_id,
+                    "input_addresses": e.input_addresses,
+                    # the address this process's client connects to (what ClientSockets picks)
+                    "picked": pick_address(e.input_addresses, same_node=e.node_id == self.node_id),
+                }
                 for e in ep.engines
             ],
             "coordinator": {"node_id": ep.coordinator.node_id, "publish": ep.coordinator.publish},

@@ -44,8 +44,9 @@ class Slow:
 
 @contextmanager
 def slow_cluster(name: str, api_servers: int, **settings: Any) -> Iterator[Slow]:
-    with raydp.launch(name=name, dp_size=2, backend="mp", progress=False,
-                      engine_kwargs={"step_delay_s": 0.02}) as cluster:
+    with raydp.launch(
+        name=name, dp_size=2, backend="mp", progress=False, engine_kwargs={"step_delay_s": 0.02}
+    ) as cluster:
         servers = APIServerProcessManager(cluster.endpoints, api_servers, settings=ServerSettings(**settings))
         try:
             yield Slow(cluster, servers, cluster.client())
@@ -72,8 +73,9 @@ def sdk(url: str) -> openai.OpenAI:
 @pytest.mark.timeout(120)
 def test_hanging_up_mid_stream_aborts_the_request_on_its_engine() -> None:
     with slow_cluster("hangup", api_servers=4) as slow:
-        stream = sdk(slow.servers.url).completions.create(model="hangup", prompt=[3], max_tokens=LONG, stream=True,
-                                                     extra_body={"rank": 0})
+        stream = sdk(slow.servers.url).completions.create(
+            model="hangup", prompt=[3], max_tokens=LONG, stream=True, extra_body={"rank": 0}
+        )
         got: list[int] = []
         for chunk in stream:
             got += (chunk.choices[0].model_extra or {})["token_ids"]
@@ -82,10 +84,14 @@ def test_hanging_up_mid_stream_aborts_the_request_on_its_engine() -> None:
         stream.close()  # the HTTP client hangs up
         assert got[:3] == [3, 3, 3]
         assert settles_at(slow.client, 0, {"added": 1, "finished": 0, "aborted": 1}) == {
-            "added": 1, "finished": 0, "aborted": 1}, "the engine dropped the request"
+            "added": 1,
+            "finished": 0,
+            "aborted": 1,
+        }, "the engine dropped the request"
         assert counters(slow.client, 1) == {"added": 0, "finished": 0, "aborted": 0}
-        done = sdk(slow.servers.url).completions.create(model="hangup", prompt=[5], max_tokens=2,
-                                                        extra_body={"rank": 0})
+        done = sdk(slow.servers.url).completions.create(
+            model="hangup", prompt=[5], max_tokens=2, extra_body={"rank": 0}
+        )
         assert done.choices[0].text == "\x05\x05", "the rank serves on"
 
 
@@ -98,12 +104,18 @@ def test_hanging_up_before_the_answer_aborts_the_request_too(path: str) -> None:
     with slow_cluster("waithangup", api_servers=2) as slow:
         payload = json.dumps(body).encode()
         sock = socket.create_connection(slow.servers.address)
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
         assert settles_at(slow.client, 1, {"added": 1, "finished": 0, "aborted": 0})["added"] == 1
         sock.close()
         assert settles_at(slow.client, 1, {"added": 1, "finished": 0, "aborted": 1}) == {
-            "added": 1, "finished": 0, "aborted": 1}
+            "added": 1,
+            "finished": 0,
+            "aborted": 1,
+        }
 
 
 @pytest.mark.timeout(120)
@@ -112,16 +124,26 @@ def test_a_request_past_request_timeout_gets_504_and_is_aborted() -> None:
         start = time.monotonic()
         answer = call(slow.servers.address, "POST", "/v1/completions", {"prompt": [1], "max_tokens": LONG, "rank": 0})
         assert answer.status == 504 and 0.9 < time.monotonic() - start < 10
-        assert answer.json() == {"error": {"message": "the request ran past request_timeout_s=1", "type": "timeout",
-                                           "param": None, "code": "timeout"}}
+        assert answer.json() == {
+            "error": {
+                "message": "the request ran past request_timeout_s=1",
+                "type": "timeout",
+                "param": None,
+                "code": "timeout",
+            }
+        }
         # A stream has answered 200 by then: the timeout comes as an error event, which the SDK raises.
-        stream = sdk(slow.servers.url).completions.create(model="timeout", prompt=[2], max_tokens=LONG, stream=True,
-                                                     extra_body={"rank": 0})
+        stream = sdk(slow.servers.url).completions.create(
+            model="timeout", prompt=[2], max_tokens=LONG, stream=True, extra_body={"rank": 0}
+        )
         with pytest.raises(openai.APIError, match="ran past request_timeout_s=1"):
             for _ in stream:
                 pass
         assert settles_at(slow.client, 0, {"added": 2, "finished": 0, "aborted": 2}) == {
-            "added": 2, "finished": 0, "aborted": 2}, "both were dropped on the engine"
+            "added": 2,
+            "finished": 0,
+            "aborted": 2,
+        }, "both were dropped on the engine"
 
 
 def metric(url_address: tuple[str, int], name: str, labels: dict[str, str]) -> float | None:
@@ -136,8 +158,9 @@ def metric(url_address: tuple[str, int], name: str, labels: dict[str, str]) -> f
 @pytest.mark.timeout(120)
 def test_a_dead_rank_is_a_503_and_shows_in_the_metrics() -> None:
     with slow_cluster("deadrank", api_servers=1) as slow:
-        stream = sdk(slow.servers.url).completions.create(model="deadrank", prompt=[8], max_tokens=LONG, stream=True,
-                                                     extra_body={"rank": 1})
+        stream = sdk(slow.servers.url).completions.create(
+            model="deadrank", prompt=[8], max_tokens=LONG, stream=True, extra_body={"rank": 1}
+        )
         assert next(iter(stream)).choices[0].text == "\x08"
         slow.kill_rank(1)
         with pytest.raises(openai.APIError, match="rank 1"):

@@ -61,7 +61,9 @@ def test_three_api_servers_share_a_port_and_a_dead_one_is_respawned() -> None:
         os.kill(victim.process.pid, signal.SIGKILL)
         # The others keep serving on the shared socket while index 1 is spawned again.
         assert post(f"{servers.url}/v1/generate", {"prompt_token_ids": [7], "max_tokens": 2}) == (
-            200, {"token_ids": [7, 7]})
+            200,
+            {"token_ids": [7, 7]},
+        )
         assert cluster.wait(timeout=2) is None, "a respawned server does not end wait()"
         death = cluster.deaths[0]
         assert isinstance(death, ProcessDeadError) and death.restarting and victim.name in str(death)
@@ -79,13 +81,17 @@ def test_three_api_servers_share_a_port_and_a_dead_one_is_respawned() -> None:
 def test_api_servers_hear_of_a_dead_rank_from_the_coordinator() -> None:
     import threading
 
-    with raydp.launch(name="apidead", dp_size=2, backend="mp", progress=False,
-                      engine_kwargs={"step_delay_s": 0.01}) as cluster:
+    with raydp.launch(
+        name="apidead", dp_size=2, backend="mp", progress=False, engine_kwargs={"step_delay_s": 0.01}
+    ) as cluster:
         servers = cluster.serve_api(2)
         assert post(f"{servers.url}/v1/generate", {"prompt_token_ids": [1], "max_tokens": 1, "rank": 1})[0] == 200
         stuck: list[tuple[int, dict[str, Any]]] = []
-        worker = threading.Thread(target=lambda: stuck.append(post(
-            f"{servers.url}/v1/generate", {"prompt_token_ids": [1], "max_tokens": 100_000, "rank": 1})))
+        worker = threading.Thread(
+            target=lambda: stuck.append(
+                post(f"{servers.url}/v1/generate", {"prompt_token_ids": [1], "max_tokens": 100_000, "rank": 1})
+            )
+        )
         worker.start()
         time.sleep(0.5)
         victim = next(p for p in cluster._manager.procs if p.rank == 1)
@@ -96,6 +102,8 @@ def test_api_servers_hear_of_a_dead_rank_from_the_coordinator() -> None:
         # New requests go to the live rank; pinning the dead one fails fast.
         for _ in range(6):
             assert post(f"{servers.url}/v1/generate", {"prompt_token_ids": [2], "max_tokens": 2}) == (
-                200, {"token_ids": [2, 2]})
+                200,
+                {"token_ids": [2, 2]},
+            )
         status, body = post(f"{servers.url}/v1/generate", {"prompt_token_ids": [2], "max_tokens": 2, "rank": 1})
         assert status == 503 and "rank 1" in body["error"]["message"]

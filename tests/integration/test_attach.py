@@ -25,8 +25,14 @@ print("launched", cluster.dp_size, flush=True)
 def test_attach_to_a_detached_cluster_then_shut_it_down(two_nodes: Any) -> None:
     address = ray.get_runtime_context().gcs_address
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    out = subprocess.run([sys.executable, "-c", LAUNCHER.format(address=address)], env=env,
-                         capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCHER.format(address=address)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0 and "launched 2" in out.stdout, out.stderr[-3000:]
     # The launcher has exited; the cluster is still there.
     assert sorted(live_actors("nb")) == ["nb-coordinator", "nb-dp0", "nb-dp1"]

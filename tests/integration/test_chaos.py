@@ -19,8 +19,15 @@ from tests.integration.chaos_checks import assert_requests_accounted
 from tests.integration.conftest import ClusterPool
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = {"rank-sigkill", "rank-ray-kill", "worker-sigkill", "coordinator-sigkill", "coordinator-ray-kill",
-         "api-server-sigkill", "node-remove"}
+KINDS = {
+    "rank-sigkill",
+    "rank-ray-kill",
+    "worker-sigkill",
+    "coordinator-sigkill",
+    "coordinator-ray-kill",
+    "api-server-sigkill",
+    "node-remove",
+}
 
 
 @pytest.mark.timeout(300)
@@ -28,8 +35,15 @@ def test_a_one_minute_seeded_chaos_soak_loses_no_request_and_leaves_nothing(clus
     cluster_pool.shutdown()  # the soak starts a Ray of its own; on 2 cores the shared one would only slow it down
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, never an ambient one
     env |= {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.run([sys.executable, "scripts/chaos.py", "--seed", "7", "--minutes", "1", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "raydp.testing.chaos", "--seed", "7", "--minutes", "1", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
     tail = proc.stderr[-6000:]
     assert proc.stdout.strip(), f"no summary (exit code {proc.returncode}):\n{tail}"
     summary = json.loads(proc.stdout.strip().splitlines()[-1])

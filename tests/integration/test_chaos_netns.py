@@ -1,7 +1,7 @@
 """The seeded chaos soak on namespace hosts, 1 minute: partitions too, and every request is accounted for.
 
 Needs root and ``ip netns`` (skipped with the reason otherwise); the hosts
-are network namespaces on 10.213.7.0/24 (:mod:`tests.integration.netns`).
+are network namespaces on 10.213.7.0/24 (:mod:`raydp.testing.netns`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration import netns
+from raydp.testing import netns
 from tests.integration.chaos_checks import assert_requests_accounted
 from tests.integration.conftest import ClusterPool
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = {"rank-sigkill", "rank-ray-kill", "worker-sigkill", "coordinator-sigkill", "coordinator-ray-kill",
-         "api-server-sigkill", "partition"}
+KINDS = {
+    "rank-sigkill",
+    "rank-ray-kill",
+    "worker-sigkill",
+    "coordinator-sigkill",
+    "coordinator-ray-kill",
+    "api-server-sigkill",
+    "partition",
+}
 
 
 @pytest.mark.timeout(330)
@@ -34,8 +41,14 @@ def test_a_one_minute_chaos_soak_on_namespace_hosts_survives_partitions_and_leav
     cluster_pool.shutdown()  # the soak starts a Ray of its own; on 2 cores the shared one would only slow it down
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env |= {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen([sys.executable, "scripts/chaos.py", "--seed", "3", "--minutes", "1", "--hosts", "netns",
-                             "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raydp.testing.chaos", "--seed", "3", "--minutes", "1", "--hosts", "netns", "--json"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = proc.communicate(timeout=280)
     except subprocess.TimeoutExpired:

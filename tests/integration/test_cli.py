@@ -17,8 +17,9 @@ from tests.integration.helpers import socket_dirs
 
 def raydp_cli(*args: str, extra_env: dict[str, str] | None = None, **kw: object) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAYDP_LOG_LEVEL": "WARNING", **(extra_env or {})}
-    return subprocess.Popen([sys.executable, "-m", "raydp", *args], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
+    return subprocess.Popen(
+        [sys.executable, "-m", "raydp", *args], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw
+    )  # type: ignore[call-overload]
 
 
 @pytest.mark.timeout(60)
@@ -32,15 +33,19 @@ def test_help_runs(command: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_serve_answers_http_and_ctrl_c_shuts_everything_down() -> None:
-    proc = raydp_cli("serve", "--backend", "mp", "--name", "clisrv", "--engine", "echo",
-                     "--api-servers", "2", "--port", "0")
+    proc = raydp_cli(
+        "serve", "--backend", "mp", "--name", "clisrv", "--engine", "echo", "--api-servers", "2", "--port", "0"
+    )
     try:
         assert proc.stdout is not None
         banner = proc.stdout.readline()
         assert "Ctrl-C to stop" in banner, banner + (proc.stderr.read() if proc.poll() is not None else "")
         url = banner.split(" at ")[1].split(" ")[0]
-        req = urllib.request.Request(f"{url}/v1/generate", json.dumps({"prompt_token_ids": [4], "max_tokens": 2})
-                                     .encode(), {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{url}/v1/generate",
+            json.dumps({"prompt_token_ids": [4], "max_tokens": 2}).encode(),
+            {"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert json.loads(resp.read()) == {"token_ids": [4, 4]}
         proc.send_signal(signal.SIGINT)
@@ -65,8 +70,21 @@ def test_sigterm_on_a_background_serve_shuts_everything_down(backend: str) -> No
     name = f"bgterm{backend}"
     # On Ray, a local one of its own (not a test cluster that may be running): one rank of CPU bundles.
     on_ray = ("--address", "local", "--accelerator", "CPU", "--dp-size", "1") if backend == "ray" else ()
-    proc = raydp_cli("serve", "--backend", backend, "--name", name, "--engine", "echo", "--api-servers", "2",
-                     "--port", "0", *on_ray, preexec_fn=_ignore_sigint)
+    proc = raydp_cli(
+        "serve",
+        "--backend",
+        backend,
+        "--name",
+        name,
+        "--engine",
+        "echo",
+        "--api-servers",
+        "2",
+        "--port",
+        "0",
+        *on_ray,
+        preexec_fn=_ignore_sigint,
+    )
     try:
         assert proc.stdout is not None
         banner = proc.stdout.readline()
@@ -74,8 +92,11 @@ def test_sigterm_on_a_background_serve_shuts_everything_down(backend: str) -> No
             proc.wait(timeout=30)
             pytest.fail(f"no banner ({banner!r}); exit {proc.returncode}: {proc.stderr.read()[-3000:]}")
         url = banner.split(" at ")[1].split(" ")[0]
-        req = urllib.request.Request(f"{url}/v1/generate", json.dumps({"prompt_token_ids": [6], "max_tokens": 2})
-                                     .encode(), {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{url}/v1/generate",
+            json.dumps({"prompt_token_ids": [6], "max_tokens": 2}).encode(),
+            {"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert json.loads(resp.read()) == {"token_ids": [6, 6]}
         children = psutil.Process(proc.pid).children(recursive=True)
@@ -120,8 +141,20 @@ def test_serve_takes_dp_size_from_the_environment_and_a_flag_wins() -> None:
 @pytest.mark.timeout(180)
 def test_demo_takes_dp_size_from_the_environment_and_a_flag_wins(two_nodes: Cluster) -> None:
     def launched(*flags: str) -> str:
-        proc = raydp_cli("demo", "--address", two_nodes.address, "--engine", "echo", "--accelerator", "CPU",
-                         "--requests", "12", "--no-progress", *flags, extra_env={"RAYDP_DP_SIZE": "3"})
+        proc = raydp_cli(
+            "demo",
+            "--address",
+            two_nodes.address,
+            "--engine",
+            "echo",
+            "--accelerator",
+            "CPU",
+            "--requests",
+            "12",
+            "--no-progress",
+            *flags,
+            extra_env={"RAYDP_DP_SIZE": "3"},
+        )
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         return out
@@ -134,11 +167,12 @@ def test_demo_takes_dp_size_from_the_environment_and_a_flag_wins(two_nodes: Clus
 
 @pytest.mark.timeout(240)
 def test_demo_with_tensor_parallel_size_2_shards_the_reference_lm_over_workers(two_nodes: Cluster) -> None:
-    proc = raydp_cli("demo", "--address", two_nodes.address, "--tensor-parallel-size", "2", "--requests", "12",
-                     "--no-progress")
+    proc = raydp_cli(
+        "demo", "--address", two_nodes.address, "--tensor-parallel-size", "2", "--requests", "12", "--no-progress"
+    )
     out, err = proc.communicate(timeout=200)
     assert proc.returncode == 0, err
-    assert "launched 2 ranks of raydp.engine.tp_lm:TPLMEngine" in out
+    assert "launched 2 ranks of raydp.models.tp_lm:TPLMEngine" in out
     assert "each rank shards over 2 device workers" in out
     assert "total: 12 requests, 192 tokens" in out
 
@@ -146,8 +180,7 @@ def test_demo_with_tensor_parallel_size_2_shards_the_reference_lm_over_workers(t
 @pytest.mark.timeout(120)
 def test_plan_takes_dp_size_from_the_environment_and_a_flag_wins(two_nodes: Cluster) -> None:
     def planned(*flags: str) -> dict[str, object]:
-        proc = raydp_cli("plan", "--address", two_nodes.address, "--json", *flags,
-                         extra_env={"RAYDP_DP_SIZE": "3"})
+        proc = raydp_cli("plan", "--address", two_nodes.address, "--json", *flags, extra_env={"RAYDP_DP_SIZE": "3"})
         out, err = proc.communicate(timeout=90)
         assert proc.returncode == 0, err
         return dict(json.loads(out))

@@ -37,7 +37,7 @@ def restarted(cluster: Any, engines: int, deaths: int = 1) -> bool:
         return False
     try:
         state = cluster.coordinator_state()
-        return len(state["subscribed"]) == engines and bool(state["resynced"])
+        return len(state.subscribed) == engines and state.resynced
     except Exception:  # the old actor is gone and the new one not there yet
         return False
 
@@ -45,8 +45,9 @@ def restarted(cluster: Any, engines: int, deaths: int = 1) -> bool:
 @pytest.mark.timeout(180)
 def test_a_killed_dense_coordinator_restarts_and_nothing_in_flight_is_lost(two_nodes: Any) -> None:
     name = "coordrestart"
-    with raydp.launch(name=name, dp_size=2, coordinator_max_restarts=1, progress=False,
-                      engine_kwargs=ECHO_SLOW) as cluster:
+    with raydp.launch(
+        name=name, dp_size=2, coordinator_max_restarts=1, progress=False, engine_kwargs=ECHO_SLOW
+    ) as cluster:
         client = cluster.client()
         attached = raydp.attach(name)
         remote = attached.client()  # follows the coordinator's snapshots, as an API server does
@@ -68,7 +69,7 @@ def test_a_killed_dense_coordinator_restarts_and_nothing_in_flight_is_lost(two_n
         assert cluster.wait(timeout=0.5) is None, "a restarted coordinator does not end wait()"
         # Loads come back from the engines; snapshots reach a client in another process again.
         busy = client.submit([9], max_tokens=300, rank=1)
-        assert wait_until(lambda: cluster.coordinator_state()["counts"][1] != [0, 0], timeout=10)
+        assert wait_until(lambda: cluster.coordinator_state().counts[1] != [0, 0], timeout=10)
         first = remote.snapshot()
         seq = first.seq if first else 0
         assert wait_until(lambda: (snap := remote.snapshot()) is not None and snap.seq > seq, 10)
@@ -86,26 +87,32 @@ def test_a_killed_dense_coordinator_restarts_and_nothing_in_flight_is_lost(two_n
 @pytest.mark.timeout(180)
 def test_a_lockstep_coordinator_restarts_mid_wave_and_no_rank_is_stranded(two_nodes: Any) -> None:
     name = "coordrestartls"
-    with raydp.launch(name=name, dp_size=2, lockstep=True, allreduce_interval=4, progress=False,
-                      engine_kwargs={"collective": True, "step_delay_s": 0.005}) as cluster:
+    with raydp.launch(
+        name=name,
+        dp_size=2,
+        lockstep=True,
+        allreduce_interval=4,
+        progress=False,
+        engine_kwargs={"collective": True, "step_delay_s": 0.005},
+    ) as cluster:
         client = cluster.client()
         assert client.generate([3], max_tokens=2, rank=1, timeout=60) == [3, 3]  # a wave, then pause
-        assert wait_until(lambda: not cluster.coordinator_state()["running"], timeout=30)
-        wave = cluster.coordinator_state()["wave"]
+        assert wait_until(lambda: not cluster.coordinator_state().running, timeout=30)
+        wave = cluster.coordinator_state().wave
         # Killed while paused: the next request, to the other rank, needs the successor's START_DP_WAVE.
         ray.kill(ray.get_actor(coordinator_name(name), namespace=NAMESPACE), no_restart=True)
         assert wait_until(lambda: restarted(cluster, 2, deaths=1), timeout=20)
-        assert cluster.coordinator_state()["wave"] == wave, "the wave came back from the engines"
+        assert cluster.coordinator_state().wave == wave, "the wave came back from the engines"
         assert client.generate([4], max_tokens=2, rank=0, timeout=30) == [4, 4]
         # Killed mid-wave: rank 1 steps in the collective with rank 0; both finish.
         long = client.submit([6], max_tokens=400, rank=1)
-        assert wait_until(lambda: cluster.coordinator_state()["running"], timeout=10)
+        assert wait_until(lambda: cluster.coordinator_state().running, timeout=10)
         ray.kill(ray.get_actor(coordinator_name(name), namespace=NAMESPACE), no_restart=True)
         assert wait_until(lambda: restarted(cluster, 2, deaths=2), timeout=20)
         assert long.result(timeout=60) == [6] * 400
         assert client.generate([8], max_tokens=2, rank=0, timeout=30) == [8, 8]
-        assert wait_until(lambda: not cluster.coordinator_state()["running"], timeout=30), "the wave ended"
-        assert cluster.coordinator_state()["wave"] > wave
+        assert wait_until(lambda: not cluster.coordinator_state().running, timeout=30), "the wave ended"
+        assert cluster.coordinator_state().wave > wave
         assert cluster.wait(timeout=0.5) is None
         assert [type(d) for d in cluster.deaths] == [CoordinatorDeadError] * 2
     assert_nothing_left(name)

@@ -39,8 +39,12 @@ def swept() -> bool:
 
 @pytest.mark.timeout(180)
 def test_a_killed_driver_takes_its_cluster_with_it(two_nodes: Any) -> None:
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, two_nodes.address], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, two_nodes.address],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
     try:
         assert driver.stdout is not None and driver.stdout.readline().strip() == "serving"
         assert len(live_actors("orphan")) == 3 and len(live_groups("orphan")) == 2

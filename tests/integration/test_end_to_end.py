@@ -17,8 +17,11 @@ from tests.integration.helpers import assert_nothing_left, live_actors, live_gro
 @pytest.mark.timeout(180)
 def test_dp2_serves_requests_and_close_leaves_nothing(two_nodes) -> None:  # type: ignore[no-untyped-def]
     cluster = raydp.launch(
-        name="e2e", dp_size=2, engine="raydp.engine.tiny_lm:TinyLMEngine",
-        engine_kwargs={"max_running": 16, "max_len": 64}, progress=False,
+        name="e2e",
+        dp_size=2,
+        engine="raydp.models.tiny_lm:TinyLMEngine",
+        engine_kwargs={"max_running": 16, "max_len": 64},
+        progress=False,
     )
     try:
         assert cluster.dp_size == 2
@@ -95,12 +98,14 @@ def test_a_driver_that_exits_without_close_leaves_nothing(two_nodes) -> None:  #
 
 @pytest.mark.timeout(180)
 def test_an_engine_class_defined_in_a_notebook_cell_runs(two_nodes) -> None:  # type: ignore[no-untyped-def]
-    from raydp.engine.core import EchoEngine
+    from raydp.models.echo import EchoEngine
 
     class ShoutingEngine(EchoEngine):  # not importable by path, like a notebook class
         def step(self):  # type: ignore[no-untyped-def]
-            return [type(o)(o.request_id, [t * 10 for t in o.token_ids], o.finished, o.finish_reason)
-                    for o in super().step()]
+            return [
+                type(o)(o.request_id, [t * 10 for t in o.token_ids], o.finished, o.finish_reason)
+                for o in super().step()
+            ]
 
     with raydp.launch(name="cell", dp_size=2, engine=ShoutingEngine, progress=False) as cluster:
         assert cluster.client().generate([1, 2], max_tokens=2, timeout=60) == [10, 20]

@@ -98,7 +98,11 @@ def test_a_killed_coordinator_ends_wait_while_dense_ranks_keep_serving(two_nodes
 def test_a_killed_coordinator_fails_lockstep_work_loudly(two_nodes) -> None:  # type: ignore[no-untyped-def]
     """With no restarts left, lockstep ranks cannot wake each other: the gang stops and in-flight work fails."""
     cluster = raydp.launch(
-        name="coordgang", dp_size=2, lockstep=True, engine_kwargs={"step_delay_s": 0.01}, progress=False,
+        name="coordgang",
+        dp_size=2,
+        lockstep=True,
+        engine_kwargs={"step_delay_s": 0.01},
+        progress=False,
         coordinator_max_restarts=0,
     )
     try:

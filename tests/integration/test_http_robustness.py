@@ -44,8 +44,9 @@ class Servers:
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[Servers]:
-    settings = ServerSettings(max_body_bytes=MAX_BODY, idle_timeout_s=IDLE_S, read_timeout_s=READ_S,
-                              vocab_size=256, max_tokens_limit=1000)
+    settings = ServerSettings(
+        max_body_bytes=MAX_BODY, idle_timeout_s=IDLE_S, read_timeout_s=READ_S, vocab_size=256, max_tokens_limit=1000
+    )
     with raydp.launch(name="robust", dp_size=2, backend="mp", progress=False) as cluster:
         manager = APIServerProcessManager(cluster.endpoints, 2, settings=settings)
         try:
@@ -74,8 +75,9 @@ def open_raw(servers: Servers) -> socket.socket:
 def test_a_chunked_body_is_read_whole(servers: Servers) -> None:
     conn = http.client.HTTPConnection(*servers.address, timeout=10)
     parts = [b'{"prompt": [7', b", 8], ", b'"max_tokens": 3}']
-    conn.request("POST", "/v1/completions", body=iter(parts), headers={"Transfer-Encoding": "chunked"},
-                 encode_chunked=True)
+    conn.request(
+        "POST", "/v1/completions", body=iter(parts), headers={"Transfer-Encoding": "chunked"}, encode_chunked=True
+    )
     resp = conn.getresponse()
     assert resp.status == 200 and json.loads(resp.read())["choices"][0]["token_ids"] == [7, 8, 7]
     conn.close()
@@ -91,7 +93,10 @@ def test_a_declared_oversized_body_is_a_413_before_it_is_sent(servers: Servers) 
     assert head.startswith(b"HTTP/1.1 413 ") and b"connection: close" in head.lower()
     assert json.loads(body)["error"] == {
         "message": f"request body: Content-Length {MAX_BODY + 1}; must be at most max_body_bytes={MAX_BODY}",
-        "type": "invalid_request_error", "param": None, "code": "request_too_large"}
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "request_too_large",
+    }
     assert closed_after is not None, "the server hung up rather than read the body"
     servers.assert_healthy()
 
@@ -111,7 +116,8 @@ def test_a_chunked_body_is_cut_off_with_a_413_once_over_the_limit(servers: Serve
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413 ") and closed_after is not None
     assert json.loads(body)["error"]["message"] == (
-        f"request body: more than {MAX_BODY} bytes; must be at most max_body_bytes={MAX_BODY}")
+        f"request body: more than {MAX_BODY} bytes; must be at most max_body_bytes={MAX_BODY}"
+    )
     servers.assert_healthy()
 
 
@@ -133,13 +139,16 @@ def test_unknown_fields_are_400s_naming_them(servers: Servers) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("max_tokens", "message"), [
-    (-1, "max_tokens=-1: Input should be greater than or equal to 1"),
-    (0, "max_tokens=0: Input should be greater than or equal to 1"),
-    (1001, "max_tokens=1001: must be <= 1000 (this server's cap)"),
-    (2**64, f"max_tokens={2**64}: must be <= 1000 (this server's cap)"),
-    ("16", "max_tokens='16': Input should be a valid integer"),
-])
+@pytest.mark.parametrize(
+    ("max_tokens", "message"),
+    [
+        (-1, "max_tokens=-1: Input should be greater than or equal to 1"),
+        (0, "max_tokens=0: Input should be greater than or equal to 1"),
+        (1001, "max_tokens=1001: must be <= 1000 (this server's cap)"),
+        (2**64, f"max_tokens={2**64}: must be <= 1000 (this server's cap)"),
+        ("16", "max_tokens='16': Input should be a valid integer"),
+    ],
+)
 def test_negative_and_huge_max_tokens_are_400s(servers: Servers, max_tokens: object, message: str) -> None:
     for path, body in (("/v1/completions", {"prompt": "x"}), ("/v1/generate", {"prompt_token_ids": [1]})):
         error = error_of(call(servers.address, "POST", path, {**body, "max_tokens": max_tokens}), 400)
@@ -152,10 +161,18 @@ def test_token_ids_outside_the_vocabulary_are_400s(servers: Servers) -> None:
     cases = [
         ("/v1/completions", {"prompt": [1, 256]}, "prompt[1]", "prompt[1]=256: must be in [0, 256) (the vocabulary)"),
         ("/v1/completions", {"prompt": [-1]}, "prompt[0]", "prompt[0]=-1: Input should be greater than or equal to 0"),
-        ("/v1/completions", {"prompt": [2**40]}, "prompt[0]",
-         f"prompt[0]={2**40}: Input should be less than or equal to {2**31 - 1}"),
-        ("/v1/generate", {"prompt_token_ids": [0, 5, 300]}, "prompt_token_ids[2]",
-         "prompt_token_ids[2]=300: must be in [0, 256) (the vocabulary)"),
+        (
+            "/v1/completions",
+            {"prompt": [2**40]},
+            "prompt[0]",
+            f"prompt[0]={2**40}: Input should be less than or equal to {2**31 - 1}",
+        ),
+        (
+            "/v1/generate",
+            {"prompt_token_ids": [0, 5, 300]},
+            "prompt_token_ids[2]",
+            "prompt_token_ids[2]=300: must be in [0, 256) (the vocabulary)",
+        ),
     ]
     for path, body, param, message in cases:
         error = error_of(call(servers.address, "POST", path, body), 400)
@@ -213,10 +230,13 @@ def trickle(sock: socket.socket, first: bytes, drip: bytes, stop: threading.Even
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("first", "drip"), [
-    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", b"X-Slow: 1\r\n"),  # a head that never ends
-    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n", b"7"),  # a body that never ends
-])
+@pytest.mark.parametrize(
+    ("first", "drip"),
+    [
+        (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", b"X-Slow: 1\r\n"),  # a head that never ends
+        (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n", b"7"),  # a body that never ends
+    ],
+)
 def test_a_slow_loris_client_is_cut_off_and_holds_no_one_up(servers: Servers, first: bytes, drip: bytes) -> None:
     stop = threading.Event()
     cut_after: list[float | None] = [None] * 20

@@ -42,9 +42,9 @@ def stats(client: Any, dp_size: int = 3) -> list[dict[str, int]]:
 
 def test_cold_start_with_the_first_request_on_the_last_rank(lockstep: Any) -> None:
     client = lockstep.client()
-    assert lockstep.coordinator_state()["running"] is False
+    assert lockstep.coordinator_state().running is False
     assert client.generate([7, 8], max_tokens=3, rank=2, timeout=60) == [7, 8, 7]
-    assert wait_until(lambda: lockstep.coordinator_state()["running"] is False, timeout=30)
+    assert wait_until(lambda: lockstep.coordinator_state().running is False, timeout=30)
     per_rank = stats(client)
     # Ranks 0 and 1 were woken and ran dummy batches in step with rank 2's forward passes.
     assert per_rank[0]["dummy_steps"] > 0 and per_rank[1]["dummy_steps"] > 0
@@ -56,9 +56,9 @@ def test_requests_to_rank0_only_keep_every_rank_in_step_and_then_pause(lockstep:
     wave_before = _paused_wave(lockstep)
     handles = [client.submit([i], max_tokens=20, rank=0) for i in range(30)]
     assert all(h.result(timeout=60) == [i] * 20 for i, h in enumerate(handles))
-    assert wait_until(lambda: lockstep.coordinator_state()["running"] is False, timeout=30)
+    assert wait_until(lambda: lockstep.coordinator_state().running is False, timeout=30)
     state = lockstep.coordinator_state()
-    assert state["wave"] > wave_before, "the finished wave was reported and the next one begun"
+    assert state.wave > wave_before, "the finished wave was reported and the next one begun"
     per_rank = stats(client)
     forwards = [s["steps"] + s["dummy_steps"] for s in per_rank]
     collectives = [s["collectives"] for s in per_rank]
@@ -76,7 +76,7 @@ def test_requests_to_rank0_only_keep_every_rank_in_step_and_then_pause(lockstep:
 
 def test_an_idle_cluster_is_quiet(lockstep: Any) -> None:
     client = lockstep.client()
-    assert wait_until(lambda: lockstep.coordinator_state()["running"] is False, timeout=30)
+    assert wait_until(lambda: lockstep.coordinator_state().running is False, timeout=30)
     before = stats(client)
     pids = [ray.get(a.wait_for_init.remote())["pid"] for a in lockstep._manager.engines]
     procs = [psutil.Process(pid) for pid in pids]
@@ -90,14 +90,20 @@ def test_an_idle_cluster_is_quiet(lockstep: Any) -> None:
 
 
 def _paused_wave(cluster: Any) -> int:
-    assert wait_until(lambda: cluster.coordinator_state()["running"] is False, timeout=30)
-    return int(cluster.coordinator_state()["wave"])
+    assert wait_until(lambda: cluster.coordinator_state().running is False, timeout=30)
+    return int(cluster.coordinator_state().wave)
 
 
 @pytest.mark.timeout(240)
 def test_a_lockstep_death_restarts_the_whole_gang_and_it_serves_again(two_nodes: Any) -> None:
-    cluster = raydp.launch(name="gang", dp_size=3, lockstep=True, max_restarts=1, progress=False,
-                           engine_kwargs={"collective": True, "step_delay_s": 0.01})
+    cluster = raydp.launch(
+        name="gang",
+        dp_size=3,
+        lockstep=True,
+        max_restarts=1,
+        progress=False,
+        engine_kwargs={"collective": True, "step_delay_s": 0.01},
+    )
     try:
         client = cluster.client()
         assert client.generate([1], max_tokens=2, rank=2) == [1, 1]
@@ -126,7 +132,7 @@ def test_a_lockstep_death_restarts_the_whole_gang_and_it_serves_again(two_nodes:
         assert deaths == [(0, True), (1, True), (2, True)], "every rank of the gang went down and came back"
         stats = [client.call_utility(r, "stats") for r in range(3)]
         assert [s["dp_group_size"] for s in stats] == [3, 3, 3], "the new DP group has every rank"
-        assert cluster.coordinator_state()["restarts"] == [1, 1, 1]
+        assert cluster.coordinator_state().restarts == [1, 1, 1]
         assert cluster.wait(timeout=0.1) is None
         ray.kill(ray.get_actor("gang-dp1", namespace="raydp"))  # no restarts left: the gang ends
         with pytest.raises(EngineDeadError, match="rank 1"):
@@ -138,8 +144,15 @@ def test_a_lockstep_death_restarts_the_whole_gang_and_it_serves_again(two_nodes:
 
 @pytest.mark.timeout(240)
 def test_a_gang_restarts_twice_into_new_processes_that_step_together(two_nodes: Any) -> None:
-    cluster = raydp.launch(name="gang2", dp_size=3, lockstep=True, max_restarts=2, progress=False,
-                           allreduce_interval=INTERVAL, engine_kwargs={"collective": True})
+    cluster = raydp.launch(
+        name="gang2",
+        dp_size=3,
+        lockstep=True,
+        max_restarts=2,
+        progress=False,
+        allreduce_interval=INTERVAL,
+        engine_kwargs={"collective": True},
+    )
     try:
         client = cluster.client()
         seen_pids = set(_pids(cluster))
@@ -156,10 +169,10 @@ def test_a_gang_restarts_twice_into_new_processes_that_step_together(two_nodes: 
             pids = _pids(cluster)
             assert not seen_pids & set(pids), "every rank of the gang runs in a new process"
             seen_pids |= set(pids)
-            assert cluster.coordinator_state()["restarts"] == [restart] * 3
+            assert cluster.coordinator_state().restarts == [restart] * 3
             # A request on rank 2 alone wakes the others: the new DP group steps together.
             assert client.generate([9], max_tokens=20, rank=2, timeout=60) == [9] * 20
-            assert wait_until(lambda: cluster.coordinator_state()["running"] is False, timeout=30)
+            assert wait_until(lambda: cluster.coordinator_state().running is False, timeout=30)
             per_rank = stats(client)
             assert per_rank[0]["dummy_steps"] > 0 and per_rank[1]["dummy_steps"] > 0
             assert per_rank[0]["collectives"] == per_rank[1]["collectives"] == per_rank[2]["collectives"] > 0

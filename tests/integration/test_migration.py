@@ -28,15 +28,22 @@ from tests.integration.helpers import wait_until
 from tests.integration.http_helpers import call
 
 pytestmark = pytest.mark.timeout(180)
-ENGINE = "raydp.engine.tiny_lm:TinyLMEngine"
+ENGINE = "raydp.models.tiny_lm:TinyLMEngine"
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 N = 60  # tokens: over a second at 20 ms a step
 
 
 @contextmanager
 def tiny_cluster(name: str, dp_size: int) -> Iterator[raydp.Cluster]:
-    with raydp.launch(name=name, dp_size=dp_size, backend="mp", engine=ENGINE, max_restarts=0, progress=False,
-                      engine_kwargs={"step_delay_s": 0.02}) as cluster:
+    with raydp.launch(
+        name=name,
+        dp_size=dp_size,
+        backend="mp",
+        engine=ENGINE,
+        max_restarts=0,
+        progress=False,
+        engine_kwargs={"step_delay_s": 0.02},
+    ) as cluster:
         yield cluster
 
 

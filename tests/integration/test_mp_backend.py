@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import psutil
@@ -16,8 +17,7 @@ from tests.integration.helpers import socket_dirs, wait_until
 
 @pytest.mark.timeout(120)
 def test_mp_dp2_serves_and_sigkill_is_reported_within_a_second() -> None:
-    cluster = raydp.launch(name="mpdp", dp_size=2, backend="mp", progress=False,
-                           engine_kwargs={"step_delay_s": 0.005})
+    cluster = raydp.launch(name="mpdp", dp_size=2, backend="mp", progress=False, engine_kwargs={"step_delay_s": 0.005})
     procs = cluster._manager.procs
     try:
         client = cluster.client()
@@ -60,8 +60,9 @@ def test_dropping_the_last_handle_stops_the_processes() -> None:
 
 @pytest.mark.timeout(120)
 def test_abort_finishes_the_handle_and_frees_the_engine() -> None:
-    with raydp.launch(name="mpabort", dp_size=1, backend="mp", progress=False,
-                      engine_kwargs={"step_delay_s": 0.001}) as cluster:
+    with raydp.launch(
+        name="mpabort", dp_size=1, backend="mp", progress=False, engine_kwargs={"step_delay_s": 0.001}
+    ) as cluster:
         client = cluster.client()
         handle = client.submit([8], max_tokens=10**7, request_id="long")
         first = next(handle.stream(timeout=10))
@@ -69,7 +70,7 @@ def test_abort_finishes_the_handle_and_frees_the_engine() -> None:
         client.abort("long")
         tokens = handle.result(timeout=10)
         assert handle.finish_reason == "abort" and tokens[:1] == [8]
-        idle = lambda: cluster.coordinator_state()["counts"][0] == [0, 0]  # noqa: E731
+        idle = lambda: cluster.coordinator_state().counts[0] == [0, 0]  # noqa: E731
         assert wait_until(idle, timeout=10), "the engine dropped the request"
         # The id is free again once the abort went through.
         assert client.generate([9], max_tokens=1, request_id="long") == [9]
@@ -77,8 +78,9 @@ def test_abort_finishes_the_handle_and_frees_the_engine() -> None:
 
 @pytest.mark.timeout(120)
 def test_a_killed_rank_restarts_while_max_restarts_allows_then_stays_dead() -> None:
-    with raydp.launch(name="mprestart", dp_size=2, backend="mp", max_restarts=1, progress=False,
-                      engine_kwargs={"step_delay_s": 0.002}) as cluster:
+    with raydp.launch(
+        name="mprestart", dp_size=2, backend="mp", max_restarts=1, progress=False, engine_kwargs={"step_delay_s": 0.002}
+    ) as cluster:
         client = cluster.client()
         assert client.generate([4], max_tokens=2, rank=1) == [4, 4]
         first = next(p for p in cluster._manager.procs if p.rank == 1)
@@ -97,7 +99,7 @@ def test_a_killed_rank_restarts_while_max_restarts_allows_then_stays_dead() -> N
         assert wait_until(serves, timeout=30), "rank 1 came back"
         second = next(p for p in cluster._manager.procs if p.rank == 1)
         assert second.process.pid != first.process.pid and not first.process.is_alive()
-        assert wait_until(lambda: cluster.coordinator_state()["restarts"] == [0, 1], timeout=10)
+        assert wait_until(lambda: cluster.coordinator_state().restarts == [0, 1], timeout=10)
         assert client.generate([6], max_tokens=1, rank=0) == [6], "rank 0 served throughout"
 
         os.kill(second.process.pid, signal.SIGKILL)  # no restarts left
@@ -108,3 +110,53 @@ def test_a_killed_rank_restarts_while_max_restarts_allows_then_stays_dead() -> N
         time.sleep(1.0)
         assert [p.process.pid for p in cluster._manager.procs if p.rank == 1] == [second.process.pid]
     assert socket_dirs("mprestart") == []
+
+
+@pytest.mark.timeout(300)
+def test_mp_scales_2_3_1_2_under_load_and_loses_nothing() -> None:
+    """The mp backend runs the same scale sequence as Ray's, on this node."""
+    cluster = raydp.launch(
+        name="mpscale", dp_size=2, backend="mp", progress=False, engine_kwargs={"step_delay_s": 0.002}
+    )
+    stop = threading.Event()
+    outcomes: list[tuple[int | None, str]] = []  # (rank, "ok" or what went wrong), in order
+
+    def send(client: raydp.Client) -> None:
+        while not stop.is_set():
+            handle = client.submit([7, 8], max_tokens=4)
+            try:
+                ok = handle.result(timeout=30) == [7, 8, 7, 8]
+                outcomes.append((handle.rank, "ok" if ok else "wrong tokens"))
+            except Exception as exc:
+                outcomes.append((handle.rank, repr(exc)))
+
+    senders = [threading.Thread(target=send, args=(cluster.client(),), daemon=True) for _ in range(2)]
+    seen: set[int] = set()
+    try:
+        for thread in senders:
+            thread.start()
+        for size in (3, 1, 2):
+            cluster.scale(size, drain_timeout_s=20)
+            procs = cluster._manager.procs
+            seen |= {p.process.pid for p in procs if p.process.pid is not None}
+            assert cluster.dp_size == size and cluster.coordinator_state().dp_size == size
+            assert sorted(p.rank for p in procs if p.rank is not None and p.process.is_alive()) == list(range(size))
+            mark, wanted = len(outcomes), set(range(size))
+            ran_on_all = lambda mark=mark, wanted=wanted: {r for r, o in outcomes[mark:] if o == "ok"} == wanted  # noqa: E731
+            assert wait_until(ran_on_all, timeout=30), (
+                f"after scaling to {size}, requests ran on {sorted({r for r, _ in outcomes[mark:]})}"
+            )
+        stop.set()
+        for thread in senders:
+            thread.join(timeout=60)
+            assert not thread.is_alive(), "a request hung"
+    finally:
+        stop.set()
+        cluster.close()
+    bad = [o for o in outcomes if o[1] != "ok"]
+    assert not bad, f"{len(bad)} of {len(outcomes)} requests failed: {bad[:5]}"
+    assert len(outcomes) > 50, "the load barely ran"
+    assert wait_until(
+        lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in seen), timeout=20
+    )
+    assert socket_dirs("mpscale") == []

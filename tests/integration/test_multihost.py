@@ -2,7 +2,7 @@
 
 Every other multi-node test shares one IP. Here each worker node lives in its
 own network namespace with its own IP on a bridge this test creates
-(``tests/integration/netns.py``), the head and the driver stay in the root
+(``raydp/testing/netns.py``), the head and the driver stay in the root
 namespace on the bridge's IP, and so every byte between the driver and a rank
 crosses a veth. The driver is a subprocess (``multihost_driver.py``): the
 pytest process never joins this Ray cluster.
@@ -26,11 +26,12 @@ from typing import Any
 import pytest
 import zmq
 
+from raydp.testing import netns
+from raydp.testing.ray_hosts import Processes, clean_env, free_port
 from raydp.wire.codec import encode
 from raydp.wire.protocol import Request, RequestType
 from raydp.wire.transport import IpcDir
-from tests.integration import netns
-from tests.integration.ray_hosts import Driver, Processes, clean_env, free_port
+from tests.integration.ray_hosts import Driver
 
 HEALTH_CHECK = {
     "RAY_health_check_initial_delay_ms": "1000",
@@ -120,7 +121,10 @@ def _peers_of(host: netns.Host, port: int) -> list[str]:
     """Remote ends of the established TCP connections to ``port`` inside ``host``."""
     done = subprocess.run(
         netns.in_namespace(host, ["ss", "-Htn", "state", "established", f"( sport = :{port} )"]),
-        capture_output=True, text=True, timeout=10, check=True,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
     )
     return [line.split()[-1] for line in done.stdout.splitlines() if line.strip()]
 
@@ -188,11 +192,14 @@ def test_a_rank_spanning_two_hosts_steps_its_remote_worker_over_curve_tcp(hosts:
     assert info["engines"][0]["node_id"] == hosts.node(hosts.net.hosts[0])
     # each step goes to the worker on the other host through the channel (no IPC path reaches it there)
     assert call("generate", timeout=60, kind="span")["answers"] == {"0": [20] * 3}
-    assert all(w["steps"] > 0 for w in call("utility", timeout=60, kind="span", rank=0,
-                                             method="describe_workers")["result"])
+    assert all(
+        w["steps"] > 0 for w in call("utility", timeout=60, kind="span", rank=0, method="describe_workers")["result"]
+    )
     # the workers' own device group (gloo on CPU) spans the hosts too
     assert call("utility", timeout=60, kind="span", rank=0, method="worker_all_reduce", args=[1.5])["result"] == [
-        3.0, 3.0]
+        3.0,
+        3.0,
+    ]
     call("close", timeout=60, kind="span")
 
 
@@ -206,8 +213,9 @@ def test_a_partitioned_hosts_rank_is_reported_dead_within_the_health_check_windo
     netns.partition(cut)
     result = hosts.driver.call("await_death", timeout=120, kind="dense", rank=1, timeout_s=WINDOW_S + MARGIN_S + 30)
     elapsed = time.monotonic() - started
-    print(f"\npartitioned host {cut.ip}: rank 1 reported dead after {elapsed:.1f}s "
-          f"(health-check window {WINDOW_S:.1f}s)")
+    print(
+        f"\npartitioned host {cut.ip}: rank 1 reported dead after {elapsed:.1f}s (health-check window {WINDOW_S:.1f}s)"
+    )
     dead = result["dead"]
     assert dead is not None, f"rank 1 never reported dead; deaths: {result['deaths']}"
     assert dead["rank"] == 1 and dead["node_id"] == hosts.node(cut), dead

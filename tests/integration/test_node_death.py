@@ -58,8 +58,11 @@ def test_ranks_of_a_dead_node_are_re_placed_on_the_nodes_that_remain(cluster_poo
 
         def serving_again() -> bool:
             try:
-                return all(c.generate([r], max_tokens=2, rank=r, timeout=5) == [r, r]
-                           for c in (client, elsewhere) for r in (2, 3))
+                return all(
+                    c.generate([r], max_tokens=2, rank=r, timeout=5) == [r, r]
+                    for c in (client, elsewhere)
+                    for r in (2, 3)
+                )
             except raydp.RaydpError:
                 return False
 
@@ -68,7 +71,7 @@ def test_ranks_of_a_dead_node_are_re_placed_on_the_nodes_that_remain(cluster_poo
         dead = sorted((e.rank, e.cause, e.restarting) for e in cluster.deaths if isinstance(e, EngineDeadError))
         assert dead == [(2, DeathCause.NODE_DIED, True), (3, DeathCause.NODE_DIED, True)]
         assert [ep.node_id for ep in cluster.endpoints.engines] == [head] * 4, "the new ranks live on the head"
-        assert cluster.coordinator_state()["restarts"] == [0, 0, 1, 1]
+        assert cluster.coordinator_state().restarts == [0, 0, 1, 1]
         assert cluster.wait(timeout=0.1) is None, "a recovered death does not end the cluster"
     finally:
         cluster.close()
@@ -86,8 +89,9 @@ def test_the_coordinators_node_dying_ends_it_for_good_while_every_rank_serves_on
     """
     ray_cluster = cluster_pool.get((4, 4), fresh=True)
     worker = next(n for n in ray_cluster.worker_nodes)
-    cluster = raydp.launch(name="coordnode", dp_size=4, dp_size_local=2, master_node_id=worker.node_id,
-                           max_restarts=1, progress=False)
+    cluster = raydp.launch(
+        name="coordnode", dp_size=4, dp_size_local=2, master_node_id=worker.node_id, max_restarts=1, progress=False
+    )
     try:
         client = cluster.client()
         assert cluster.endpoints.coordinator.node_id == worker.node_id, "the coordinator lives beside rank 0"

@@ -152,23 +152,36 @@ def test_metrics_count_exactly_what_one_api_server_served() -> None:
             answer = call(s.address, "GET", "/metrics")
             scrapes += 1
             assert answer.status == 200 and answer.headers["content-type"].startswith("text/plain")
-            samples = {(m.name, tuple(sorted(x.labels.items())), x.name): x.value
-                       for m in text_string_to_metric_families(answer.body.decode()) for x in m.samples}
+            samples = {
+                (m.name, tuple(sorted(x.labels.items())), x.name): x.value
+                for m in text_string_to_metric_families(answer.body.decode())
+                for x in m.samples
+            }
             busy = any(v for k, v in samples.items() if k[0] in ("raydp_rank_running", "raydp_rank_waiting"))
             time.sleep(0.1 if busy else 0)
-    requests = {(dict(k[1])["route"], dict(k[1])["status"]): v for k, v in samples.items()
-                if k[2] == "raydp_http_requests_total"}
+    requests = {
+        (dict(k[1])["route"], dict(k[1])["status"]): v
+        for k, v in samples.items()
+        if k[2] == "raydp_http_requests_total"
+    }
     expected = {
-        ("/v1/completions", "200"): 4, ("/v1/completions", "400"): 2, ("/v1/generate", "200"): 1,
-        ("other", "404"): 1, ("/v1/completions", "405"): 1, ("/health", "200"): 1,
+        ("/v1/completions", "200"): 4,
+        ("/v1/completions", "400"): 2,
+        ("/v1/generate", "200"): 1,
+        ("other", "404"): 1,
+        ("/v1/completions", "405"): 1,
+        ("/health", "200"): 1,
     }
     if scrapes > 1:
         expected[("/metrics", "200")] = scrapes - 1
     assert requests == expected, "every answer so far, the earlier scrapes included, this one not yet"
     assert samples[("raydp_generated_tokens", (), "raydp_generated_tokens_total")] == 1 + 2 + 3 + 4 + 5
     assert samples[("raydp_time_to_first_token_seconds", (), "raydp_time_to_first_token_seconds_count")] == 5
-    latency = ("raydp_http_request_duration_seconds", (("route", "/v1/completions"),),
-               "raydp_http_request_duration_seconds_count")
+    latency = (
+        "raydp_http_request_duration_seconds",
+        (("route", "/v1/completions"),),
+        "raydp_http_request_duration_seconds_count",
+    )
     assert samples[latency] == 7
     for rank in ("0", "1"):
         assert samples[("raydp_rank_waiting", (("rank", rank),), "raydp_rank_waiting")] == 0

@@ -41,8 +41,9 @@ def tok(model_dir: Path) -> HFTokenizer:
 
 @pytest.fixture(scope="module")
 def served(model_dir: Path) -> Iterator[Served]:
-    with raydp_serve("--name", NAME, "--engine", "echo", "--dp-size", "2", "--api-servers", "2",
-                     "--tokenizer", str(model_dir)) as s:
+    with raydp_serve(
+        "--name", NAME, "--engine", "echo", "--dp-size", "2", "--api-servers", "2", "--tokenizer", str(model_dir)
+    ) as s:
         yield s
 
 
@@ -63,10 +64,10 @@ def spanning_stop(tok: HFTokenizer, prompt: list[int]) -> tuple[str, int]:
     """A stop string made of the end of one prompt token and the start of the next, and how many
     tokens the echo generates up to the one that completes it."""
     for i in range(len(prompt) - 1):
-        first, second = tok.decode(prompt[i:i + 1]), tok.decode(prompt[i + 1:i + 2])
+        first, second = tok.decode(prompt[i : i + 1]), tok.decode(prompt[i + 1 : i + 2])
         stop = first[-1:] + second[:1]
-        text = tok.decode(prompt[:i + 2])
-        if len(stop) == 2 and first.strip() and text.find(stop) == len(tok.decode(prompt[:i + 1])) - 1:
+        text = tok.decode(prompt[: i + 2])
+        if len(stop) == 2 and first.strip() and text.find(stop) == len(tok.decode(prompt[: i + 1])) - 1:
             return stop, i + 2
     raise AssertionError(f"no stop string spans two tokens of {prompt}")
 
@@ -85,15 +86,21 @@ def test_a_string_prompt_is_encoded_and_the_answer_decoded(sdk: openai.OpenAI, t
 @pytest.mark.timeout(120)
 def test_a_streamed_completion_ends_with_a_usage_chunk_when_asked(sdk: openai.OpenAI, tok: HFTokenizer) -> None:
     ids = tok.encode(PROMPT)
-    chunks = list(sdk.completions.create(model=NAME, prompt=PROMPT, max_tokens=len(ids), stream=True,
-                                         stream_options={"include_usage": True}))
+    chunks = list(
+        sdk.completions.create(
+            model=NAME, prompt=PROMPT, max_tokens=len(ids), stream=True, stream_options={"include_usage": True}
+        )
+    )
     *texts, closing, usage = chunks
     assert "".join(c.choices[0].text for c in texts) == PROMPT
     assert [c.choices[0].finish_reason for c in texts] == [None] * len(texts)
     assert closing.choices[0].finish_reason == "length" and closing.usage is None
     assert usage.choices == [] and usage.usage is not None
     assert (usage.usage.prompt_tokens, usage.usage.completion_tokens, usage.usage.total_tokens) == (
-        len(ids), len(ids), 2 * len(ids))
+        len(ids),
+        len(ids),
+        2 * len(ids),
+    )
 
 
 @pytest.mark.timeout(120)
@@ -107,14 +114,24 @@ def test_a_chat_is_answered_in_openais_shape(sdk: openai.OpenAI, tok: HFTokenize
     assert choice.message.content.startswith("<|system|>\nBe brief.\n<|user|>\nHi 🙂 there\n<|assistant|>\n")
     assert done.usage is not None
     assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.total_tokens) == (
-        len(prompt), len(prompt) + 2, 2 * len(prompt) + 2)
+        len(prompt),
+        len(prompt) + 2,
+        2 * len(prompt) + 2,
+    )
 
 
 @pytest.mark.timeout(120)
 def test_a_streamed_chat_starts_with_the_role_and_ends_with_the_reason(sdk: openai.OpenAI, tok: HFTokenizer) -> None:
     prompt = chat_prompt(tok)
-    chunks = list(sdk.chat.completions.create(model=NAME, messages=MESSAGES, max_completion_tokens=len(prompt),
-                                              stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        sdk.chat.completions.create(
+            model=NAME,
+            messages=MESSAGES,
+            max_completion_tokens=len(prompt),
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert {c.object for c in chunks} == {"chat.completion.chunk"} and len({c.id for c in chunks}) == 1
     opening, *deltas, closing, usage = chunks
     assert (opening.choices[0].delta.role, opening.choices[0].delta.content) == ("assistant", "")
@@ -158,8 +175,9 @@ def test_a_stop_string_spanning_two_tokens_ends_the_text_and_the_request(
     answer = sdk.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=1 << 20, stop=chat_stop)
     assert answer.choices[0].message.content == tok.decode(prompt).split(chat_stop)[0]
     assert answer.choices[0].finish_reason == "stop"
-    streamed = list(sdk.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=1 << 20,
-                                                stop=chat_stop, stream=True))
+    streamed = list(
+        sdk.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=1 << 20, stop=chat_stop, stream=True)
+    )
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == answer.choices[0].message.content
     assert streamed[-1].choices[0].finish_reason == "stop"
     deadline = time.monotonic() + 30

@@ -134,12 +134,18 @@ def test_span_rank_is_pinned_bundle_by_bundle(inventory: Inventory) -> None:
 
 
 def test_stale_plan_times_out_naming_groups_and_capacity(inventory: Inventory) -> None:
-    plan = plan_placement(inventory, dp_size=2, world_size=2, strategy="strict", node_allowlist=[
-        n.node_id for n in inventory.nodes if not n.is_head and n.devices == 4])
+    plan = plan_placement(
+        inventory,
+        dp_size=2,
+        world_size=2,
+        strategy="strict",
+        node_allowlist=[n.node_id for n in inventory.nodes if not n.is_head and n.devices == 4],
+    )
     target = plan.ranks[0].node_id
     # Someone else takes the planned node's GPUs between planning and placing.
-    blocker = placement_group([{"GPU": 4.0}], strategy="STRICT_PACK", name="plt-blocker",
-                              bundle_label_selector=[{NODE_ID_LABEL: target}])
+    blocker = placement_group(
+        [{"GPU": 4.0}], strategy="STRICT_PACK", name="plt-blocker", bundle_label_selector=[{NODE_ID_LABEL: target}]
+    )
     groups: list[PlacementGroup] = []
     try:
         assert blocker.wait(30)
@@ -229,7 +235,8 @@ def plan_args(*argv: str) -> argparse.Namespace:
 
 
 def test_plan_command_prints_the_table_and_creates_nothing(
-    inventory: Inventory, capsys: pytest.CaptureFixture[str],
+    inventory: Inventory,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     before = len(placement_group_table())
     head = inventory.nodes[0]
@@ -239,8 +246,7 @@ def test_plan_command_prints_the_table_and_creates_nothing(
     assert lines[1].split()[:3] == ["rank", "node", "ip"]
     assert len(lines) == 7 and "(head) *" in lines[2]
 
-    assert cli_plan.run(plan_args("--dp-size", "2", "--world-size", "4", "--json",
-                                   "--master", head.node_id)) == 0
+    assert cli_plan.run(plan_args("--dp-size", "2", "--world-size", "4", "--json", "--master", head.node_id)) == 0
     data: dict[str, Any] = json.loads(capsys.readouterr().out)
     assert data["ranks"][0]["node_id"] == head.node_id and data["dp_size_local"] == 1
 
@@ -257,7 +263,11 @@ def test_plan_command_in_a_subprocess_uses_ray_address(cluster: Cluster) -> None
     argv = ["plan", "--dp-size", "3", "--world-size", "2", "--strategy", "strict"]
     out = subprocess.run(
         [sys.executable, "-m", "raydp", *argv],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()

@@ -29,8 +29,9 @@ SYSTEM = [(7 * i + 3) % 251 + 1 for i in range(96)]  # a shared "system prompt" 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[raydp.Cluster]:
-    with raydp.launch(name="prefix", dp_size=2, backend="mp", max_restarts=0, progress=False,
-                      engine_kwargs={"step_delay_s": 0.01}) as launched:
+    with raydp.launch(
+        name="prefix", dp_size=2, backend="mp", max_restarts=0, progress=False, engine_kwargs={"step_delay_s": 0.01}
+    ) as launched:
         yield launched
 
 
@@ -51,8 +52,12 @@ def connections_to_each_server(address: tuple[str, int]) -> dict[int, http.clien
 
 
 def complete(conn: http.client.HTTPConnection, prompt: list[int], max_tokens: int = 4) -> dict[str, Any]:
-    conn.request("POST", "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": max_tokens}),
-                 {"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/completions",
+        json.dumps({"prompt": prompt, "max_tokens": max_tokens}),
+        {"Content-Type": "application/json"},
+    )
     resp = conn.getresponse()
     body = json.loads(resp.read())
     assert resp.status == 200, body
@@ -63,12 +68,16 @@ def test_a_shared_prefix_lands_on_one_rank_from_both_api_servers(cluster: raydp.
     servers = cluster.serve_api(2, port=0, settings=ServerSettings(balancer="prefix"))
     try:
         conns = connections_to_each_server(servers.address)
-        ranks = {(index, turn): complete(conn, [*SYSTEM, 1000 + turn, index])["rank"]
-                 for index, conn in conns.items() for turn in range(6)}
+        ranks = {
+            (index, turn): complete(conn, [*SYSTEM, 1000 + turn, index])["rank"]
+            for index, conn in conns.items()
+            for turn in range(6)
+        }
         want = preference(prefix_key(SYSTEM), range(2))[0]
         assert set(ranks.values()) == {want}, ranks
-        other = next(p for p in ([k + 1] * 96 for k in range(50))
-                     if preference(prefix_key(p), range(2))[0] != want)  # a prefix that prefers the other rank
+        other = next(
+            p for p in ([k + 1] * 96 for k in range(50)) if preference(prefix_key(p), range(2))[0] != want
+        )  # a prefix that prefers the other rank
         assert {complete(conn, [*other, 5])["rank"] for conn in conns.values()} == {1 - want}
     finally:
         servers.close()

@@ -27,9 +27,9 @@ import pytest
 from ray.util import get_node_ip_address
 
 from raydp.dashboard import LEFT_OUT, queries
+from raydp.testing.ray_hosts import RAY, Processes, clean_env, free_port
 from tests.integration.helpers import wait_until
 from tests.integration.http_helpers import Served, raydp_serve
-from tests.integration.ray_hosts import RAY, Processes, clean_env, free_port
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 NAME = "promdash"
@@ -62,27 +62,67 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, st
     # Short: Ray's Unix sockets live under it, and pytest's temporary paths run past their 107 characters.
     ray_dir = tempfile.mkdtemp(prefix="raydp-prom-")
     try:
-        procs.start([RAY, "start", "--head", "--block", f"--node-ip-address={node_ip}", f"--port={ray_port}",
-                     f"--metrics-export-port={metrics_port}", f"--ray-client-server-port={free_port(node_ip)}",
-                     f"--dashboard-agent-listen-port={free_port(node_ip)}", "--include-dashboard=false",
-                     "--num-cpus=6", "--num-gpus=2", "--disable-usage-stats", f"--temp-dir={ray_dir}"],
-                    "head.log", env)
+        procs.start(
+            [
+                RAY,
+                "start",
+                "--head",
+                "--block",
+                f"--node-ip-address={node_ip}",
+                f"--port={ray_port}",
+                f"--metrics-export-port={metrics_port}",
+                f"--ray-client-server-port={free_port(node_ip)}",
+                f"--dashboard-agent-listen-port={free_port(node_ip)}",
+                "--include-dashboard=false",
+                "--num-cpus=6",
+                "--num-gpus=2",
+                "--disable-usage-stats",
+                f"--temp-dir={ray_dir}",
+            ],
+            "head.log",
+            env,
+        )
         # `ray start --block` says so once the node is up; a driver that comes sooner finds no node to join.
-        assert wait_until(lambda: "Ray runtime started" in procs.log_tail("head.log", 100_000), timeout=90), \
+        assert wait_until(lambda: "Ray runtime started" in procs.log_tail("head.log", 100_000), timeout=90), (
             procs.log_tail("head.log")
-        with raydp_serve("--backend", "ray", "--address", f"{node_ip}:{ray_port}", "--name", NAME, "--engine",
-                         "tiny-lm", "--dp-size", "2", "--api-servers", "2",
-                         env={k: env[k] for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}) as served:
+        )
+        with raydp_serve(
+            "--backend",
+            "ray",
+            "--address",
+            f"{node_ip}:{ray_port}",
+            "--name",
+            NAME,
+            "--engine",
+            "tiny-lm",
+            "--dp-size",
+            "2",
+            "--api-servers",
+            "2",
+            env={k: env[k] for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")},
+        ) as served:
             config = workdir / "prometheus.yml"
-            config.write_text(json.dumps({
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "scrape_configs": [
-                    {"job_name": "raydp-api", "static_configs": [{"targets": [f"{IP}:{served.address[1]}"]}]},
-                    {"job_name": "ray", "static_configs": [{"targets": [f"{node_ip}:{metrics_port}"]}]},
+            config.write_text(
+                json.dumps(
+                    {
+                        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                        "scrape_configs": [
+                            {"job_name": "raydp-api", "static_configs": [{"targets": [f"{IP}:{served.address[1]}"]}]},
+                            {"job_name": "ray", "static_configs": [{"targets": [f"{node_ip}:{metrics_port}"]}]},
+                        ],
+                    }
+                )
+            )  # JSON is YAML
+            procs.start(
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={workdir / 'tsdb'}",
+                    f"--web.listen-address={IP}:{prom_port}",
                 ],
-            }))  # JSON is YAML
-            procs.start([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-                         f"--web.listen-address={IP}:{prom_port}"], "prometheus.log", env)
+                "prometheus.log",
+                env,
+            )
             yield served, f"http://{IP}:{prom_port}"
     finally:
         procs.stop()
@@ -124,9 +164,7 @@ def concrete(expr: str) -> str:
     return expr.replace("$__rate_interval", "1m").replace("$cluster", NAME)
 
 
-def test_every_dashboard_query_returns_data_and_every_metric_is_charted_or_left_out(
-    stack: tuple[Served, str]
-) -> None:
+def test_every_dashboard_query_returns_data_and_every_metric_is_charted_or_left_out(stack: tuple[Served, str]) -> None:
     served, prometheus = stack
     stop = threading.Event()
     failures: list[BaseException] = []
@@ -164,4 +202,3 @@ def _family(name: str) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
-

@@ -11,16 +11,20 @@ from typing import Any
 import pytest
 import ray
 
+from raydp.testing.http_call import Call
 from tests.integration.helpers import assert_nothing_left
-from tests.integration.http_helpers import Call, shutting_down
+from tests.integration.http_helpers import shutting_down
 
 ROOT = Path(__file__).resolve().parents[2]
 # `ray job stop` sends SIGTERM to the driver and every process under it, and
 # SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (3 s by default): the job's
-# runtime_env sets it, as the README advises, above serve's grace period.
+# runtime_env sets it, as docs/cli.md advises, above serve's grace period.
 STOP_WAIT_S = 20
-JOB_ENV = {"PYTHONPATH": str(ROOT), "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S),
-           "RAYDP_ENGINE_KWARGS": json.dumps({"step_delay_s": 0.02})}  # the echo engine: 20 ms a step
+JOB_ENV = {
+    "PYTHONPATH": str(ROOT),
+    "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S),
+    "RAYDP_ENGINE_KWARGS": json.dumps({"step_delay_s": 0.02}),
+}  # the echo engine: 20 ms a step
 
 
 @pytest.mark.timeout(300)  # may pay for a fresh Ray cluster, then a 200 s job deadline
@@ -92,8 +96,9 @@ def test_ray_job_stop_ends_a_serving_job_after_answering_its_requests(two_nodes:
     logs = _logs_once(client, job_id, "Ctrl-C to stop")
     host, port = logs.split(" at http://")[1].split(" ")[0].split(":")
     plain = Call((host, int(port)), "/v1/completions", {"model": name, "prompt": [1], "max_tokens": 100_000})
-    stream = Call((host, int(port)), "/v1/completions", {"model": name, "prompt": [2], "max_tokens": 100_000,
-                                                         "stream": True})
+    stream = Call(
+        (host, int(port)), "/v1/completions", {"model": name, "prompt": [2], "max_tokens": 100_000, "stream": True}
+    )
     assert stream.started.wait(30)
     took = _stop(client, job_id)
     assert took < STOP_WAIT_S, f"STOPPED {took:.1f}s after ray job stop"

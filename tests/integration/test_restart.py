@@ -45,8 +45,9 @@ def test_a_killed_dense_rank_restarts_once_then_stays_dead(two_nodes: Any) -> No
 
 @pytest.mark.timeout(180)
 def test_a_rank_whose_step_raised_is_restarted(two_nodes: Any) -> None:
-    with raydp.launch(name="poison", dp_size=2, max_restarts=1, progress=False,
-                      engine="tests.integration.engines:PoisonEngine") as cluster:
+    with raydp.launch(
+        name="poison", dp_size=2, max_restarts=1, progress=False, engine="tests.integration.engines:PoisonEngine"
+    ) as cluster:
         client = cluster.client()
         with pytest.raises(raydp.RequestError, match="device fault"):
             client.generate([666], max_tokens=1, rank=0, timeout=30)

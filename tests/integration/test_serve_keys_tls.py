@@ -30,15 +30,32 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 @pytest.fixture(scope="module")
 def served(pki: Pki) -> Iterator[Served]:
-    with raydp_serve("--name", "keytls", "--engine", "echo", "--dp-size", "2", "--api-servers", "2",
-                     "--ssl-certfile", str(pki.server_cert), "--ssl-keyfile", str(pki.server_key),
-                     env={"RAYDP_API_KEY": KEY, "RAYDP_LOG_LEVEL": "DEBUG"}) as s:
+    with raydp_serve(
+        "--name",
+        "keytls",
+        "--engine",
+        "echo",
+        "--dp-size",
+        "2",
+        "--api-servers",
+        "2",
+        "--ssl-certfile",
+        str(pki.server_cert),
+        "--ssl-keyfile",
+        str(pki.server_key),
+        env={"RAYDP_API_KEY": KEY, "RAYDP_LOG_LEVEL": "DEBUG"},
+    ) as s:
         yield s
 
 
 def sdk(served: Served, pki: Pki, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=key, max_retries=0, timeout=60,
-                         http_client=openai.DefaultHttpxClient(verify=str(pki.ca)))
+    return openai.OpenAI(
+        base_url=f"{served.url}/v1",
+        api_key=key,
+        max_retries=0,
+        timeout=60,
+        http_client=openai.DefaultHttpxClient(verify=str(pki.ca)),
+    )
 
 
 def test_the_sdk_streams_over_https_with_the_key_from_every_api_server(served: Served, pki: Pki) -> None:
@@ -56,8 +73,12 @@ def test_no_key_or_a_wrong_one_is_refused_and_health_stays_open(served: Served, 
         with pytest.raises(openai.AuthenticationError) as info:
             sdk(served, pki, key).completions.create(model="keytls", prompt=[1, 2], max_tokens=2)
         assert info.value.status_code == 401 and info.value.code == "invalid_api_key"
-    bare = httpx.post(f"{served.url}/v1/completions", json={"model": "keytls", "prompt": [1], "max_tokens": 1},
-                      verify=str(pki.ca), timeout=10)
+    bare = httpx.post(
+        f"{served.url}/v1/completions",
+        json={"model": "keytls", "prompt": [1], "max_tokens": 1},
+        verify=str(pki.ca),
+        timeout=10,
+    )
     assert bare.status_code == 401 and bare.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(f"{served.url}/health", verify=str(pki.ca), timeout=10).status_code == 200
     assert httpx.get(f"{served.url}/metrics", verify=str(pki.ca), timeout=10).status_code == 200

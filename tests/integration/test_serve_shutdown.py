@@ -22,8 +22,9 @@ import openai
 import psutil
 import pytest
 
+from raydp.testing.http_call import Call
 from tests.integration.helpers import socket_dirs
-from tests.integration.http_helpers import Call, shutting_down
+from tests.integration.http_helpers import shutting_down
 
 LONG = 100_000  # tokens: minutes at 20 ms a step
 GRACE_S = 2.0
@@ -32,8 +33,13 @@ SLOW_ENGINE = {"RAYDP_ENGINE_KWARGS": json.dumps({"step_delay_s": 0.02})}
 
 def raydp_serve(*flags: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAYDP_LOG_LEVEL": "WARNING", **SLOW_ENGINE}
-    return subprocess.Popen([sys.executable, "-m", "raydp", "serve", *flags], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "raydp", "serve", *flags],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def sdk_stream(url: str, model: str, out: dict[str, Any]) -> threading.Thread:
@@ -58,8 +64,21 @@ def test_sigterm_answers_every_running_request_then_exits(backend: str) -> None:
     name = f"drain{backend}"
     # On Ray, a local one of its own (not a test cluster that may be running): one rank of CPU bundles.
     on_ray = ("--address", "local", "--accelerator", "CPU", "--dp-size", "1") if backend == "ray" else ()
-    proc = raydp_serve("--backend", backend, "--name", name, "--engine", "echo", "--api-servers", "2", "--port", "0",
-                       "--graceful-shutdown-s", f"{GRACE_S:g}", *on_ray)
+    proc = raydp_serve(
+        "--backend",
+        backend,
+        "--name",
+        name,
+        "--engine",
+        "echo",
+        "--api-servers",
+        "2",
+        "--port",
+        "0",
+        "--graceful-shutdown-s",
+        f"{GRACE_S:g}",
+        *on_ray,
+    )
     try:
         assert proc.stdout is not None and proc.stderr is not None
         banner = proc.stdout.readline()
@@ -70,10 +89,14 @@ def test_sigterm_answers_every_running_request_then_exits(backend: str) -> None:
         host, port = url.removeprefix("http://").split(":")
         address = (host, int(port))
         children = psutil.Process(proc.pid).children(recursive=True)
-        plain = [Call(address, "/v1/completions", {"model": name, "prompt": [1], "max_tokens": LONG}),
-                 Call(address, "/v1/generate", {"prompt_token_ids": [2], "max_tokens": LONG})]
-        streams = [Call(address, "/v1/completions", {"model": name, "prompt": [3], "max_tokens": LONG,
-                                                     "stream": True}) for _ in range(2)]
+        plain = [
+            Call(address, "/v1/completions", {"model": name, "prompt": [1], "max_tokens": LONG}),
+            Call(address, "/v1/generate", {"prompt_token_ids": [2], "max_tokens": LONG}),
+        ]
+        streams = [
+            Call(address, "/v1/completions", {"model": name, "prompt": [3], "max_tokens": LONG, "stream": True})
+            for _ in range(2)
+        ]
         sdk: dict[str, Any] = {}
         sdk_thread = sdk_stream(url, name, sdk)
         for call in streams:

@@ -19,8 +19,14 @@ from tests.integration.helpers import wait_until
 
 def status(*args: str, address: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAYDP_LOG_LEVEL": "WARNING"}
-    return subprocess.run([sys.executable, "-m", "raydp", "status", "--address", address, *args],
-                          env=env, capture_output=True, text=True, timeout=90, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "raydp", "status", "--address", address, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
 
 
 @pytest.mark.timeout(240)
@@ -31,7 +37,7 @@ def test_status_shows_ranks_devices_load_restarts_and_api_servers(two_nodes: Any
         ray.kill(cluster._manager.engines[2], no_restart=True)
         assert wait_until(lambda: _serves(client, 2), timeout=60), "rank 2 came back"
         # The launcher's own clients follow a restart at once; the coordinator hears of it over a socket.
-        assert wait_until(lambda: cluster.coordinator_state()["restarts"] == [0, 0, 1], timeout=10)
+        assert wait_until(lambda: cluster.coordinator_state().restarts == [0, 0, 1], timeout=10)
         result = status("stat", "--json", address=two_nodes.address)
         assert result.returncode == 0, result.stderr
         (report,) = json.loads(result.stdout)
@@ -56,8 +62,9 @@ def test_status_shows_ranks_devices_load_restarts_and_api_servers(two_nodes: Any
 @pytest.mark.timeout(120)
 def test_status_without_a_cluster_says_what_it_looked_for(two_nodes: Any) -> None:
     result = status("nosuch", address=two_nodes.address)
-    assert len([line for line in result.stderr.splitlines() if "token authentication" in line.lower()]) == 1, \
+    assert len([line for line in result.stderr.splitlines() if "token authentication" in line.lower()]) == 1, (
         "the cluster's authentication mode, said once"
+    )
     assert result.returncode == 1
     assert "'nosuch-coordinator'" in result.stderr and "namespace 'raydp'" in result.stderr
 
@@ -66,9 +73,14 @@ def test_status_without_a_cluster_says_what_it_looked_for(two_nodes: Any) -> Non
 def test_the_cli_names_the_clusters_authentication_mode_once_in_its_own_words() -> None:
     """A new local Ray turns token auth on; Ray's own warning about that is replaced by one raydp line."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    result = subprocess.run([sys.executable, "-m", "raydp", "status", "--address", "local"],
-                            env={**env, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True, timeout=90,
-                            check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "raydp", "status", "--address", "local"],
+        env={**env, "PYTHONPATH": os.getcwd()},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
     assert result.returncode == 1 and "no raydp cluster is running there" in result.stderr, result.stderr
     mode = [line for line in result.stderr.splitlines() if "token authentication" in line.lower()]
     assert len(mode) == 1 and mode[0].startswith("raydp status: Ray cluster: token authentication on"), mode
@@ -82,16 +94,20 @@ def test_the_coordinator_and_engines_export_ray_metrics(two_nodes: Any) -> None:
         for _ in range(3):
             assert client.generate([5], max_tokens=2, rank=0) == [5, 5]
         pending = client.submit([1], max_tokens=1_000_000, rank=1)
-        assert wait_until(lambda: cluster.coordinator_state()["counts"][1] == [0, 1], timeout=30), \
+        assert wait_until(lambda: cluster.coordinator_state().counts[1] == [0, 1], timeout=30), (
             cluster.coordinator_state()
+        )
         nodes = {ep.rank: ep.node_id for ep in cluster.endpoints.engines}
         # Ray prefixes application metrics with ray_; each node's agent exports its own actors'.
-        running = scrape_until(cluster.endpoints.coordinator.node_id, "ray_raydp_rank_running",
-                               'rank="1"', lambda value: value == 1.0)
-        finished = scrape_until(nodes[0], "ray_raydp_engine_requests", 'outcome="finished"',
-                                lambda value: value >= 3.0, also='rank="0"')
-        work = scrape_until(cluster.endpoints.coordinator.node_id, "ray_raydp_rank_work", 'rank="1"',
-                            lambda value: value > 900_000)  # the tokens the long request has left
+        running = scrape_until(
+            cluster.endpoints.coordinator.node_id, "ray_raydp_rank_running", 'rank="1"', lambda value: value == 1.0
+        )
+        finished = scrape_until(
+            nodes[0], "ray_raydp_engine_requests", 'outcome="finished"', lambda value: value >= 3.0, also='rank="0"'
+        )
+        work = scrape_until(
+            cluster.endpoints.coordinator.node_id, "ray_raydp_rank_work", 'rank="1"', lambda value: value > 900_000
+        )  # the tokens the long request has left
         assert running == 1.0 and finished >= 3.0 and work <= 1_000_000
         assert not pending.done()  # what the gauge showed was this request, still running
 
@@ -104,8 +120,11 @@ def scrape_until(node_id: str, metric: str, tag: str, ok: Any, also: str = "", t
     while time.monotonic() < deadline:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
             lines = resp.read().decode().splitlines()
-        seen = [line for line in lines if line.startswith(metric) and 'cluster="metr"' in line
-                and tag in line and also in line]
+        seen = [
+            line
+            for line in lines
+            if line.startswith(metric) and 'cluster="metr"' in line and tag in line and also in line
+        ]
         for line in seen:
             value = float(line.rsplit(" ", 1)[1])
             if ok(value):

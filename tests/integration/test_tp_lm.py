@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 import raydp
-from raydp.engine.tp_lm import TPLMEngine, logical_weights, save_checkpoint
+from raydp.models.tp_lm import TPLMEngine, logical_weights, save_checkpoint
 from raydp.wire.protocol import Request
 from tests.integration.helpers import assert_nothing_left, socket_dirs
 from tests.unit.tp_harness import ThreadExecutor, context
 
-TP_LM = "raydp.engine.tp_lm:TPLMEngine"
+TP_LM = "raydp.models.tp_lm:TPLMEngine"
 MODEL = {"vocab": 128, "dim": 32, "layers": 2, "heads": 4, "max_len": 48, "max_running": 8}
 PROMPTS = [[(11 * i + 5 * k) % 128 for k in range(1 + i % 9)] for i in range(12)]
 MAX_TOKENS = 6
@@ -51,8 +51,9 @@ def _served(cluster: raydp.Cluster) -> tuple[list[list[int]], set[int]]:
 
 @pytest.mark.timeout(300)
 def test_dp2_tp2_on_ray_matches_the_unsharded_model(two_nodes, reference) -> None:  # type: ignore[no-untyped-def]
-    with raydp.launch(name="tplm", dp_size=2, tensor_parallel_size=2, engine=TP_LM, engine_kwargs=MODEL,
-                      progress=False) as cluster:
+    with raydp.launch(
+        name="tplm", dp_size=2, tensor_parallel_size=2, engine=TP_LM, engine_kwargs=MODEL, progress=False
+    ) as cluster:
         outputs, ranks = _served(cluster)
         assert ranks == {0, 1}
         assert outputs == reference
@@ -70,8 +71,15 @@ def test_dp2_tp2_on_ray_matches_the_unsharded_model(two_nodes, reference) -> Non
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_mp_backend_tp_sizes_match_the_unsharded_model(tp: int, reference: list[list[int]]) -> None:
-    with raydp.launch(name=f"tplmmp{tp}", dp_size=1, tensor_parallel_size=tp, backend="mp", engine=TP_LM,
-                      engine_kwargs=MODEL, progress=False) as cluster:
+    with raydp.launch(
+        name=f"tplmmp{tp}",
+        dp_size=1,
+        tensor_parallel_size=tp,
+        backend="mp",
+        engine=TP_LM,
+        engine_kwargs=MODEL,
+        progress=False,
+    ) as cluster:
         outputs, _ = _served(cluster)
         assert outputs == reference
     assert socket_dirs(f"tplmmp{tp}") == []
@@ -84,8 +92,15 @@ def test_a_saved_checkpoint_loads_into_tp2_workers_and_gives_the_seeded_models_t
     save_checkpoint(path, logical_weights(**shape, seed=7))
     expected = _reference(seed=7)
     assert expected != _reference(seed=0), "the seed matters, so the checkpoint is what is being tested"
-    with raydp.launch(name="tplmckpt", dp_size=1, tensor_parallel_size=2, backend="mp", engine=TP_LM,
-                      engine_kwargs={**MODEL, "checkpoint": str(path)}, progress=False) as cluster:
+    with raydp.launch(
+        name="tplmckpt",
+        dp_size=1,
+        tensor_parallel_size=2,
+        backend="mp",
+        engine=TP_LM,
+        engine_kwargs={**MODEL, "checkpoint": str(path)},
+        progress=False,
+    ) as cluster:
         outputs, _ = _served(cluster)
     assert outputs == expected
 
@@ -97,8 +112,15 @@ def two_single_gpu_nodes(cluster_pool):  # type: ignore[no-untyped-def]
 
 @pytest.mark.timeout(300)
 def test_span_tp2_over_two_nodes_serves_the_unsharded_models_tokens(two_single_gpu_nodes, reference) -> None:  # type: ignore[no-untyped-def]
-    with raydp.launch(name="tplmspan", dp_size=1, tensor_parallel_size=2, placement_strategy="span",
-                      engine=TP_LM, engine_kwargs=MODEL, progress=False) as cluster:
+    with raydp.launch(
+        name="tplmspan",
+        dp_size=1,
+        tensor_parallel_size=2,
+        placement_strategy="span",
+        engine=TP_LM,
+        engine_kwargs=MODEL,
+        progress=False,
+    ) as cluster:
         workers = cluster.client().call_utility(0, "raydp_workers")
         assert len({w["node_id"] for w in workers}) == 2, "one worker on each node"
         outputs, _ = _served(cluster)

@@ -11,12 +11,24 @@ from tests.integration.test_cli import raydp_cli
 
 
 @pytest.mark.timeout(400)
-def test_demo_with_vllm_builds_the_small_model_on_first_use_and_runs_it(cluster_pool: ClusterPool,
-                                                                       tmp_path: Path) -> None:
+def test_demo_with_vllm_builds_the_small_model_on_first_use_and_runs_it(
+    cluster_pool: ClusterPool, tmp_path: Path
+) -> None:
     cluster_pool.shutdown()  # the demo starts its own local Ray, as on a laptop
     cache = tmp_path / "models" / "tiny"
-    proc = raydp_cli("demo", "--engine", "vllm", "--requests", "24", "--no-progress", "--max-num-seqs", "8",
-                     "--address", "local", extra_env={"RAYDP_MODEL_CACHE": str(cache)})
+    proc = raydp_cli(
+        "demo",
+        "--engine",
+        "vllm",
+        "--requests",
+        "24",
+        "--no-progress",
+        "--max-num-seqs",
+        "8",
+        "--address",
+        "local",
+        extra_env={"RAYDP_MODEL_CACHE": str(cache)},
+    )
     out, err = proc.communicate(timeout=360)
     assert proc.returncode == 0, err[-3000:]
     assert f"vLLM engines on the small offline model at {cache}" in out
@@ -25,12 +37,15 @@ def test_demo_with_vllm_builds_the_small_model_on_first_use_and_runs_it(cluster_
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("flags", "said"), [
-    (["--engine", "vllm"], "--model: required with --engine vllm"),
-    (["--engine", "vllm", "--model", "/nonexistent", "--max-model-len", "many"], "--max-model-len"),
-    (["--engine", "echo", "--max-model-len", "64"], "unrecognized arguments: --max-model-len 64"),
-    (["--engine", "echo", "--model", "/m"], "--model='/m': applies to --engine vllm only"),
-])
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--engine", "vllm"], "--model: required with --engine vllm"),
+        (["--engine", "vllm", "--model", "/nonexistent", "--max-model-len", "many"], "--max-model-len"),
+        (["--engine", "echo", "--max-model-len", "64"], "unrecognized arguments: --max-model-len 64"),
+        (["--engine", "echo", "--model", "/m"], "--model='/m': applies to --engine vllm only"),
+    ],
+)
 def test_a_wrong_engine_flag_fails_before_anything_starts_naming_it(flags: list[str], said: str) -> None:
     proc = raydp_cli("serve", "--backend", "mp", "--port", "0", *flags)
     _, err = proc.communicate(timeout=90)

@@ -37,13 +37,22 @@ def model() -> str:
 @pytest.fixture(scope="module")
 def cluster(cluster_pool: ClusterPool, model: str) -> Iterator[Any]:
     cluster_pool.get((0,), cpus_per_node=4)  # 2 ranks x (1 CPU device bundle + 1 engine CPU)
-    with raydp.launch(name="vllm", dp_size=2, accelerator="CPU", engine=ENGINE, max_restarts=1, progress=False,
-                      engine_kwargs={"model": model, **ENGINE_KWARGS}) as launched:
+    with raydp.launch(
+        name="vllm",
+        dp_size=2,
+        accelerator="CPU",
+        engine=ENGINE,
+        max_restarts=1,
+        progress=False,
+        engine_kwargs={"model": model, **ENGINE_KWARGS},
+    ) as launched:
         yield launched
 
 
-REFERENCE = want_reference([(p, {"temperature": 0.0, "max_tokens": 12}) for p in PROMPTS]
-                           + [(PROMPTS[0], {"temperature": 0.8, "top_p": 0.95, "seed": 1234, "max_tokens": 12})])
+REFERENCE = want_reference(
+    [(p, {"temperature": 0.0, "max_tokens": 12}) for p in PROMPTS]
+    + [(PROMPTS[0], {"temperature": 0.8, "top_p": 0.95, "seed": 1234, "max_tokens": 12})]
+)
 MOVING = 480  # tokens: seconds of decoding here, so a stream is still running when its rank is killed
 LONG = want_reference([(p, {"temperature": 0.0, "max_tokens": MOVING, "ignore_eos": True}) for p in PROMPTS])
 
@@ -76,7 +85,7 @@ def test_stop_tokens_stop_strings_and_ignore_eos_end_requests(cluster: Any, refe
     handle = client.submit(PROMPTS[0], 12, sampling=Sampling(stop_token_ids=[greedy[3]]))
     assert handle.result(60) == greedy[:4] and handle.finish_reason == "stop", "the stop token is returned"
     text = _decode(greedy)
-    stop = text[len(text) // 2: len(text) // 2 + 2]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
     handle = client.submit(PROMPTS[0], 12, sampling=Sampling(stop=[stop]))
     tokens = handle.result(60)
     assert handle.finish_reason == "stop" and len(tokens) < 12 and tokens == greedy[: len(tokens)]
@@ -105,8 +114,15 @@ def test_a_request_vllm_refuses_fails_alone_with_vllms_reason(cluster: Any) -> N
 
 def test_a_bad_vllm_field_fails_the_launch_naming_it(cluster: Any, model: str) -> None:
     with pytest.raises((ConfigError, StartupError), match=r"engine_kwargs\.max_modle_len: not a vLLM engine argument"):
-        raydp.launch(name="vllm-bad", dp_size=1, accelerator="CPU", engine=ENGINE, progress=False,
-                     engine_kwargs={"model": model, "max_modle_len": 64}, startup_timeout_s=120)
+        raydp.launch(
+            name="vllm-bad",
+            dp_size=1,
+            accelerator="CPU",
+            engine=ENGINE,
+            progress=False,
+            engine_kwargs={"model": model, "max_modle_len": 64},
+            startup_timeout_s=120,
+        )
 
 
 def test_a_killed_vllm_rank_fails_its_requests_typed_migrates_opted_in_streams_and_comes_back(
@@ -127,8 +143,11 @@ def test_a_killed_vllm_rank_fails_its_requests_typed_migrates_opted_in_streams_a
     os.kill(pid, signal.SIGKILL)
     # Greedy: continued from their last token on rank 0, they give what an uninterrupted run gives.
     assert [h.result(120) for h in moving] == long
-    assert [h.rank for h in moving] == [0] * len(moving) and client.migrations == sum(on_victim), \
-        ([h.rank for h in moving], on_victim, client.migrations)
+    assert [h.rank for h in moving] == [0] * len(moving) and client.migrations == sum(on_victim), (
+        [h.rank for h in moving],
+        on_victim,
+        client.migrations,
+    )
     answered = failed = 0
     for handle in load:
         try:
@@ -162,6 +181,3 @@ def _decode(tokens: list[int]) -> str:
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model()), local_files_only=True)
     return str(tok.decode(tokens, skip_special_tokens=True))
-
-
-

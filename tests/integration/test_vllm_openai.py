@@ -49,10 +49,36 @@ def reference(model: Path, tok: HFTokenizer) -> dict[str, list[int]]:
 @pytest.fixture(scope="module")
 def served(cluster_pool: ClusterPool, model: Path) -> Iterator[Served]:
     cluster_pool.shutdown()  # raydp serve starts its own Ray ("local": even if another runs here), as a user's does
-    flags = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "16",
-             "--kv-cache-memory-bytes", str(ENGINE_KWARGS["kv_cache_memory_bytes"])]
-    with raydp_serve("--name", NAME, "--backend", "ray", "--engine", "vllm", "--model", str(model), "--dp-size", "2",
-                     "--api-servers", "2", "--accelerator", "CPU", "--address", "local", *flags) as s:
+    flags = [
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        "16",
+        "--kv-cache-memory-bytes",
+        str(ENGINE_KWARGS["kv_cache_memory_bytes"]),
+    ]
+    with raydp_serve(
+        "--name",
+        NAME,
+        "--backend",
+        "ray",
+        "--engine",
+        "vllm",
+        "--model",
+        str(model),
+        "--dp-size",
+        "2",
+        "--api-servers",
+        "2",
+        "--accelerator",
+        "CPU",
+        "--address",
+        "local",
+        *flags,
+    ) as s:
         yield s
 
 
@@ -92,17 +118,21 @@ def test_chat_completions_plain_and_streamed_answer_vllms_tokens(
     assert answer.choices[0].message.content == text
     assert answer.usage is not None and answer.usage.completion_tokens == 16
     assert answer.usage.prompt_tokens == len(tok.apply_chat_template(MESSAGES))
-    stream = list(sdk.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=16, stream=True,
-                                              stream_options={"include_usage": True}))
+    stream = list(
+        sdk.chat.completions.create(
+            model=NAME, messages=MESSAGES, max_tokens=16, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert stream[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
     assert stream[-1].usage is not None and stream[-1].usage.total_tokens == answer.usage.total_tokens
 
 
-def test_a_stop_string_ends_the_text_before_it(sdk: openai.OpenAI, tok: HFTokenizer,
-                                               reference: dict[str, list[int]]) -> None:
+def test_a_stop_string_ends_the_text_before_it(
+    sdk: openai.OpenAI, tok: HFTokenizer, reference: dict[str, list[int]]
+) -> None:
     text = tok.decode(reference["prompt"])
-    stop = text[len(text) // 2: len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     done = sdk.completions.create(model=NAME, prompt=PROMPT, max_tokens=16, stop=[stop])
     assert (done.choices[0].text, done.choices[0].finish_reason) == (text[: text.index(stop)], "stop")
 
@@ -127,10 +157,8 @@ def _tokens(served: Served) -> float:
     by_server: dict[str, float] = {}
     for _ in range(200):  # the servers take turns accepting on the shared port: scrape until both answered
         families = list(text_string_to_metric_families(call(served.address, "GET", "/metrics").body.decode()))
-        index = next(s.labels["client_index"] for f in families for s in f.samples
-                     if s.name == "raydp_api_server_info")
-        by_server[index] = sum(s.value for f in families for s in f.samples
-                               if s.name == "raydp_generated_tokens_total")
+        index = next(s.labels["client_index"] for f in families for s in f.samples if s.name == "raydp_api_server_info")
+        by_server[index] = sum(s.value for f in families for s in f.samples if s.name == "raydp_generated_tokens_total")
         if len(by_server) == 2:
             return sum(by_server.values())
     raise AssertionError(f"only API servers {sorted(by_server)} answered /metrics")

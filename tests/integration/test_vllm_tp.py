@@ -52,9 +52,16 @@ def test_tp2_on_ray_gives_tp1s_tokens_and_a_killed_worker_fails_then_restarts_th
 ) -> None:
     cluster_pool.get((0,), cpus_per_node=4)
     shm_before = _shared_memory()
-    with raydp.launch(name="vllmtp", dp_size=1, tensor_parallel_size=2, accelerator="CPU", max_restarts=1,
-                      engine="raydp.models.vllm:VllmTPEngine", engine_kwargs={"model": model, **ENGINE_KWARGS},
-                      progress=False) as cluster:
+    with raydp.launch(
+        name="vllmtp",
+        dp_size=1,
+        tensor_parallel_size=2,
+        accelerator="CPU",
+        max_restarts=1,
+        engine="raydp.models.vllm:VllmTPEngine",
+        engine_kwargs={"model": model, **ENGINE_KWARGS},
+        progress=False,
+    ) as cluster:
         assert _answers(cluster) == reference
         client = cluster.client()
         workers = client.call_utility(0, "raydp_workers")
@@ -75,9 +82,16 @@ def test_tp2_on_ray_gives_tp1s_tokens_and_a_killed_worker_fails_then_restarts_th
 
 def test_tp2_on_the_mp_backend_gives_tp1s_tokens(model: str, reference: list[list[int]]) -> None:
     shm_before = _shared_memory()
-    with raydp.launch(name="vllmtpmp", dp_size=1, tensor_parallel_size=2, accelerator="CPU", backend="mp",
-                      engine="raydp.models.vllm:VllmTPEngine", engine_kwargs={"model": model, **ENGINE_KWARGS},
-                      progress=False) as cluster:
+    with raydp.launch(
+        name="vllmtpmp",
+        dp_size=1,
+        tensor_parallel_size=2,
+        accelerator="CPU",
+        backend="mp",
+        engine="raydp.models.vllm:VllmTPEngine",
+        engine_kwargs={"model": model, **ENGINE_KWARGS},
+        progress=False,
+    ) as cluster:
         assert _answers(cluster) == reference
     assert socket_dirs("vllmtpmp") == []
     assert _shared_memory() - shm_before == set()

@@ -19,7 +19,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
-        check=True, cwd=out, timeout=240,
+        check=True,
+        cwd=out,
+        timeout=240,
     )
     (found,) = out.glob("*.whl")
     return found
@@ -31,8 +33,13 @@ def test_the_wheel_holds_only_raydp_under_its_own_distribution_name(wheel: Path)
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"raydp"}
-    for module in ("raydp/placement/planner.py", "raydp/actors/manager.py", "raydp/wire/protocol.py",
-                   "raydp/engine/tiny_lm.py", "raydp/cli/__init__.py"):
+    for module in (
+        "raydp/placement/planner.py",
+        "raydp/actors/manager.py",
+        "raydp/wire/protocol.py",
+        "raydp/models/tiny_lm.py",
+        "raydp/cli/__init__.py",
+    ):
         assert module in names
 
 
@@ -41,8 +48,11 @@ def test_installed_wheel_imports_as_raydp_and_nothing_else(wheel: Path, tmp_path
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, timeout=240)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        timeout=240,
+    )
     # Dependencies come from this venv's site-packages, added after the fresh one's
     # own; a .pth there is not a site dir, so this checkout's editable hook stays out.
     site = Path(sysconfig.get_paths()["purelib"])
@@ -59,8 +69,9 @@ def test_installed_wheel_imports_as_raydp_and_nothing_else(wheel: Path, tmp_path
         "    else:\n"
         "        print('found', name)\n"
     )
-    result = subprocess.run([str(python), "-I", "-c", probe], check=False, cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [str(python), "-I", "-c", probe], check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(str(fresh_site)), lines[0]

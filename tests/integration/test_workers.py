@@ -17,7 +17,7 @@ from raydp.names import NAMESPACE
 from tests.integration.engines import MissingWorkerEngine
 from tests.integration.helpers import assert_nothing_left, socket_dirs, wait_until
 
-ECHO_WORKERS = "raydp.engine.echo_workers:WorkerEchoEngine"
+ECHO_WORKERS = "raydp.models.echo_workers:WorkerEchoEngine"
 
 
 def _title(pid: int) -> str:
@@ -27,8 +27,9 @@ def _title(pid: int) -> str:
 def _worker_actors_alive() -> list[int]:
     from ray.util.state import list_actors
 
-    found = list_actors(filters=[("class_name", "=", "WorkerActor"), ("state", "=", "ALIVE")],
-                        raise_on_missing_output=False)
+    found = list_actors(
+        filters=[("class_name", "=", "WorkerActor"), ("state", "=", "ALIVE")], raise_on_missing_output=False
+    )
     return [a.pid for a in found]
 
 
@@ -62,7 +63,7 @@ def test_one_worker_per_device_bundle_forms_a_group_and_names_itself(two_nodes) 
             client.call_utility(1, "fail_worker", "kaboom")
         text = str(info.value)
         assert "worker tp0 of rank 1" in text and "RuntimeError: kaboom" in text
-        assert "echo_workers.py\", line" in text, "the worker's traceback comes back"
+        assert 'echo_workers.py", line' in text, "the worker's traceback comes back"
         assert client.generate([1], max_tokens=2) == [1, 1], "a worker's exception in a control call is not fatal"
     assert_nothing_left("wk")
     assert wait_until(lambda: not _worker_actors_alive(), timeout=15), _worker_actors_alive()
@@ -70,8 +71,14 @@ def test_one_worker_per_device_bundle_forms_a_group_and_names_itself(two_nodes) 
 
 @pytest.mark.timeout(240)
 def test_killing_a_worker_actor_fails_its_rank_within_half_a_second(two_nodes) -> None:  # type: ignore[no-untyped-def]
-    with raydp.launch(name="wkill", dp_size=2, tensor_parallel_size=2, engine=ECHO_WORKERS,
-                      engine_kwargs={"step_delay_s": 0.005}, progress=False) as cluster:
+    with raydp.launch(
+        name="wkill",
+        dp_size=2,
+        tensor_parallel_size=2,
+        engine=ECHO_WORKERS,
+        engine_kwargs={"step_delay_s": 0.005},
+        progress=False,
+    ) as cluster:
         client = cluster.client()
         workers = client.call_utility(1, "describe_workers")
         in_flight = client.submit([1, 2], max_tokens=1_000_000, rank=1)
@@ -92,12 +99,16 @@ def test_killing_a_worker_actor_fails_its_rank_within_half_a_second(two_nodes) -
 def test_ray_kill_of_a_worker_is_reported_as_killed_and_a_dense_restart_brings_workers_back(two_nodes) -> None:  # type: ignore[no-untyped-def]
     from ray.util.state import list_actors
 
-    with raydp.launch(name="wrst", dp_size=1, tensor_parallel_size=2, engine=ECHO_WORKERS, max_restarts=1,
-                      progress=False) as cluster:
+    with raydp.launch(
+        name="wrst", dp_size=1, tensor_parallel_size=2, engine=ECHO_WORKERS, max_restarts=1, progress=False
+    ) as cluster:
         client = cluster.client()
         before = client.call_utility(0, "describe_workers")
-        actor = next(a for a in list_actors(filters=[("class_name", "=", "WorkerActor"), ("state", "=", "ALIVE")])
-                     if a.pid == before[0]["pid"])
+        actor = next(
+            a
+            for a in list_actors(filters=[("class_name", "=", "WorkerActor"), ("state", "=", "ALIVE")])
+            if a.pid == before[0]["pid"]
+        )
         assert actor.name.startswith("wrst-dp0-tp0-"), "workers are named by cluster, DP rank and TP rank"
         ray.kill(ray.get_actor(actor.name, namespace=NAMESPACE), no_restart=True)
         assert wait_until(lambda: bool(cluster.deaths), timeout=5)
@@ -114,8 +125,14 @@ def test_ray_kill_of_a_worker_is_reported_as_killed_and_a_dense_restart_brings_w
 @pytest.mark.timeout(240)
 def test_a_worker_that_cannot_start_fails_launch_naming_it_and_leaves_nothing(two_nodes) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(StartupError) as info:
-        raydp.launch(name="wbad", dp_size=1, tensor_parallel_size=2, engine=MissingWorkerEngine, progress=False,
-                     startup_timeout_s=60)
+        raydp.launch(
+            name="wbad",
+            dp_size=1,
+            tensor_parallel_size=2,
+            engine=MissingWorkerEngine,
+            progress=False,
+            startup_timeout_s=60,
+        )
     assert "raydp_nowhere.module:NoWorker" in str(info.value) and "cannot import" in str(info.value)
     assert_nothing_left("wbad")
     assert wait_until(lambda: not _worker_actors_alive(), timeout=15), _worker_actors_alive()
@@ -124,8 +141,15 @@ def test_a_worker_that_cannot_start_fails_launch_naming_it_and_leaves_nothing(tw
 @pytest.mark.timeout(180)
 def test_mp_engine_that_rejects_its_settings_fails_launch_and_ends_its_workers() -> None:
     with pytest.raises(StartupError, match="heads=3: must be divisible by tensor_parallel_size=2"):
-        raydp.launch(name="mpwbad", dp_size=1, tensor_parallel_size=2, backend="mp",
-                     engine="raydp.engine.tp_lm:TPLMEngine", engine_kwargs={"heads": 3, "dim": 48}, progress=False)
+        raydp.launch(
+            name="mpwbad",
+            dp_size=1,
+            tensor_parallel_size=2,
+            backend="mp",
+            engine="raydp.models.tp_lm:TPLMEngine",
+            engine_kwargs={"heads": 3, "dim": 48},
+            progress=False,
+        )
     assert wait_until(lambda: not _titled("raydp::mpwbad")), _titled("raydp::mpwbad")
     assert socket_dirs("mpwbad") == []
 
@@ -142,8 +166,15 @@ def _serves(client: Any) -> bool:
 
 @pytest.mark.timeout(180)
 def test_mp_workers_serve_and_a_killed_worker_fails_its_rank_fast() -> None:
-    cluster = raydp.launch(name="mpw", dp_size=2, tensor_parallel_size=2, backend="mp", engine=ECHO_WORKERS,
-                           engine_kwargs={"step_delay_s": 0.005}, progress=False)
+    cluster = raydp.launch(
+        name="mpw",
+        dp_size=2,
+        tensor_parallel_size=2,
+        backend="mp",
+        engine=ECHO_WORKERS,
+        engine_kwargs={"step_delay_s": 0.005},
+        progress=False,
+    )
     try:
         client = cluster.client()
         assert [client.generate([2, 3], max_tokens=3) for _ in range(4)] == [[2, 3, 2]] * 4
@@ -172,8 +203,9 @@ def test_mp_workers_serve_and_a_killed_worker_fails_its_rank_fast() -> None:
 
 @pytest.mark.timeout(180)
 def test_mp_workers_exit_within_two_seconds_of_their_engine_being_sigkilled() -> None:
-    cluster = raydp.launch(name="mpwk", dp_size=1, tensor_parallel_size=2, backend="mp", engine=ECHO_WORKERS,
-                           progress=False)
+    cluster = raydp.launch(
+        name="mpwk", dp_size=1, tensor_parallel_size=2, backend="mp", engine=ECHO_WORKERS, progress=False
+    )
     try:
         client = cluster.client()
         workers = [psutil.Process(w["pid"]) for w in client.call_utility(0, "describe_workers")]
@@ -189,8 +221,9 @@ def test_mp_workers_exit_within_two_seconds_of_their_engine_being_sigkilled() ->
 
 @pytest.mark.timeout(180)
 def test_mp_worker_ends_gracefully_on_sigterm() -> None:
-    with raydp.launch(name="mpwt", dp_size=1, tensor_parallel_size=2, backend="mp", engine=ECHO_WORKERS,
-                      progress=False) as cluster:
+    with raydp.launch(
+        name="mpwt", dp_size=1, tensor_parallel_size=2, backend="mp", engine=ECHO_WORKERS, progress=False
+    ) as cluster:
         client = cluster.client()
         workers = client.call_utility(0, "describe_workers")
         victim = next(p for p in cluster._manager.procs if p.rank == 0)

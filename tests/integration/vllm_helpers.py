@@ -19,8 +19,13 @@ from typing import Any
 from raydp.models.checkpoint import make_model
 
 # Small enough that several engines fit on a 2-core, 24 GiB machine; fast to start (no compile).
-ENGINE_KWARGS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True, "max_model_len": 512,
-                                 "max_num_seqs": 16, "kv_cache_memory_bytes": 256 << 20}
+ENGINE_KWARGS: dict[str, Any] = {
+    "dtype": "float32",
+    "enforce_eager": True,
+    "max_model_len": 512,
+    "max_num_seqs": 16,
+    "kv_cache_memory_bytes": 256 << 20,
+}
 
 
 def tiny_model() -> Path:
@@ -69,8 +74,9 @@ def vllm_reference(model: Path, requests: Requests) -> list[list[int]]:
 def _run_reference(model: Path, requests: Requests) -> list[list[int]]:
     spec = json.dumps({"model": str(model), "kwargs": ENGINE_KWARGS, "requests": requests})
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    done = subprocess.run([sys.executable, "-c", _REFERENCE, spec], env=env, capture_output=True, text=True,
-                          timeout=240, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _REFERENCE, spec], env=env, capture_output=True, text=True, timeout=240, check=False
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("ANSWERS ")]
     assert done.returncode == 0 and lines, f"vLLM's reference run failed:\n{done.stderr[-3000:]}"
     answers: list[list[int]] = json.loads(lines[-1].removeprefix("ANSWERS "))

@@ -1,14 +1,12 @@
-"""``bench.py --plot``: the markdown tables the benchmark prints are what gets drawn."""
+"""``python -m benchmarks --plot``: the markdown tables the benchmark prints are what gets drawn."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from bench_plot import columns, number, parse_tables, plot_sections
+from benchmarks.plot import columns, number, parse_tables, plot_sections
 
 pytestmark = pytest.mark.timeout(60)
 TABLE = """### Round trips
@@ -29,7 +27,14 @@ def test_tables_are_parsed_with_their_heading_and_numbers_with_their_units() -> 
     assert header == ["system", "req/s", "raydp / it", "p50 ms"]
     assert [r[0] for r in rows] == ["raydp", "raw floor", "Ray Serve"]
     assert [number(c) for c in ("23,032", "**1.00x**", "0.47", "1.87 s", "18.7%", "-", "failed")] == [
-        23032.0, 1.0, 0.47, 1.87, 18.7, None, None]
+        23032.0,
+        1.0,
+        0.47,
+        1.87,
+        18.7,
+        None,
+        None,
+    ]
 
 
 def test_every_table_becomes_a_png(tmp_path: Path) -> None:
@@ -40,13 +45,15 @@ def test_every_table_becomes_a_png(tmp_path: Path) -> None:
 
 
 def test_the_first_column_names_the_rows_even_when_it_is_a_number() -> None:
-    [(_, header, rows)] = parse_tables("""### Lockstep
+    [(_, header, rows)] = parse_tables(
+        """### Lockstep
 
 | step_delay_s | **lockstep / dense** | >= 0.8 | dense / bare loop |
 |---:|---:|---|---:|
 | 0.002 | **0.98x** | yes | 0.91x |
 | 0 | **0.87x** | yes | n/a |
-""".splitlines())
+""".splitlines()
+    )
     bars, names = columns(header, rows)
     assert [header[c] for c in bars] == ["**lockstep / dense**", "dense / bare loop"]
     assert [header[c] for c in names] == ["step_delay_s", ">= 0.8"]

@@ -43,7 +43,7 @@ def test_stream_decoding_matches_decoding_the_whole(ids: list[int], cuts: list[i
     for size in cuts * len(ids):
         if start >= len(ids):
             break
-        text += decoder.feed(ids[start:start + size])
+        text += decoder.feed(ids[start : start + size])
         start += size
     text += decoder.feed(ids[start:]) + decoder.flush()
     assert text == tokenizer.decode(ids)

@@ -20,8 +20,7 @@ from raydp.models.checkpoint import STAMP, default_model_dir, make_model, parame
 
 pytestmark = pytest.mark.timeout(300)
 
-FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-         STAMP)
+FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", STAMP)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +47,10 @@ def test_the_config_is_a_small_llama(model_dir: Path, tokenizer: Any) -> None:
     assert config["head_dim"] == 64  # vLLM's CPU attention has no kernel for e.g. 16
     assert config["vocab_size"] == len(tokenizer) == 1024
     assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (
-        tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+    )
     generation = json.loads((model_dir / "generation_config.json").read_text())
     assert generation["eos_token_id"] == tokenizer.eos_token_id
     assert parameter_count(model_dir) > 0
@@ -86,7 +88,7 @@ def test_greedy_output_is_not_one_token_repeated(model_dir: Path, tokenizer: Any
     for prompt in ("The quick brown fox", "Hello", "def add(a, b):"):
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1]:].tolist()
+            out = model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1] :].tolist()
         assert len(set(out)) >= 4, (prompt, out)
 
 
@@ -203,8 +205,14 @@ VLLM_SCRIPT = textwrap.dedent(
 def test_vllm_loads_and_generates(model_dir: Path, tokenizer: Any) -> None:
     pytest.importorskip("vllm")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, str(model_dir)], env=env, capture_output=True,
-                          text=True, timeout=240, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", VLLM_SCRIPT, str(model_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     tokens = json.loads(proc.stdout.rsplit("TOKENS", 1)[1].strip().splitlines()[0])
     assert all(0 <= t < len(tokenizer) for seq in tokens for t in seq)

@@ -23,9 +23,7 @@ def test_the_commands_exist() -> None:
 @pytest.mark.parametrize("command", ["demo", "serve", "plan", "status", "scale", "dashboard"])
 def test_every_flag_has_help(command: str) -> None:
     parser = subcommands()[command]
-    undocumented = [
-        a.option_strings for a in parser._actions if a.option_strings and not (a.help and a.help.strip())
-    ]
+    undocumented = [a.option_strings for a in parser._actions if a.option_strings and not (a.help and a.help.strip())]
     assert undocumented == []
     assert parser.description
 
@@ -77,7 +75,7 @@ def test_engine_short_names_resolve_from_flag_and_environment() -> None:
     args = parsed("serve")
     assert config_from_args(args, serve.CONFIG_FLAGS, serve.PRESETS, env={}).engine.endswith("TinyLMEngine")
     env = {"RAYDP_ENGINE": "echo"}
-    assert config_from_args(args, serve.CONFIG_FLAGS, serve.PRESETS, env=env).engine == "raydp.engine:EchoEngine"
+    assert config_from_args(args, serve.CONFIG_FLAGS, serve.PRESETS, env=env).engine == "raydp.models.echo:EchoEngine"
 
 
 def test_aliases_and_repeated_flags_reach_the_config() -> None:
@@ -106,20 +104,25 @@ def test_the_preset_engine_shards_over_devices_when_tensor_parallel_size_is_abov
     parser = argparse.ArgumentParser()
     add_config_flags(parser, demo.CONFIG_FLAGS, demo.PRESETS)
     tp2 = config_from_args(parser.parse_args(["--tensor-parallel-size", "2"]), demo.CONFIG_FLAGS, demo.PRESETS, env={})
-    assert tp2.engine == "raydp.engine.tp_lm:TPLMEngine" and tp2.world_size == 2
+    assert tp2.engine == "raydp.models.tp_lm:TPLMEngine" and tp2.world_size == 2
     env = {"RAYDP_TENSOR_PARALLEL_SIZE": "2"}
     assert config_from_args(parser.parse_args([]), demo.CONFIG_FLAGS, demo.PRESETS, env=env).engine.endswith(
-        "TPLMEngine")
+        "TPLMEngine"
+    )
     chosen = parser.parse_args(["--tensor-parallel-size", "2", "--engine", "echo"])
-    assert config_from_args(chosen, demo.CONFIG_FLAGS, demo.PRESETS, env={}).engine == "raydp.engine:EchoEngine"
+    assert config_from_args(chosen, demo.CONFIG_FLAGS, demo.PRESETS, env={}).engine == "raydp.models.echo:EchoEngine"
     assert config_from_args(parser.parse_args([]), demo.CONFIG_FLAGS, demo.PRESETS, env={}).engine.endswith(
-        "TinyLMEngine")
+        "TinyLMEngine"
+    )
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (("--graceful-shutdown-s", "-1"), "graceful_shutdown_s=-1"),
-    (("--graceful-shutdown-s", "1", "--lb-mode", "hybrid"), "internal only, not hybrid"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--graceful-shutdown-s", "-1"), "graceful_shutdown_s=-1"),
+        (("--graceful-shutdown-s", "1", "--lb-mode", "hybrid"), "internal only, not hybrid"),
+    ],
+)
 def test_a_bad_grace_period_is_refused_before_anything_is_launched(
     flags: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -129,14 +132,20 @@ def test_a_bad_grace_period_is_refused_before_anything_is_launched(
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("flags", "env", "message"), [
-    (("--api-key", "has space"), {}, "entry 0 (value not shown)"),
-    ((), {"RAYDP_API_KEY": ""}, "entry 0 (value not shown)"),  # set but empty: refused, never served open
-    (("--protect-metrics",), {}, "protect_metrics=True: needs at least one API key"),
-    (("--ssl-certfile", "/nonexistent.pem", "--ssl-keyfile", "/nonexistent.key"), {}, "is no file"),
-])
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        (("--api-key", "has space"), {}, "entry 0 (value not shown)"),
+        ((), {"RAYDP_API_KEY": ""}, "entry 0 (value not shown)"),  # set but empty: refused, never served open
+        (("--protect-metrics",), {}, "protect_metrics=True: needs at least one API key"),
+        (("--ssl-certfile", "/nonexistent.pem", "--ssl-keyfile", "/nonexistent.key"), {}, "is no file"),
+    ],
+)
 def test_bad_keys_and_tls_files_are_refused_before_anything_is_launched(
-    flags: tuple[str, ...], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str],
+    flags: tuple[str, ...],
+    env: dict[str, str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from raydp.cli import main
@@ -167,10 +176,20 @@ def test_serve_flags_reach_the_api_server_settings(tmp_path: Any) -> None:
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
     cert.write_text("x")
     key.write_text("x")
-    args = subcommands()["serve"].parse_args([
-        "--balancer", "prefix", "--prefix-load-margin", "2", "--migration-limit", "1",
-        "--ssl-certfile", str(cert), "--ssl-keyfile", str(key),
-    ])
+    args = subcommands()["serve"].parse_args(
+        [
+            "--balancer",
+            "prefix",
+            "--prefix-load-margin",
+            "2",
+            "--migration-limit",
+            "1",
+            "--ssl-certfile",
+            str(cert),
+            "--ssl-keyfile",
+            str(key),
+        ]
+    )
     settings = _server_settings(args)
     assert (settings.balancer, settings.prefix_load_margin, settings.migration_limit) == ("prefix", 2, 1)
     assert (settings.ssl_certfile, settings.ssl_keyfile, settings.scheme) == (str(cert), str(key), "https")

@@ -25,8 +25,10 @@ def rig() -> Iterator[tuple[Client, zmq.Socket[bytes]]]:
     engine, collect, publish = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL), ctx.socket(zmq.PUB)
     addr = {s: f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in (engine, collect, publish)}
     endpoints = ClusterEndpoints(
-        "calls", [EngineEndpoint(0, "n", [addr[engine]])],
-        CoordinatorEndpoints("n", [addr[publish]], [addr[collect]], [addr[collect]]), lockstep=False,
+        "calls",
+        [EngineEndpoint(0, "n", [addr[engine]])],
+        CoordinatorEndpoints("n", [addr[publish]], [addr[collect]], [addr[collect]]),
+        lockstep=False,
     )
     client = Client(endpoints, node_id="n", follow_liveness=False)
     yield client, engine

@@ -24,8 +24,10 @@ def rig() -> Iterator[tuple[Client, list[zmq.Socket[bytes]]]]:
     collect, publish = ctx.socket(zmq.PULL), ctx.socket(zmq.PUB)
     addr = {s: f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in (*engines, collect, publish)}
     endpoints = ClusterEndpoints(
-        "failover", [EngineEndpoint(r, "n", [addr[e]]) for r, e in enumerate(engines)],
-        CoordinatorEndpoints("n", [addr[publish]], [addr[collect]], [addr[collect]]), lockstep=False,
+        "failover",
+        [EngineEndpoint(r, "n", [addr[e]]) for r, e in enumerate(engines)],
+        CoordinatorEndpoints("n", [addr[publish]], [addr[collect]], [addr[collect]]),
+        lockstep=False,
     )
     client = Client(endpoints, node_id="n", follow_liveness=False)
     yield client, engines

@@ -29,8 +29,9 @@ class EchoEngines:
         self.routers = [self.ctx.socket(zmq.ROUTER) for _ in range(ranks)]
         self.addresses = [f"tcp://127.0.0.1:{r.bind_to_random_port('tcp://127.0.0.1')}" for r in self.routers]
         self.publish, self.collect = self.ctx.socket(zmq.PUB), self.ctx.socket(zmq.PULL)
-        self.coord = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}"
-                      for s in (self.publish, self.collect)]
+        self.coord = [
+            f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in (self.publish, self.collect)
+        ]
         self.answer, self.seen = answer, [list[tuple[bytes, object]]() for _ in range(ranks)]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -148,7 +149,7 @@ def test_every_thread_waiting_on_one_result_wakes() -> None:
     waiters = [threading.Thread(target=lambda: got.append(handle.result(10))) for _ in range(5)]
     for t in waiters:
         t.start()
-    handle._on_item(Output("r", [7], True, "length"))
+    handle.deliver(Output("r", [7], True, "length"))
     for t in waiters:
         t.join(timeout=10)
     assert got == [[7]] * 5
@@ -201,9 +202,11 @@ def test_a_caller_reading_its_own_answers_leaves_the_io_thread_asleep(echo: Echo
         assert client.generate([0], 1, timeout=10) == [0]
         waits = {"full": 0, "quiet": 0}
         for kind, poller in (("full", client._io.poll_set), ("quiet", client._io.quiet_set)):
+
             def counted(timeout_ms: int, wait=poller.wait, kind=kind):  # type: ignore[no-untyped-def]
                 waits[kind] += 1
                 return wait(timeout_ms)
+
             poller.wait = counted  # type: ignore[method-assign]
         for i in range(300):
             assert client.generate([1, i], 1, timeout=10) == [1, i]

@@ -24,8 +24,10 @@ def paused_cluster() -> Iterator[tuple[Client, zmq.Socket[bytes], zmq.Socket[byt
     engine, collect, publish = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL), ctx.socket(zmq.PUB)
     addr = {s: f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in (engine, collect, publish)}
     endpoints = ClusterEndpoints(
-        "waves", [EngineEndpoint(0, "n", [addr[engine]])],
-        CoordinatorEndpoints("n", [addr[publish]], [addr[collect]], [addr[collect]]), lockstep=True,
+        "waves",
+        [EngineEndpoint(0, "n", [addr[engine]])],
+        CoordinatorEndpoints("n", [addr[publish]], [addr[collect]], [addr[collect]]),
+        lockstep=True,
     )
     client = Client(endpoints, node_id="n", options=SocketOptions(max_message_bytes=LIMIT))
     yield client, engine, collect

@@ -59,8 +59,11 @@ def test_the_rendezvous_listens_on_the_given_interface_only() -> None:
     rendezvous = Rendezvous("127.0.0.1", 2, timeout_s=30)
     try:
         port = int(rendezvous.address.rpartition(":")[2])
-        listening = [c.laddr.ip for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
-                     and c.status == psutil.CONN_LISTEN]
+        listening = [
+            c.laddr.ip
+            for c in psutil.net_connections("tcp")
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+        ]
         assert listening == ["127.0.0.1"], listening
     finally:
         rendezvous.close()
@@ -70,10 +73,7 @@ def test_ranks_meet_at_a_hosted_rendezvous_and_agree_on_unfinished_work_and_hold
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()
     rendezvous = Rendezvous("127.0.0.1", 3, timeout_s=60)
-    procs = [
-        spawn.Process(target=_rank_main, args=(rendezvous.address, rank, 3, results))
-        for rank in range(3)
-    ]
+    procs = [spawn.Process(target=_rank_main, args=(rendezvous.address, rank, 3, results)) for rank in range(3)]
     for proc in procs:
         proc.start()
     try:

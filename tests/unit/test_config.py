@@ -104,8 +104,8 @@ def test_config_is_frozen() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "allowed"), [(-0.001, "greater than or equal to 0"), (10.5, "less than or equal to 10"),
-                           ("soon", "valid number")],
+    ("value", "allowed"),
+    [(-0.001, "greater than or equal to 0"), (10.5, "less than or equal to 10"), ("soon", "valid number")],
 )
 def test_allreduce_min_interval_out_of_bounds(value: object, allowed: str) -> None:
     msg = _error(allreduce_min_interval_s=value)
@@ -122,12 +122,14 @@ def test_allreduce_min_interval_zero_keeps_exact_step_intervals() -> None:
 
 
 def test_env_overrides_defaults() -> None:
-    cfg = RaydpConfig.create(env={
-        "RAYDP_DP_SIZE": "4",
-        "RAYDP_LOCKSTEP": "true",
-        "RAYDP_STATS_INTERVAL_S": "0.25",
-        "RAYDP_PLACEMENT_STRATEGY": "span",
-    })
+    cfg = RaydpConfig.create(
+        env={
+            "RAYDP_DP_SIZE": "4",
+            "RAYDP_LOCKSTEP": "true",
+            "RAYDP_STATS_INTERVAL_S": "0.25",
+            "RAYDP_PLACEMENT_STRATEGY": "span",
+        }
+    )
     assert cfg.dp_size == 4
     assert cfg.lockstep is True
     assert cfg.stats_interval_s == 0.25
@@ -217,7 +219,6 @@ def test_config_hash_differs_when_a_shared_field_differs(change: dict[str, objec
     a = RaydpConfig.create(env={}, **base)
     b = RaydpConfig.create(env={}, **{**base, **change})
     assert a.config_hash() != b.config_hash()
-
 
 
 def test_empty_allowlist_env_means_unset() -> None:

@@ -14,6 +14,7 @@ from raydp.coordinator.loop import CoordinatorLoop
 from raydp.coordinator.state import CoordinatorState
 from raydp.wire.codec import encode
 from raydp.wire.control import BROADCAST_TOPIC, EngineDead, EngineStats, Shutdown, engine_broadcast_decoder
+from raydp.wire.records import CoordinatorStatus
 from raydp.wire.transport import SocketOptions
 
 
@@ -85,7 +86,7 @@ def test_describe_from_other_threads_sees_consistent_state_while_the_loop_writes
     push = ctx.socket(zmq.PUSH)
     push.connect(loop.endpoints.collect[0])
     _, errors = run_in_thread(loop)
-    seen: list[dict[str, object]] = []
+    seen: list[CoordinatorStatus] = []
     failures: list[BaseException] = []
     stop = threading.Event()
 
@@ -101,10 +102,15 @@ def test_describe_from_other_threads_sees_consistent_state_while_the_loop_writes
         r.start()
     try:
         for i in range(2000):
-            push.send(encode(EngineDead(rank=i % 4, cause="killed") if i % 7 == 0
-                             else EngineStats(rank=i % 4, waiting=i, running=1)))
+            push.send(
+                encode(
+                    EngineDead(rank=i % 4, cause="killed")
+                    if i % 7 == 0
+                    else EngineStats(rank=i % 4, waiting=i, running=1)
+                )
+            )
         deadline = time.monotonic() + 10
-        while loop.describe()["counts"][3][0] < 1999 and time.monotonic() < deadline:  # type: ignore[index]
+        while loop.describe().counts[3][0] < 1999 and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         stop.set()
@@ -113,8 +119,8 @@ def test_describe_from_other_threads_sees_consistent_state_while_the_loop_writes
         loop.close()
         ctx.destroy(linger=0)
     assert failures == [] and errors == []
-    assert seen and all(len(d["counts"]) == 4 for d in seen)  # type: ignore[arg-type]
-    assert loop.describe()["counts"][3] == [1999, 1]  # type: ignore[index]
+    assert seen and all(len(d.counts) == 4 for d in seen)
+    assert loop.describe().counts[3] == [1999, 1]
 
 
 @pytest.mark.timeout(30)
@@ -132,7 +138,7 @@ def test_wait_for_rank_follows_that_ranks_subscription_whatever_its_peers_do(loo
         assert not loop.wait_for_rank(1, 0.2) and not loop.wait_for_engines(4, 0.2)
         engine.close(linger=0)  # gone: unsubscribed
         deadline = time.monotonic() + 10
-        while 2 in loop.describe()["subscribed"] and time.monotonic() < deadline:
+        while 2 in loop.describe().subscribed and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not loop.wait_for_rank(2, 0.2)
     finally:
@@ -161,6 +167,6 @@ def test_a_flood_is_taken_in_bounded_batches_so_snapshots_and_stop_are_looked_at
         time.sleep(0.3)
         batches = [loop._take_batch() for _ in range(4)]
         assert batches == [loop_module._BATCH, loop_module._BATCH, 88, 0]
-        assert [c[1] for c in loop.describe()["counts"]] == [total - 3 + r for r in range(4)]  # type: ignore[union-attr]
+        assert [c[1] for c in loop.describe().counts] == [total - 3 + r for r in range(4)]
     finally:
         ctx.destroy(linger=0)

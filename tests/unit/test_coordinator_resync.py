@@ -38,8 +38,15 @@ OPTS = SocketOptions(high_water_mark=1000, max_message_bytes=1 << 20)
 
 def restored_state(now: float = 0.0, **kw: Any) -> CoordinatorState:
     state = CoordinatorState(3, stats_interval_s=0.1, heartbeat_interval_s=1.0)
-    fields: dict[str, Any] = {"engine_count": 3, "size": 3, "dead": {2: "killed"}, "deaths": [0, 1, 2],
-                              "restarts": [0, 1, 0], "moved": {1: ["ipc:///x/in"]}, "nodes": {1: "node-b"}}
+    fields: dict[str, Any] = {
+        "engine_count": 3,
+        "size": 3,
+        "dead": {2: "killed"},
+        "deaths": [0, 1, 2],
+        "restarts": [0, 1, 0],
+        "moved": {1: ["ipc:///x/in"]},
+        "nodes": {1: "node-b"},
+    }
     state.restore(Restored(**{**fields, **kw}), now)
     return state
 
@@ -118,8 +125,9 @@ def test_reports_for_unknown_ranks_are_dropped() -> None:
 
 def _serve_coordinator(prefix: str, conn: Any) -> None:
     """A coordinator in its own process, to be SIGKILLed: no teardown, no Shutdown broadcast."""
-    loop = CoordinatorLoop(CoordinatorState(2, 0.02, 0.2), OPTS, transport="auto", node_id="n0", ip="127.0.0.1",
-                           ipc_prefix=prefix)
+    loop = CoordinatorLoop(
+        CoordinatorState(2, 0.02, 0.2), OPTS, transport="auto", node_id="n0", ip="127.0.0.1", ipc_prefix=prefix
+    )
     conn.send(loop.endpoints)
     loop.run()
 
@@ -193,12 +201,12 @@ def test_peers_reconnect_to_a_successor_bound_at_the_same_addresses(
         successor = CoordinatorLoop(state, OPTS, transport="auto", node_id="n0", ip="127.0.0.1", rebind=endpoints)
         assert successor.endpoints == endpoints
         threading.Thread(target=successor.run, daemon=True).start()
-        assert successor.describe()["resynced"] is False  # what operators and restart waits read
+        assert successor.describe().resynced is False  # what operators and restart waits read
         for rank, peer in enumerate(engines):  # each engine hears Resync on the socket it already had
             peer.next_broadcast(Resync, 15)
             peer.push.send(encode(report(rank, wave=4, stepping=rank == 1, load=(rank + 1, 2))))
         snap = engines[0].snapshot_where(lambda s: s.counts == [(1, 2), (2, 2)], 15)
-        assert successor.describe()["resynced"] is True
+        assert successor.describe().resynced is True
         assert snap.wave == 4 and snap.running  # rank 1 was stepping wave 4
         assert engines[0].next_broadcast(StartDPWave, 5).wave == 4  # its paused peer is woken
         assert successor.wait_for_engines(2, 5)

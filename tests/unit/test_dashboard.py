@@ -31,25 +31,42 @@ def test_it_is_grafana_json_with_one_target_per_query_on_a_templated_prometheus(
     for panel in panels:
         assert panel["type"] == "timeseries" and panel["datasource"] == "${datasource}"
         assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"])
-    cells = {(x, y) for p in panels for x in range(p["gridPos"]["x"], p["gridPos"]["x"] + p["gridPos"]["w"])
-             for y in range(p["gridPos"]["y"], p["gridPos"]["y"] + p["gridPos"]["h"])}
+    cells = {
+        (x, y)
+        for p in panels
+        for x in range(p["gridPos"]["x"], p["gridPos"]["x"] + p["gridPos"]["w"])
+        for y in range(p["gridPos"]["y"], p["gridPos"]["y"] + p["gridPos"]["h"])
+    }
     assert len(cells) == sum(p["gridPos"]["w"] * p["gridPos"]["h"] for p in panels), "no panel overlaps another"
 
 
 def test_the_panels_cover_what_the_operations_issue_asks_for() -> None:
     text = " ".join(queries())
-    for metric in ("raydp_http_requests_total", "raydp_http_request_duration_seconds_bucket",
-                   "raydp_time_to_first_token_seconds_bucket", "raydp_generated_tokens_total",
-                   "ray_raydp_rank_waiting", "ray_raydp_rank_running", "ray_raydp_rank_work",
-                   "ray_raydp_rank_deaths", "ray_raydp_rank_restarts", "ray_raydp_wave"):
+    for metric in (
+        "raydp_http_requests_total",
+        "raydp_http_request_duration_seconds_bucket",
+        "raydp_time_to_first_token_seconds_bucket",
+        "raydp_generated_tokens_total",
+        "ray_raydp_rank_waiting",
+        "ray_raydp_rank_running",
+        "ray_raydp_rank_work",
+        "ray_raydp_rank_deaths",
+        "ray_raydp_rank_restarts",
+        "ray_raydp_wave",
+    ):
         assert metric in text, metric
     assert not [name for name in LEFT_OUT if f" ({name}" in text or f"({name}[" in text], "left out means unused"
 
 
 def test_the_cli_prints_it(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "raydp", "dashboard"], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "raydp", "dashboard"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert json.loads(out) == build()
-    subprocess.run([sys.executable, "-m", "raydp", "dashboard", "-o", str(tmp_path / "d.json")], timeout=60,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "raydp", "dashboard", "-o", str(tmp_path / "d.json")],
+        timeout=60,
+        check=True,
+        capture_output=True,
+    )
     assert (tmp_path / "d.json").read_text() == render()

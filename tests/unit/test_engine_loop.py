@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import zmq
 
-from raydp.engine.core import EchoEngine, EngineContext
+from raydp.engine.core import EngineContext
 from raydp.engine.loop import EngineLoop
 from raydp.engine.sockets import EngineSockets
+from raydp.models.echo import EchoEngine
 from raydp.wire.codec import encode
 from raydp.wire.control import BROADCAST_TOPIC, EngineStats, Shutdown, coordinator_decoder
 from raydp.wire.protocol import Abort, OutputBatch, Request, RequestBatch, RequestType, UtilityCall, output_decoder
@@ -252,8 +253,12 @@ def test_duplicate_ids_and_bad_utilities_fail_alone(rig: Rig) -> None:
     send(a, RequestType.ADD, Request("d", [1], 10**6))
     send(a, RequestType.ADD, Request("d", [2], 1))
     errors = []
-    for call in (UtilityCall(1, "nope"), UtilityCall(2, "shutdown"), UtilityCall(3, "_running"),
-                 UtilityCall(4, "describe", [1, 2])):
+    for call in (
+        UtilityCall(1, "nope"),
+        UtilityCall(2, "shutdown"),
+        UtilityCall(3, "_running"),
+        UtilityCall(4, "describe", [1, 2]),
+    ):
         send(a, RequestType.UTILITY, call)
     deadline = time.monotonic() + 5
     dup_error = None

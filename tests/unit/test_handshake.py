@@ -48,12 +48,25 @@ def server(ctx: zmq.Context[zmq.Socket[bytes]]) -> Iterator[HandshakeServer]:
     ipc.remove()
 
 
-def engine(ctx: zmq.Context[zmq.Socket[bytes]], address: str, rank: int, capacity: int = 10,
-           config_hash: str = HASH, local: bool = True) -> threading.Thread:
+def engine(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    address: str,
+    rank: int,
+    capacity: int = 10,
+    config_hash: str = HASH,
+    local: bool = True,
+) -> threading.Thread:
     def target() -> None:
         try:
-            engine_handshake(ctx, OPTS, address, rank, local=local, timeout_s=5,
-                             make_ready=lambda _: Ready(capacity, config_hash, [f"ipc://in{rank}"]))
+            engine_handshake(
+                ctx,
+                OPTS,
+                address,
+                rank,
+                local=local,
+                timeout_s=5,
+                make_ready=lambda _: Ready(capacity, config_hash, [f"ipc://in{rank}"]),
+            )
         except Exception:
             pass  # the server's error is what these tests check
 
@@ -75,8 +88,9 @@ def test_two_engines_become_ready_and_capacities_are_summed(ctx, server) -> None
     seen: list[tuple[int, int]] = []
     for rank, cap in ((0, 7), (1, 5)):
         engine(ctx, server.addresses[0], rank, cap)
-    result = server.run({0: True, 1: True}, init_for, HASH, timeout_s=10,
-                        progress=lambda done, total: seen.append((done, total)))
+    result = server.run(
+        {0: True, 1: True}, init_for, HASH, timeout_s=10, progress=lambda done, total: seen.append((done, total))
+    )
     assert result.capacity == 12
     assert result.ready[1].input_addresses == ["ipc://in1"]
     assert seen == [(1, 2), (2, 2)]
@@ -165,7 +179,8 @@ def test_engine_side_reports_a_rejection(ctx, server) -> None:  # type: ignore[n
     t = threading.Thread(target=run_server, daemon=True)
     t.start()
     with pytest.raises(HandshakeError, match="front-end rejected rank 3: unknown rank 3"):
-        engine_handshake(ctx, OPTS, server.addresses[0], 3, local=True, timeout_s=5,
-                         make_ready=lambda _: Ready(0, HASH, []))
+        engine_handshake(
+            ctx, OPTS, server.addresses[0], 3, local=True, timeout_s=5, make_ready=lambda _: Ready(0, HASH, [])
+        )
     t.join(5)
     assert errors and "unknown rank 3" in str(errors[0])

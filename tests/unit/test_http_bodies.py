@@ -11,8 +11,9 @@ from raydp.wire.sampling import Sampling
 pytestmark = pytest.mark.timeout(60)
 
 
-def refusal(body: bytes, model: type[CompletionBody] | type[GenerateBody] | type[ChatBody] = CompletionBody
-            ) -> ApiError:
+def refusal(
+    body: bytes, model: type[CompletionBody] | type[GenerateBody] | type[ChatBody] = CompletionBody
+) -> ApiError:
     with pytest.raises(ApiError) as info:
         parse(model, body)
     assert info.value.status == 400
@@ -28,18 +29,27 @@ def test_a_valid_completion_body_parses_with_openai_defaults() -> None:
 @pytest.mark.parametrize(
     ("body", "param", "message"),
     [
-        (b'{"prompt": "x", "frequency_penalty": 0.5}', "frequency_penalty",
-         "frequency_penalty: unknown field; allowed fields: model, stream, stream_options, n, user, rank, "
-         "temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos, prompt, max_tokens"),
-        (b'{"prompt": "x", "max_tokens": -1}', "max_tokens",
-         "max_tokens=-1: Input should be greater than or equal to 1"),
+        (
+            b'{"prompt": "x", "frequency_penalty": 0.5}',
+            "frequency_penalty",
+            "frequency_penalty: unknown field; allowed fields: model, stream, stream_options, n, user, rank, "
+            "temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos, prompt, max_tokens",
+        ),
+        (
+            b'{"prompt": "x", "max_tokens": -1}',
+            "max_tokens",
+            "max_tokens=-1: Input should be greater than or equal to 1",
+        ),
         (b'{"prompt": "x", "max_tokens": 1.0}', "max_tokens", "max_tokens=1.0: Input should be a valid integer"),
         (b'{"prompt": "x", "max_tokens": "5"}', "max_tokens", "max_tokens='5': Input should be a valid integer"),
         (b'{"prompt": "x", "stream": "yes"}', "stream", "stream='yes': Input should be a valid boolean"),
         (b'{"prompt": "x", "n": 2}', "n", "n=2: Input should be 1"),
         (b'{"prompt": [1, -2]}', "prompt[1]", "prompt[1]=-2: Input should be greater than or equal to 0"),
-        (b'{"prompt": [1, 2147483648]}', "prompt[1]",
-         "prompt[1]=2147483648: Input should be less than or equal to 2147483647"),
+        (
+            b'{"prompt": [1, 2147483648]}',
+            "prompt[1]",
+            "prompt[1]=2147483648: Input should be less than or equal to 2147483647",
+        ),
         (b'{"prompt": [1, true]}', "prompt[1]", "prompt[1]=True: Input should be a valid integer"),
         (b'{"prompt": 5}', "prompt", "prompt=5: Input should be a string or a list of token ids"),
         (b'{"prompt": ""}', "prompt", "prompt='': String should have at least 1 character"),
@@ -49,8 +59,7 @@ def test_a_valid_completion_body_parses_with_openai_defaults() -> None:
 def test_each_refusal_names_the_field_the_value_and_what_is_allowed(body: bytes, param: str, message: str) -> None:
     err = refusal(body)
     assert (err.param, err.message) == (param, message)
-    assert err.body() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                    "code": None}}
+    assert err.body() == {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
 
 
 def test_malformed_json_and_a_non_object_are_refused_without_a_field() -> None:
@@ -69,12 +78,15 @@ def test_a_long_value_is_shortened_in_the_message() -> None:
 def test_server_limits_name_the_field_and_the_limit() -> None:
     limits = Limits(model="m", max_tokens=100, ranks=2, vocab_size=256)
     cases = [
-        (lambda: limits.check_model("other"), 404, "model",
-         "model='other': not served here; this server serves 'm'"),
+        (lambda: limits.check_model("other"), 404, "model", "model='other': not served here; this server serves 'm'"),
         (lambda: limits.check_max_tokens(101), 400, "max_tokens", "max_tokens=101: must be <= 100 (this server's cap)"),
         (lambda: limits.check_rank(2), 400, "rank", "rank=2: must be in [0, 2) (the cluster's ranks)"),
-        (lambda: limits.check_token_ids([1, 256], "prompt"), 400, "prompt[1]",
-         "prompt[1]=256: must be in [0, 256) (the vocabulary)"),
+        (
+            lambda: limits.check_token_ids([1, 256], "prompt"),
+            400,
+            "prompt[1]",
+            "prompt[1]=256: must be in [0, 256) (the vocabulary)",
+        ),
     ]
     for check, status, param, message in cases:
         with pytest.raises(ApiError) as info:
@@ -89,10 +101,14 @@ def test_server_limits_name_the_field_and_the_limit() -> None:
 
 
 def test_sampling_fields_become_the_engines_sampling_and_stop_strings_stay_in_the_server() -> None:
-    body = parse(CompletionBody, b'{"prompt": "x", "temperature": 1, "top_p": 0.5, "top_k": 5, "seed": 7, '
-                                 b'"stop": "END", "stop_token_ids": [2, 3], "ignore_eos": true}')
-    assert body.sampling() == Sampling(temperature=1.0, top_p=0.5, top_k=5, seed=7, stop_token_ids=[2, 3],
-                                       ignore_eos=True), "no stop strings: the API server applies those"
+    body = parse(
+        CompletionBody,
+        b'{"prompt": "x", "temperature": 1, "top_p": 0.5, "top_k": 5, "seed": 7, '
+        b'"stop": "END", "stop_token_ids": [2, 3], "ignore_eos": true}',
+    )
+    assert body.sampling() == Sampling(
+        temperature=1.0, top_p=0.5, top_k=5, seed=7, stop_token_ids=[2, 3], ignore_eos=True
+    ), "no stop strings: the API server applies those"
     assert body.stops() == ["END"]
     assert parse(CompletionBody, b'{"prompt": "x", "stop": ["a", "b"]}').stops() == ["a", "b"]
     assert parse(CompletionBody, b'{"prompt": "x", "top_k": -1}').sampling() is None, "vLLM's -1: every token"
@@ -105,8 +121,11 @@ def test_sampling_fields_become_the_engines_sampling_and_stop_strings_stay_in_th
 @pytest.mark.parametrize(
     ("body", "param", "message"),
     [
-        (b'{"prompt": "x", "temperature": -1}', "temperature",
-         "temperature=-1.0: must be a number in [0, 100]; 0 is greedy"),
+        (
+            b'{"prompt": "x", "temperature": -1}',
+            "temperature",
+            "temperature=-1.0: must be a number in [0, 100]; 0 is greedy",
+        ),
         (b'{"prompt": "x", "temperature": "hot"}', "temperature", "temperature='hot': Input should be a valid number"),
         (b'{"prompt": "x", "top_p": 0}', "top_p", "top_p=0.0: must be a number in (0, 1]"),
         (b'{"prompt": "x", "top_k": -2}', "top_k", "top_k=-2: must be an int >= 0 (0: every token)"),
@@ -114,11 +133,17 @@ def test_sampling_fields_become_the_engines_sampling_and_stop_strings_stay_in_th
         (b'{"prompt": "x", "stop": 5}', "stop", "stop=5: Input should be a string or a list of at most 16 strings"),
         (b'{"prompt": "x", "stop": ""}', "stop", "stop='': String should have at least 1 character"),
         (b'{"prompt": "x", "stop": ["a", 1]}', "stop[1]", "stop[1]=1: Input should be a valid string"),
-        (b'{"prompt": "x", "stop_token_ids": [1, -1]}', "stop_token_ids[1]",
-         "stop_token_ids[1]=-1: Input should be greater than or equal to 0"),
+        (
+            b'{"prompt": "x", "stop_token_ids": [1, -1]}',
+            "stop_token_ids[1]",
+            "stop_token_ids[1]=-1: Input should be greater than or equal to 0",
+        ),
         (b'{"prompt": "x", "ignore_eos": 1}', "ignore_eos", "ignore_eos=1: Input should be a valid boolean"),
-        (b'{"prompt": "x", "stream_options": {"include_usage": true, "x": 1}}', "stream_options.x",
-         "stream_options.x: unknown field; allowed fields: include_usage"),
+        (
+            b'{"prompt": "x", "stream_options": {"include_usage": true, "x": 1}}',
+            "stream_options.x",
+            "stream_options.x: unknown field; allowed fields: include_usage",
+        ),
     ],
 )
 def test_each_bad_sampling_field_is_a_400_naming_it(body: bytes, param: str, message: str) -> None:
@@ -135,22 +160,29 @@ def test_a_stop_list_is_bounded_like_the_wire() -> None:
 
 
 def test_stream_options_ask_for_a_usage_chunk_and_only_in_a_stream() -> None:
-    assert parse(CompletionBody, b'{"prompt": "x", "stream": true, "stream_options": {"include_usage": true}}'
-                 ).include_usage()
+    assert parse(
+        CompletionBody, b'{"prompt": "x", "stream": true, "stream_options": {"include_usage": true}}'
+    ).include_usage()
     with pytest.raises(ApiError) as info:
         parse(CompletionBody, b'{"prompt": "x", "stream_options": {"include_usage": true}}').include_usage()
     assert (info.value.param, info.value.message) == (
-        "stream_options", "stream_options={'include_usage': True}: allowed only with stream=true")
+        "stream_options",
+        "stream_options={'include_usage': True}: allowed only with stream=true",
+    )
 
 
 def test_a_chat_body_takes_messages_and_either_name_of_max_tokens() -> None:
-    body = parse(ChatBody, b'{"messages": [{"role": "system", "content": "Be brief."}, '
-                           b'{"role": "user", "content": "hi"}], "stop": ["x"], "stream": true}')
+    body = parse(
+        ChatBody,
+        b'{"messages": [{"role": "system", "content": "Be brief."}, '
+        b'{"role": "user", "content": "hi"}], "stop": ["x"], "stream": true}',
+    )
     assert [(m.role, m.content) for m in body.messages] == [("system", "Be brief."), ("user", "hi")]
     assert (body.max_new_tokens(100), body.stops(), body.stream) == (100, ["x"], True), "no max: the server's cap"
     assert parse(ChatBody, b'{"messages": [{"role": "user", "content": ""}], "max_tokens": 5}').max_new_tokens(9) == 5
-    both = parse(ChatBody, b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, '
-                           b'"max_completion_tokens": 7}')
+    both = parse(
+        ChatBody, b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "max_completion_tokens": 7}'
+    )
     assert both.max_new_tokens(9) == 7, "OpenAI's newer name wins"
 
 
@@ -158,14 +190,23 @@ def test_a_chat_body_takes_messages_and_either_name_of_max_tokens() -> None:
     ("body", "param", "message"),
     [
         (b'{"messages": []}', "messages", "messages=[]: List should have at least 1 item after validation, not 0"),
-        (b'{}', "messages", "messages: required"),
-        (b'{"messages": [{"role": "tool", "content": "x"}]}', "messages[0].role",
-         "messages[0].role='tool': Input should be 'system', 'user' or 'assistant'"),
+        (b"{}", "messages", "messages: required"),
+        (
+            b'{"messages": [{"role": "tool", "content": "x"}]}',
+            "messages[0].role",
+            "messages[0].role='tool': Input should be 'system', 'user' or 'assistant'",
+        ),
         (b'{"messages": [{"role": "user"}]}', "messages[0].content", "messages[0].content: required"),
-        (b'{"messages": [{"role": "user", "content": "x", "name": "a"}]}', "messages[0].name",
-         "messages[0].name: unknown field; allowed fields: role, content"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}', "max_completion_tokens",
-         "max_completion_tokens=0: Input should be greater than or equal to 1"),
+        (
+            b'{"messages": [{"role": "user", "content": "x", "name": "a"}]}',
+            "messages[0].name",
+            "messages[0].name: unknown field; allowed fields: role, content",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}',
+            "max_completion_tokens",
+            "max_completion_tokens=0: Input should be greater than or equal to 1",
+        ),
         (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n", "n=2: Input should be 1"),
     ],
 )

@@ -46,16 +46,26 @@ def http_server() -> Iterator[tuple[str, int]]:
         publish = make_socket(ctx, zmq.PUB, SocketOptions())
         collect = make_socket(ctx, zmq.PULL, SocketOptions())
         stub = {s: f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in (publish, collect)}
-        client = Client(ClusterEndpoints(
-            "fuzz", [EngineEndpoint(0, "n", [eng.address])],
-            CoordinatorEndpoints("n", [stub[publish]], [stub[collect]], [stub[collect]]), lockstep=False,
-        ), node_id="n", follow_liveness=False)
+        client = Client(
+            ClusterEndpoints(
+                "fuzz",
+                [EngineEndpoint(0, "n", [eng.address])],
+                CoordinatorEndpoints("n", [stub[publish]], [stub[collect]], [stub[collect]]),
+                lockstep=False,
+            ),
+            node_id="n",
+            follow_liveness=False,
+        )
         app = build_app(client, model="fuzz", max_body_bytes=MAX_BODY, max_tokens_limit=32, vocab_size=256)
         listener = socket.create_server(("127.0.0.1", 0))
         address = listener.getsockname()
         stop = threading.Event()
-        server = threading.Thread(target=serve_on_socket, args=(listener, app), daemon=True, kwargs={
-            "idle_timeout_s": 1.0, "read_timeout_s": 1.0, "graceful_shutdown_s": 0.5, "stop": stop})
+        server = threading.Thread(
+            target=serve_on_socket,
+            args=(listener, app),
+            daemon=True,
+            kwargs={"idle_timeout_s": 1.0, "read_timeout_s": 1.0, "graceful_shutdown_s": 0.5, "stop": stop},
+        )
         server.start()
         try:
             assert wait_until(lambda: _health(address) is not None, timeout=15), "the server did not start"
@@ -124,7 +134,8 @@ FIELDS = ("prompt", "max_tokens", "stream", "model", "prompt_token_ids", "rank",
 json_bodies = st.one_of(
     json_values.map(lambda v: json.dumps(v).encode()),
     st.fixed_dictionaries({}, optional={f: json_values | st.integers(-5, 40) for f in FIELDS}).map(
-        lambda d: json.dumps(d).encode()),
+        lambda d: json.dumps(d).encode()
+    ),
     json_values.map(lambda v: json.dumps(v).encode()).flatmap(lambda b: st.integers(0, len(b)).map(lambda n: b[:n])),
     st.binary(max_size=200),
 )
@@ -137,16 +148,34 @@ def http_requests(draw: st.DrawFn) -> bytes:
     """A request line, headers and a body, each of them right or wrong; framed by Content-Length, then closed."""
     if draw(st.booleans()):
         method = draw(st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]))
-        target = draw(st.sampled_from(["/v1/completions", "/v1/generate", "/health", "/v1/models", "/metrics",
-                                       "/", "*", "/v1/completions?x=1", "/%ff", "//v1//generate"]))
+        target = draw(
+            st.sampled_from(
+                [
+                    "/v1/completions",
+                    "/v1/generate",
+                    "/health",
+                    "/v1/models",
+                    "/metrics",
+                    "/",
+                    "*",
+                    "/v1/completions?x=1",
+                    "/%ff",
+                    "//v1//generate",
+                ]
+            )
+        )
         version = draw(st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/2", "HTTP/1.1 x", "", "http/1.1"]))
         line = f"{method} {target} {version}".encode()
     else:
         line = draw(st.text(TOKEN + " /\t", max_size=40).map(str.encode) | st.binary(max_size=40))
     names = st.sampled_from([b"Content-Type", b"Accept", b"X-Fuzz", b"Expect", b"Host", b"Authorization"]) | st.binary(
-        min_size=0, max_size=12)
-    headers = [(n, v) for n, v in draw(st.lists(st.tuples(names, st.binary(max_size=40)), max_size=4))
-               if n.strip().lower() not in FRAMING]
+        min_size=0, max_size=12
+    )
+    headers = [
+        (n, v)
+        for n, v in draw(st.lists(st.tuples(names, st.binary(max_size=40)), max_size=4))
+        if n.strip().lower() not in FRAMING
+    ]
     body = draw(json_bodies)
     head = line + b"\r\nHost: fuzz\r\n" + b"".join(n + b": " + v + b"\r\n" for n, v in headers)
     return head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
@@ -189,8 +218,12 @@ def test_http_fuzz_gets_openai_errors_or_a_clean_close(caplog: pytest.LogCapture
         assert check_answer(exchange(address, cut, half_close=True)) in (None, 400)
         assert _health(address) == {"status": "ok", "client_index": 0, "client_count": 1}
         conn = http.client.HTTPConnection(*address, timeout=10)
-        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": [7, 8], "max_tokens": 3}),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/completions",
+            body=json.dumps({"prompt": [7, 8], "max_tokens": 3}),
+            headers={"Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         assert resp.status == 200 and json.loads(resp.read())["choices"][0]["token_ids"] == [7, 8, 7]
         conn.close()

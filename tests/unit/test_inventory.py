@@ -25,8 +25,16 @@ W2 = "c0ffee00" + "2" * 48
 DEAD = "deadbeef" + "3" * 48
 
 
-def raw_node(node_id: str, *, gpus: float = 4, cpus: float = 2, head: bool = False, alive: bool = True,
-             ip: str = "192.0.2.2", labels: dict[str, str] | None = None) -> dict[str, Any]:
+def raw_node(
+    node_id: str,
+    *,
+    gpus: float = 4,
+    cpus: float = 2,
+    head: bool = False,
+    alive: bool = True,
+    ip: str = "192.0.2.2",
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
     resources: dict[str, float] = {"CPU": cpus, "memory": 1e9, f"node:{ip}": 1.0}
     if gpus:
         resources["GPU"] = gpus
@@ -113,8 +121,9 @@ def test_node_info_is_hashable_and_labels_are_copied() -> None:
     assert hash(n) == hash(NodeInfo(node_id="x", ip="1.2.3.4", labels={"zone": "c"}, total=2, available=2))
 
 
-@pytest.mark.parametrize(("amount", "expected"), [(3.9999999, 4), (3.5, 3), (0.0, 0), (-1.0, 0),
-                                                  (float("nan"), 0), (float("inf"), 0)])
+@pytest.mark.parametrize(
+    ("amount", "expected"), [(3.9999999, 4), (3.5, 3), (0.0, 0), (-1.0, 0), (float("nan"), 0), (float("inf"), 0)]
+)
 def test_whole_units(amount: float, expected: int) -> None:
     assert whole(amount) == expected
 
@@ -136,11 +145,14 @@ def test_resolve_exact_and_prefix() -> None:
     assert resolve_node_id(ids, "a1b2c") == HEAD
 
 
-@pytest.mark.parametrize(("value", "fragment"), [
-    ("a1b2", "ambiguous"),
-    ("abc", ">= 4 characters"),
-    ("ffff0000", "matches no alive node"),
-])
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("a1b2", "ambiguous"),
+        ("abc", ">= 4 characters"),
+        ("ffff0000", "matches no alive node"),
+    ],
+)
 def test_resolve_errors_list_known_nodes(value: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         resolve_node_id([HEAD, W1, W2], value, "master_node_id")

@@ -83,15 +83,21 @@ def _ranks(
     made = []
     for r, each in enumerate(step_s):
         member, clock, sent = Member(shared, r), Clock(each), []
-        rank = LockstepRank(r, EngineWaves(r, INTERVAL), member, sent.append, attach=lambda group: in_step,
-                            min_interval_s=floor_s, clock=clock)
+        rank = LockstepRank(
+            r,
+            EngineWaves(r, INTERVAL),
+            member,
+            sent.append,
+            attach=lambda group: in_step,
+            min_interval_s=floor_s,
+            clock=clock,
+        )
         rank.waves.on_start_wave(0)
         made.append((rank, member, clock, sent))
     return made
 
 
-def _step_together(ranks: list[tuple[LockstepRank, Member, Clock, list[Any]]], n: int,
-                   unfinished: bool = True) -> None:
+def _step_together(ranks: list[tuple[LockstepRank, Member, Clock, list[Any]]], n: int, unfinished: bool = True) -> None:
     """``n`` steps, every rank once per step, as a per-step collective would keep them."""
     for _ in range(n):
         for rank, member, clock, _ in ranks:

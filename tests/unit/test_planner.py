@@ -34,14 +34,16 @@ def inventories(draw: st.DrawFn) -> Inventory:
         total = draw(st.one_of(st.sampled_from([2, 4, 8]), st.integers(0, 8)))
         available = draw(st.one_of(st.just(total), st.integers(0, total)))
         cpus = draw(st.one_of(st.none(), st.just(8.0), st.integers(0, 8).map(float)))
-        nodes.append(NodeInfo(
-            node_id=f"{raw_id:056x}",
-            ip=draw(st.sampled_from(["10.0.0.1", "10.0.0.2"])),  # IPs are shared on purpose
-            is_head=i == head,
-            total=float(total),
-            available=float(available),
-            cpus_available=cpus,
-        ))
+        nodes.append(
+            NodeInfo(
+                node_id=f"{raw_id:056x}",
+                ip=draw(st.sampled_from(["10.0.0.1", "10.0.0.2"])),  # IPs are shared on purpose
+                is_head=i == head,
+                total=float(total),
+                available=float(available),
+                cpus_available=cpus,
+            )
+        )
     accelerator = draw(st.sampled_from(["GPU", "GPU", "TPU", "CPU"]))
     return Inventory(tuple(nodes), accelerator)
 
@@ -85,17 +87,28 @@ def span_cases(draw: st.DrawFn) -> tuple[Inventory, Ask]:
     """Mostly idle nodes of a few equal sizes, where spanning ranks often fit."""
     inv = draw(inventories())
     nodes = tuple(
-        NodeInfo(node_id=n.node_id, ip=n.ip, is_head=n.is_head, total=float(size),
-                 available=float(size if draw(st.integers(0, 4)) else size - 1),
-                 cpus_available=n.cpus_available)
+        NodeInfo(
+            node_id=n.node_id,
+            ip=n.ip,
+            is_head=n.is_head,
+            total=float(size),
+            available=float(size if draw(st.integers(0, 4)) else size - 1),
+            cpus_available=n.cpus_available,
+        )
         for n in inv.nodes
         for size in [draw(st.sampled_from([2, 4]))]
     )
     inv = Inventory(nodes, "GPU")
     ask = draw(asks(inv))
-    return inv, Ask(**{**ask.kwargs(), "strategy": "span", "dp_size": draw(st.integers(1, 3)),
-                       "world_size": draw(st.sampled_from([2, 4, 8])),
-                       "dp_size_local": draw(st.sampled_from([None, None, 0, 1]))})
+    return inv, Ask(
+        **{
+            **ask.kwargs(),
+            "strategy": "span",
+            "dp_size": draw(st.integers(1, 3)),
+            "world_size": draw(st.sampled_from([2, 4, 8])),
+            "dp_size_local": draw(st.sampled_from([None, None, 0, 1])),
+        }
+    )
 
 
 # ---------------------------------------------------------------- helpers
@@ -350,14 +363,34 @@ def test_planning_is_deterministic_and_order_independent(case: tuple[Inventory, 
     st.one_of(st.none(), st.just(()), st.lists(st.text(max_size=6), max_size=2)),
 )
 # Found by hypothesis once: a master-less fill with dp_size_local=0 is a valid plan.
-@example(Inventory((NodeInfo(node_id="0" * 56, ip="10.0.0.1", total=2.0, available=2.0),), "GPU"),
-         1, 1, 0, "fill", None, None)
+@example(
+    Inventory((NodeInfo(node_id="0" * 56, ip="10.0.0.1", total=2.0, available=2.0),), "GPU"),
+    1,
+    1,
+    0,
+    "fill",
+    None,
+    None,
+)
 def test_any_bad_input_raises_only_raydp_errors(
-    inv: Inventory, dp: Any, ws: Any, local: Any, strategy: str, master: Any, allow: Any,
+    inv: Inventory,
+    dp: Any,
+    ws: Any,
+    local: Any,
+    strategy: str,
+    master: Any,
+    allow: Any,
 ) -> None:
     try:
-        plan = plan_placement(inv, dp_size=dp, world_size=ws, dp_size_local=local, strategy=strategy,
-                              master_node_id=master, node_allowlist=allow)
+        plan = plan_placement(
+            inv,
+            dp_size=dp,
+            world_size=ws,
+            dp_size_local=local,
+            strategy=strategy,
+            master_node_id=master,
+            node_allowlist=allow,
+        )
     except (ConfigError, PlacementError):
         return
     # Only a fully valid request may succeed (bool is an int subclass: it must not count).
@@ -389,10 +422,23 @@ def nid(tag: str) -> str:
     return (tag * 56)[:56]
 
 
-def node(tag: str, free: int, total: int | None = None, *, head: bool = False, cpus: float | None = 16.0,
-         ip: str = "10.0.0.1") -> NodeInfo:
-    return NodeInfo(node_id=nid(tag), ip=ip, is_head=head, total=float(total if total is not None else free),
-                    available=float(free), cpus_available=cpus)
+def node(
+    tag: str,
+    free: int,
+    total: int | None = None,
+    *,
+    head: bool = False,
+    cpus: float | None = 16.0,
+    ip: str = "10.0.0.1",
+) -> NodeInfo:
+    return NodeInfo(
+        node_id=nid(tag),
+        ip=ip,
+        is_head=head,
+        total=float(total if total is not None else free),
+        available=float(free),
+        cpus_available=cpus,
+    )
 
 
 CLUSTER = Inventory((node("a1b2", 8, head=True), node("c3d4", 4, 8), node("e5f6", 4), node("0789", 2)), "GPU")
@@ -401,7 +447,11 @@ CLUSTER = Inventory((node("a1b2", 8, head=True), node("c3d4", 4, 8), node("e5f6"
 def test_fill_puts_master_ranks_first_then_most_free() -> None:
     plan = plan_placement(CLUSTER, dp_size=5, world_size=2)
     assert [(r.node_id[:4], r.local_rank) for r in plan.ranks] == [
-        ("a1b2", 0), ("a1b2", 1), ("a1b2", 2), ("a1b2", 3), ("c3d4", 0),
+        ("a1b2", 0),
+        ("a1b2", 1),
+        ("a1b2", 2),
+        ("a1b2", 3),
+        ("c3d4", 0),
     ]
     assert plan.dp_size_local == 4 and plan.master_node_id == nid("a1b2")
     assert [r.is_master for r in plan.ranks] == [True] * 4 + [False]
@@ -492,16 +542,19 @@ def test_allowlist_is_honoured_and_suggested_away() -> None:
         plan_placement(CLUSTER, dp_size=1, world_size=1, node_allowlist=[])
 
 
-@pytest.mark.parametrize(("kwargs", "fragment"), [
-    ({"master_node_id": "ffff"}, "matches no alive node"),
-    ({"master_node_id": "a1"}, ">= 4 characters"),
-    ({"node_allowlist": ["zzzz"]}, "node_allowlist='zzzz'"),
-    ({"dp_size": 0}, "dp_size=0"),
-    ({"world_size": 0}, "world_size=0"),
-    ({"strategy": "pack"}, "strategy='pack'"),
-    ({"dp_size_local": 3}, "dp_size_local=3 must be <= dp_size=2"),
-    ({"strategy": "span", "dp_size_local": 2}, "span"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"master_node_id": "ffff"}, "matches no alive node"),
+        ({"master_node_id": "a1"}, ">= 4 characters"),
+        ({"node_allowlist": ["zzzz"]}, "node_allowlist='zzzz'"),
+        ({"dp_size": 0}, "dp_size=0"),
+        ({"world_size": 0}, "world_size=0"),
+        ({"strategy": "pack"}, "strategy='pack'"),
+        ({"dp_size_local": 3}, "dp_size_local=3 must be <= dp_size=2"),
+        ({"strategy": "span", "dp_size_local": 2}, "span"),
+    ],
+)
 def test_bad_arguments_are_config_errors(kwargs: dict[str, Any], fragment: str) -> None:
     args: dict[str, Any] = {"dp_size": 2, "world_size": 1, **kwargs}
     with pytest.raises(ConfigError) as info:

@@ -26,15 +26,26 @@ Decode = Any  # one of the module's Decoder instances (or a wrapper of decode_in
 CASES: list[tuple[msgspec.Struct, Decode]] = [
     (p.Request(request_id="r1", prompt_token_ids=[]), p.request_decoder),
     (
-        p.Request(request_id="r2", prompt_token_ids=[1, 2, 3], max_tokens=7, wave=4, arrival_time=12.5,
-                  sampling=Sampling(temperature=0.7, top_p=0.9, top_k=40, seed=3, stop=["\n"], stop_token_ids=[2],
-                                    ignore_eos=True)),
+        p.Request(
+            request_id="r2",
+            prompt_token_ids=[1, 2, 3],
+            max_tokens=7,
+            wave=4,
+            arrival_time=12.5,
+            sampling=Sampling(
+                temperature=0.7, top_p=0.9, top_k=40, seed=3, stop=["\n"], stop_token_ids=[2], ignore_eos=True
+            ),
+        ),
         p.request_decoder,
     ),
     (p.RequestBatch(requests=[]), p.request_batch_decoder),
     (
-        p.RequestBatch(requests=[p.Request(request_id="b1", prompt_token_ids=[1]),
-                                 p.Request(request_id="b2", prompt_token_ids=[2, 3], max_tokens=4, wave=1, seq=8)]),
+        p.RequestBatch(
+            requests=[
+                p.Request(request_id="b1", prompt_token_ids=[1]),
+                p.Request(request_id="b2", prompt_token_ids=[2, 3], max_tokens=4, wave=1, seq=8),
+            ]
+        ),
         p.request_batch_decoder,
     ),
     (p.Abort(request_ids=[]), p.abort_decoder),
@@ -78,10 +89,16 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
     ),
     (
         p.Init(
-            addresses=p.EngineAddresses(coordinator_collect="tcp://10.0.0.1:5000", coordinator_broadcast="tcp://10.0.0.1:5001"),
+            addresses=p.EngineAddresses(
+                coordinator_collect="tcp://10.0.0.1:5000", coordinator_broadcast="tcp://10.0.0.1:5001"
+            ),
             parallel=p.ParallelConfig(
-                dp_size=2, world_size=8, lockstep=False, allreduce_interval=1,
-                dp_master="10.0.0.1:29500", stats_interval_s=0.25,
+                dp_size=2,
+                world_size=8,
+                lockstep=False,
+                allreduce_interval=1,
+                dp_master="10.0.0.1:29500",
+                stats_interval_s=0.25,
             ),
         ),
         p.handshake_decoder,
@@ -94,16 +111,29 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
     (c.EngineDead(rank=2, cause="node died"), c.coordinator_decoder),
     (c.EngineRevived(rank=2, input_addresses=["ipc:///tmp/x", "tcp://10.0.0.3:7000"]), c.coordinator_decoder),
     (
-        c.StatsSnapshot(counts=[(0, 1), (2, 3)], wave=4, running=False, seq=9, dead={1: "killed"},
-                        moved={0: ["tcp://10.0.0.4:7001"]}),
+        c.StatsSnapshot(
+            counts=[(0, 1), (2, 3)],
+            wave=4,
+            running=False,
+            seq=9,
+            dead={1: "killed"},
+            moved={0: ["tcp://10.0.0.4:7001"]},
+        ),
         c.snapshot_decoder,
     ),
     # ---- elastic scaling
     (c.ScaleEngines(engine_count=4, size=2), c.coordinator_decoder),
     (c.EngineRevived(rank=3, input_addresses=["tcp://10.0.0.5:7002"], node_id="node-b"), c.coordinator_decoder),
     (
-        c.StatsSnapshot(counts=[(0, 0), (1, 0), (0, 2)], wave=2, running=True, seq=3, size=2,
-                        moved={2: ["tcp://10.0.0.5:7002"]}, nodes={2: "node-b"}),
+        c.StatsSnapshot(
+            counts=[(0, 0), (1, 0), (0, 2)],
+            wave=2,
+            running=True,
+            seq=3,
+            size=2,
+            moved={2: ["tcp://10.0.0.5:7002"]},
+            nodes={2: "node-b"},
+        ),
         c.snapshot_decoder,
     ),
     (c.HoldCluster(epoch=1, gang=4), c.coordinator_decoder),
@@ -120,9 +150,12 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
     (c.EngineReport(rank=1, waiting=2, running=3, wave=4, stepping=True, work=12), c.coordinator_decoder),
     (
         p.Init(
-            addresses=p.EngineAddresses(coordinator_collect="tcp://10.0.0.1:5000", coordinator_broadcast="tcp://10.0.0.1:5001"),
-            parallel=p.ParallelConfig(dp_size=3, world_size=1, lockstep=True, allreduce_interval=8,
-                                      dp_master="10.0.0.1:29502", wave=9),
+            addresses=p.EngineAddresses(
+                coordinator_collect="tcp://10.0.0.1:5000", coordinator_broadcast="tcp://10.0.0.1:5001"
+            ),
+            parallel=p.ParallelConfig(
+                dp_size=3, world_size=1, lockstep=True, allreduce_interval=8, dp_master="10.0.0.1:29502", wave=9
+            ),
         ),
         p.handshake_decoder,
     ),
@@ -155,9 +188,13 @@ def test_round_trip_from_memoryview(case: tuple[msgspec.Struct, Decode]) -> None
 
 def test_every_message_type_has_a_round_trip_case() -> None:
     defined = {
-        obj for module in MESSAGE_MODULES for obj in vars(module).values()
-        if inspect.isclass(obj) and issubclass(obj, msgspec.Struct)
-        and obj.__module__ == module.__name__ and not obj.__name__.startswith("_")
+        obj
+        for module in MESSAGE_MODULES
+        for obj in vars(module).values()
+        if inspect.isclass(obj)
+        and issubclass(obj, msgspec.Struct)
+        and obj.__module__ == module.__name__
+        and not obj.__name__.startswith("_")
     }
     covered: set[type] = set()
 
@@ -211,15 +248,29 @@ def test_every_decoder_is_exercised() -> None:
 
 
 def test_union_decoders_return_the_encoded_member() -> None:
-    for msg in (c.EngineStats(rank=0, waiting=0, running=0), c.WaveComplete(rank=0, wave=0),
-                c.StartWave(rank=0, wave=0), c.FirstRequest(rank=0, wave=0), c.ScaleEngines(engine_count=0),
-                c.ScaleEngines(engine_count=0, size=0), c.HoldCluster(epoch=0, gang=0),
-                c.HoldAck(rank=0, epoch=0, wave=0, running=False), c.RegroupCluster(epoch=0, dp_size=0, dp_master=""),
-                c.Regrouped(rank=0, epoch=0), c.ReleaseCluster(epoch=0),
-                c.EngineReport(rank=0, waiting=0, running=0, wave=0, stepping=False)):
+    for msg in (
+        c.EngineStats(rank=0, waiting=0, running=0),
+        c.WaveComplete(rank=0, wave=0),
+        c.StartWave(rank=0, wave=0),
+        c.FirstRequest(rank=0, wave=0),
+        c.ScaleEngines(engine_count=0),
+        c.ScaleEngines(engine_count=0, size=0),
+        c.HoldCluster(epoch=0, gang=0),
+        c.HoldAck(rank=0, epoch=0, wave=0, running=False),
+        c.RegroupCluster(epoch=0, dp_size=0, dp_master=""),
+        c.Regrouped(rank=0, epoch=0),
+        c.ReleaseCluster(epoch=0),
+        c.EngineReport(rank=0, waiting=0, running=0, wave=0, stepping=False),
+    ):
         assert type(c.coordinator_decoder(codec.encode(msg))) is type(msg)
-    for msg in (c.StartDPWave(wave=0), c.Shutdown(), c.Hold(epoch=0),
-                c.Regroup(epoch=0, dp_size=0, dp_master="", wave=0), c.Release(epoch=0), c.Resync()):
+    for msg in (
+        c.StartDPWave(wave=0),
+        c.Shutdown(),
+        c.Hold(epoch=0),
+        c.Regroup(epoch=0, dp_size=0, dp_master="", wave=0),
+        c.Release(epoch=0),
+        c.Resync(),
+    ):
         assert type(c.engine_broadcast_decoder(codec.encode(msg))) is type(msg)
     ready = p.Ready(capacity=0, config_hash="", input_addresses=[])
     for msg in (p.Hello(local=True), p.Reject(reason=""), ready):
@@ -237,8 +288,9 @@ def test_union_decoders_return_the_encoded_member() -> None:
 def test_request_round_trip_property(
     request_id: str, tokens: list[int], max_tokens: int, wave: int, arrival: float
 ) -> None:
-    req = p.Request(request_id=request_id, prompt_token_ids=tokens, max_tokens=max_tokens, wave=wave,
-                    arrival_time=arrival)
+    req = p.Request(
+        request_id=request_id, prompt_token_ids=tokens, max_tokens=max_tokens, wave=wave, arrival_time=arrival
+    )
     assert p.decode_input(p.RequestType.ADD.value, codec.encode(req)) == req
 
 
@@ -323,9 +375,12 @@ def test_every_truncation_raises_protocol_error(case: tuple[msgspec.Struct, Deco
 # cannot meet in practice.
 # Abort([]) is [[]] == RequestBatch([]) on the same socket, but the frame's tag tells them apart.
 AMBIGUOUS = {
-    ("Shutdown", "output_decoder"), ("Reject", "utility_decoder"), ("Release", "coordinator_decoder"),
+    ("Shutdown", "output_decoder"),
+    ("Reject", "utility_decoder"),
+    ("Release", "coordinator_decoder"),
     ("Resync", "output_decoder"),
-    ("Abort", "request_batch_decoder"), ("RequestBatch", "abort_decoder"),
+    ("Abort", "request_batch_decoder"),
+    ("RequestBatch", "abort_decoder"),
 }
 
 

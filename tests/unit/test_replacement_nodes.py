@@ -9,8 +9,12 @@ from raydp.errors import PlacementError
 from raydp.placement.inventory import Inventory, NodeInfo
 from raydp.placement.planner import plan_placement
 
-ALIVE = Inventory((NodeInfo("aaaa1111", "10.0.0.1", is_head=True, total=4, available=2),
-                   NodeInfo("bbbb2222", "10.0.0.2", total=4, available=4)))
+ALIVE = Inventory(
+    (
+        NodeInfo("aaaa1111", "10.0.0.1", is_head=True, total=4, available=2),
+        NodeInfo("bbbb2222", "10.0.0.2", total=4, available=4),
+    )
+)
 
 
 def test_a_dead_master_falls_back_to_the_head() -> None:

@@ -16,7 +16,7 @@ def feed(handle: RequestHandle, items: list[Output | EngineDeadError], delay: fl
     def run() -> None:
         for item in items:
             time.sleep(delay)
-            handle._on_item(item)
+            handle.deliver(item)
 
     t = threading.Thread(target=run, daemon=True)
     t.start()

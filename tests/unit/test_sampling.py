@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from raydp import Sampling
-from raydp.engine.core import EchoEngine, EngineContext
-from raydp.engine.tiny_lm import TinyLMEngine
+from raydp.engine.core import EngineContext
 from raydp.errors import ConfigError, ProtocolError
+from raydp.models.echo import EchoEngine
+from raydp.models.tiny_lm import TinyLMEngine
 from raydp.wire.codec import encode
 from raydp.wire.protocol import Request, request_decoder
 
@@ -15,19 +16,22 @@ pytestmark = pytest.mark.timeout(60)
 CTX = EngineContext(0, 0, 1, 1, "node")
 
 
-@pytest.mark.parametrize(("fields", "named"), [
-    ({"temperature": -0.1}, "temperature=-0.1"),
-    ({"temperature": float("nan")}, "temperature=nan"),
-    ({"temperature": True}, "temperature=True"),
-    ({"top_p": 0.0}, "top_p=0.0"),
-    ({"top_p": 1.5}, "top_p=1.5"),
-    ({"top_k": -1}, "top_k=-1"),
-    ({"seed": -3}, "seed=-3"),
-    ({"stop": ["ok", ""]}, "stop[1]=''"),
-    ({"stop": ["x"] * 17}, "stop="),
-    ({"stop_token_ids": [1, -2]}, "stop_token_ids[1]=-2"),
-    ({"ignore_eos": 1}, "ignore_eos=1"),
-])
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"temperature": -0.1}, "temperature=-0.1"),
+        ({"temperature": float("nan")}, "temperature=nan"),
+        ({"temperature": True}, "temperature=True"),
+        ({"top_p": 0.0}, "top_p=0.0"),
+        ({"top_p": 1.5}, "top_p=1.5"),
+        ({"top_k": -1}, "top_k=-1"),
+        ({"seed": -3}, "seed=-3"),
+        ({"stop": ["ok", ""]}, "stop[1]=''"),
+        ({"stop": ["x"] * 17}, "stop="),
+        ({"stop_token_ids": [1, -2]}, "stop_token_ids[1]=-2"),
+        ({"ignore_eos": 1}, "ignore_eos=1"),
+    ],
+)
 def test_a_bad_field_is_refused_naming_the_field_and_the_value(fields: dict[str, object], named: str) -> None:
     with pytest.raises(ConfigError) as info:
         Sampling(**fields)  # type: ignore[arg-type]
@@ -35,8 +39,7 @@ def test_a_bad_field_is_refused_naming_the_field_and_the_value(fields: dict[str,
 
 
 def test_a_request_carries_its_sampling_over_the_wire() -> None:
-    sampling = Sampling(temperature=0.8, top_p=0.9, top_k=5, seed=7, stop=["\n\n"], stop_token_ids=[2],
-                        ignore_eos=True)
+    sampling = Sampling(temperature=0.8, top_p=0.9, top_k=5, seed=7, stop=["\n\n"], stop_token_ids=[2], ignore_eos=True)
     decoded = request_decoder(encode(Request("r", [1, 2], 4, sampling=sampling)))
     assert decoded.sampling == sampling
     assert request_decoder(encode(Request("g", [1], 4))).sampling is None, "greedy costs no bytes"

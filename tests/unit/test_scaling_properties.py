@@ -2,15 +2,17 @@
 
 Two stateful models, both over the real pure logic:
 
-* :class:`ScalingSystem`: a launcher growing and shrinking the cluster the way
-  ``actors/scaling.py`` does it, deaths and restarts, engine stats, and clients
+* :class:`ScalingSystem`: the real scale sequence (:class:`~raydp.orchestration.scaling.ScaleChange`,
+  step by step, over the in-memory runtime of ``orchestration_model``) growing and
+  shrinking the cluster, deaths and restarts, engine stats, and clients
   that route with a :class:`~raydp.client.balancer.LoadBalancer` fed by the
   coordinator's snapshots through :func:`~raydp.client.membership.membership`
   (snapshots may arrive late or be dropped, as on PUB/SUB);
 * :class:`HoldSystem`: lockstep ranks (:class:`~raydp.engine.lockstep.LockstepRank`
   over :class:`~raydp.engine.waves.EngineWaves`), the coordinator and clients on
-  FIFO channels (as in ``test_waves_stateful.py``), with a launcher holding,
-  regrouping and releasing the gang at a random moment.
+  FIFO channels (as in ``test_waves_stateful.py``), with the launcher's real
+  :class:`~raydp.orchestration.scaling.GangHold` holding, regrouping and releasing
+  the gang at a random moment.
 """
 
 from __future__ import annotations
@@ -40,17 +42,14 @@ from raydp.coordinator.state import CoordinatorState
 from raydp.engine.lockstep import LockstepRank
 from raydp.engine.waves import EngineWaves
 from raydp.errors import ConfigError
+from raydp.orchestration.scaling import GangHold, ScaleChange
 from raydp.wire.codec import encode
 from raydp.wire.control import (
     EngineDead,
     EngineRevived,
     EngineStats,
     FirstRequest,
-    HoldCluster,
     Regroup,
-    RegroupCluster,
-    ReleaseCluster,
-    ScaleEngines,
     StatsSnapshot,
     WaveComplete,
     coordinator_decoder,
@@ -59,12 +58,13 @@ from raydp.wire.control import (
 )
 from raydp.wire.endpoints import EngineEndpoint
 from raydp.wire.protocol import Request, RequestType, decode_input
+from tests.unit.orchestration_model import ModelCoordinator, ModelRuntime, engines_of, started, status_of
 
 pytestmark = pytest.mark.timeout(120)
 
 MAX_RANKS = 6
 STATEFUL_SETTINGS = settings(
-    max_examples=60,
+    max_examples=200,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -111,12 +111,17 @@ class ScalingSystem(RuleBasedStateMachine):
         self.gen = 0
         self.last_seq = 0
         self.seen_coord_wave = 0
+        self.runtime = ModelRuntime(lambda: self.coord)
+        self.change: ScaleChange | None = None
 
     @initialize(n=st.integers(1, 4), n_clients=st.integers(1, 2))
     def setup(self, n: int, n_clients: int) -> None:
         self.coord = CoordinatorState(engine_count=n, stats_interval_s=0.125, heartbeat_interval_s=1.0)
+        self.orchestrator = started(
+            n, self.runtime, ModelCoordinator(lambda body: self.coord.handle(coordinator_decoder(body)))
+        )
         self.size = self.engine_count = self.target = n
-        launch = [EngineEndpoint(r, f"node{r}", _addr(r, 0)) for r in range(n)]
+        launch = engines_of(self.orchestrator)
         self.clients = [ScaleClient(LoadBalancer(n), list(launch)) for _ in range(n_clients)]
 
     def _handle(self, msg: Any) -> None:
@@ -128,7 +133,10 @@ class ScalingSystem(RuleBasedStateMachine):
     @rule(k=st.integers(1, 2))
     def grow(self, k: int) -> None:
         self.target = min(MAX_RANKS, self.size + k)
-        self._handle(ScaleEngines(self.target, self.size))  # track the new ranks; route to the old
+        self.change = change = ScaleChange(self.orchestrator, self.target, drain_timeout_s=5)
+        change.build_new_ranks()
+        change.track_new_ranks()  # track the new ranks; route to the old
+        change.join_new_ranks()
         self.engine_count = self.target
         self.joining = set(range(self.size, self.target))
         self.phase = "growing"
@@ -138,13 +146,14 @@ class ScalingSystem(RuleBasedStateMachine):
     def a_new_rank_joins(self, data: st.DataObject) -> None:
         rank = data.draw(st.sampled_from(sorted(self.joining)), label="joining rank")
         self.joining.discard(rank)
-        self.gen += 1
-        self._handle(EngineRevived(rank, _addr(rank, self.gen), f"node{rank}"))
+        assert self.change is not None
+        self.change.announce(rank)
 
     @precondition(lambda self: self.phase == "growing" and not self.joining)
     @rule()
     def finish_grow(self) -> None:
-        self._handle(ScaleEngines(self.target, self.target))
+        assert self.change is not None
+        self.change.open_new_ranks()
         self.size = self.target
         self.phase = "idle"
 
@@ -152,7 +161,8 @@ class ScalingSystem(RuleBasedStateMachine):
     @rule(k=st.integers(1, 2))
     def shrink(self, k: int) -> None:
         self.target = max(1, self.size - k)
-        self._handle(ScaleEngines(self.engine_count, self.target))  # the highest ranks drain
+        self.change = ScaleChange(self.orchestrator, self.target, drain_timeout_s=5)
+        self.change.close_routing()  # the highest ranks drain
         self.size = self.target
         self.phase = "shrinking"
 
@@ -161,14 +171,18 @@ class ScalingSystem(RuleBasedStateMachine):
     # as "every client has", and no snapshot from before the shrink is still on its way to
     # one (PUB/SUB delivers in order within the settle time, or drops).
     @precondition(
-        lambda self: self.phase == "shrinking" and all(
-            c.lb.size <= self.target and not any(_routes_beyond(body, self.target) for body in c.inbox)
-            for c in self.clients
+        lambda self: (
+            self.phase == "shrinking"
+            and all(
+                c.lb.size <= self.target and not any(_routes_beyond(body, self.target) for body in c.inbox)
+                for c in self.clients
+            )
         )
     )
     @rule()
     def finish_shrink(self) -> None:
-        self._handle(ScaleEngines(self.target, self.target))
+        assert self.change is not None
+        self.change.drop_ranks()  # what its drain waited for is the precondition
         self.engine_count = self.target
         self.phase = "idle"
 
@@ -285,6 +299,17 @@ class ScalingSystem(RuleBasedStateMachine):
             assert all(0 <= r < n for r in table), f"{name} names a rank outside [0, {n}): {table}"
 
     @invariant()
+    def the_orchestrator_owns_exactly_the_running_ranks(self) -> None:
+        o, rt = self.orchestrator, self.runtime
+        assert len(o.table) == self.engine_count, f"rank table {len(o.table)}, launcher {self.engine_count}"
+        assert rt.alive == set(range(len(o.table))), f"engines running {sorted(rt.alive)}, table {len(o.table)}"
+        assert rt.watched <= rt.alive, f"watching {sorted(rt.watched)} of running {sorted(rt.alive)}"
+        if self.phase == "idle":
+            assert rt.watched == rt.alive, f"idle, watching {sorted(rt.watched)} of {sorted(rt.alive)}"
+            assert [e.rank for e in engines_of(o)] == list(range(self.size)), "endpoints name the ranks"
+            assert o.endpoints is not None and o.endpoints.capacity == 256 * self.size
+
+    @invariant()
     def waves_never_go_backwards(self) -> None:
         assert self.coord.wave >= self.seen_coord_wave
         self.seen_coord_wave = self.coord.wave
@@ -317,9 +342,7 @@ class FakeGroup:
     ``sync`` is a barrier the model resolves, handing out ``result``.
     """
 
-    def __init__(
-        self, master: str, rank: int, rounds: dict[int, dict[int, Flags]], members: Callable[[], int]
-    ) -> None:
+    def __init__(self, master: str, rank: int, rounds: dict[int, dict[int, Flags]], members: Callable[[], int]) -> None:
         self.master = master
         self.group = master
         self.rank, self.rounds, self.started, self.members = rank, rounds, 0, members
@@ -389,6 +412,7 @@ class HoldSystem(RuleBasedStateMachine):
         self.next_id = 0
         self.epoch = 0
         self.launcher = "idle"  # idle | holding | regrouping
+        self.hold: GangHold | None = None
         self.seen_rank_waves: list[int] = []
         self.groups: dict[str, dict[int, dict[int, Flags]]] = {}  # master -> its rounds
 
@@ -406,6 +430,7 @@ class HoldSystem(RuleBasedStateMachine):
         self.clients = [HClient() for _ in range(n_clients)]
         self.ranks = []
         for r in range(n_ranks):
+
             def send(msg: Any, r: int = r) -> None:
                 self._push(("e2coord", r), encode(msg))
 
@@ -414,8 +439,13 @@ class HoldSystem(RuleBasedStateMachine):
 
             waves = EngineWaves(rank=r, interval=interval)
             # Paced by the model's clock (coordinator ticks): the agreed pace varies with it.
-            self.ranks.append(LRank(LockstepRank(r, waves, self._group("m0", r), send, join,
-                                                 min_interval_s=0.125, clock=lambda: self.clock)))
+            self.ranks.append(
+                LRank(
+                    LockstepRank(
+                        r, waves, self._group("m0", r), send, join, min_interval_s=0.125, clock=lambda: self.clock
+                    )
+                )
+            )
         self.seen_rank_waves = [0] * n_ranks
 
     # ---- mechanics -----------------------------------------------------------------------
@@ -425,13 +455,15 @@ class HoldSystem(RuleBasedStateMachine):
 
     def _deliverable(self) -> list[Key]:
         return [
-            k for k, q in self.channels.items()
-            if q and not (k[0] in ("req", "bcast") and self.ranks[k[-1]].blocked)
+            k for k, q in self.channels.items() if q and not (k[0] in ("req", "bcast") and self.ranks[k[-1]].blocked)
         ]
 
     def _steppable(self) -> list[int]:
-        return [r for r, rk in enumerate(self.ranks)
-                if not rk.blocked and rk.lockstep.should_step(bool(rk.queue)) and not self._spinning(rk)]
+        return [
+            r
+            for r, rk in enumerate(self.ranks)
+            if not rk.blocked and rk.lockstep.should_step(bool(rk.queue)) and not self._spinning(rk)
+        ]
 
     def _deliver(self, key: Key) -> None:
         data = self.channels[key].popleft()
@@ -466,9 +498,7 @@ class HoldSystem(RuleBasedStateMachine):
     def _turn(self, r: int) -> None:
         rk = self.ranks[r]
         phase = self.coord.hold_phase()
-        assert phase not in ("frozen", "regrouping"), (
-            f"rank {r} steps while the gang is {phase}: {self._describe()}"
-        )
+        assert phase not in ("frozen", "regrouping"), f"rank {r} steps while the gang is {phase}: {self._describe()}"
         for rid in list(rk.queue):
             rk.queue[rid] -= 1
             if rk.queue[rid] <= 0:
@@ -489,8 +519,12 @@ class HoldSystem(RuleBasedStateMachine):
     def _collects_now(self, rk: LRank) -> bool:
         """Whether this step collects the round in flight: an interval old, and every member started it."""
         w, group = rk.waves, rk.lockstep.collective
-        return (w.pending and w.steps + 1 - w.started_at >= max(w.interval, w.due)
-                and isinstance(group, FakeGroup) and group.arrived())
+        return (
+            w.pending
+            and w.steps + 1 - w.started_at >= max(w.interval, w.due)
+            and isinstance(group, FakeGroup)
+            and group.arrived()
+        )
 
     def _spinning(self, rk: LRank) -> bool:
         """Nothing to do but wait for a round a peer has not started: dummy steps that change
@@ -534,8 +568,11 @@ class HoldSystem(RuleBasedStateMachine):
             f"blocked={rk.blocked} queue={dict(rk.queue)} group={getattr(rk.lockstep.collective, 'master', None)})"
             for r, rk in enumerate(self.ranks)
         )
-        pending = {k: [f"{len(q)} x {self._peek(k, q[0])!r} .. {self._peek(k, q[-1])!r}"]
-                   for k, q in self.channels.items() if q}
+        pending = {
+            k: [f"{len(q)} x {self._peek(k, q[0])!r} .. {self._peek(k, q[-1])!r}"]
+            for k, q in self.channels.items()
+            if q
+        }
         hold = self.coord.hold
         return (
             f"{ranks}; coordinator(wave={self.coord.wave} running={self.coord.running} "
@@ -557,24 +594,24 @@ class HoldSystem(RuleBasedStateMachine):
     # ---- the launcher ------------------------------------------------------------------------
 
     def _launcher_can_act(self) -> bool:
-        phase = self.coord.hold_phase()
-        return (self.launcher == "holding" and phase == "frozen") or (
-            self.launcher == "regrouping" and phase == "regrouped"
+        state = status_of(self.coord)
+        return (self.launcher == "holding" and GangHold.frozen(state)) or (
+            self.launcher == "regrouping" and GangHold.regrouped(state)
         )
 
     def _launcher_acts(self) -> None:
-        phase = self.coord.hold_phase()
-        if self.launcher == "holding" and phase == "frozen":
+        state = status_of(self.coord)
+        assert self.hold is not None
+        if self.launcher == "holding" and GangHold.frozen(state):
             self._check_frozen()
-            n = len(self.ranks)
-            self._push(("l2coord",), encode(RegroupCluster(self.epoch, n, f"m{self.epoch}")))
+            self.hold.regroup(len(self.ranks), f"m{self.epoch}")
             self.launcher = "regrouping"
-        elif self.launcher == "regrouping" and phase == "regrouped":
+        elif self.launcher == "regrouping" and GangHold.regrouped(state):
             assert all(
                 rk.lockstep.collective is not None and rk.lockstep.collective.master == f"m{self.epoch}"
                 for rk in self.ranks
             ), f"regrouped, but not every rank is in the new group: {self._describe()}"
-            self._push(("l2coord",), encode(ReleaseCluster(self.epoch)))
+            self.hold.release()
             self.launcher = "idle"
 
     def _check_frozen(self) -> None:
@@ -587,7 +624,9 @@ class HoldSystem(RuleBasedStateMachine):
     @rule()
     def launcher_holds(self) -> None:
         self.epoch += 1
-        self._push(("l2coord",), encode(HoldCluster(self.epoch, len(self.ranks))))
+        control = ModelCoordinator(lambda body: self._push(("l2coord",), body))
+        self.hold = GangHold(control, len(self.ranks))
+        self.hold.hold()
         self.launcher = "holding"
 
     @precondition(lambda self: self._launcher_can_act())
@@ -608,8 +647,9 @@ class HoldSystem(RuleBasedStateMachine):
         if not client.running:
             client.running = True
             self._push(("c2coord", c), encode(FirstRequest(rank=r, wave=client.wave)))
-        self._push(("req", c, r), encode(Request(request_id=rid, prompt_token_ids=[1], max_tokens=work,
-                                                 wave=client.wave)))
+        self._push(
+            ("req", c, r), encode(Request(request_id=rid, prompt_token_ids=[1], max_tokens=work, wave=client.wave))
+        )
 
     @precondition(lambda self: bool(self._deliverable()))
     @rule(data=st.data())
@@ -692,7 +732,7 @@ class HoldSystem(RuleBasedStateMachine):
 
 
 HOLD_SETTINGS = settings(
-    max_examples=80,
+    max_examples=200,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -143,8 +143,13 @@ def test_snapshot_carries_size_and_nodes() -> None:
     state.handle(EngineRevived(rank=2, input_addresses=["tcp://10.0.0.9:5"], node_id="node-c"))
     snap = _snap(state, 0.0)
     assert snap == StatsSnapshot(
-        counts=[(0, 0)] * 3, wave=0, running=False, seq=1, size=2,
-        moved={2: ["tcp://10.0.0.9:5"]}, nodes={2: "node-c"},
+        counts=[(0, 0)] * 3,
+        wave=0,
+        running=False,
+        seq=1,
+        size=2,
+        moved={2: ["tcp://10.0.0.9:5"]},
+        nodes={2: "node-c"},
     )
 
 
@@ -245,16 +250,16 @@ def _eps(n: int) -> list[EngineEndpoint]:
 
 
 def test_membership_adopts_joined_ranks_and_the_size() -> None:
-    snap = StatsSnapshot(counts=[(0, 0)] * 3, wave=0, running=False, size=3, moved={2: ["tcp://h:2"]},
-                         nodes={2: "nodeX"})
+    snap = StatsSnapshot(
+        counts=[(0, 0)] * 3, wave=0, running=False, size=3, moved={2: ["tcp://h:2"]}, nodes={2: "nodeX"}
+    )
     engines, size = membership(_eps(2), snap)
     assert engines == [*_eps(2), EngineEndpoint(2, "nodeX", ["tcp://h:2"])]
     assert size == 3
 
 
 def test_membership_waits_for_a_gap_and_the_ranks_after_it() -> None:
-    snap = StatsSnapshot(counts=[(0, 0)] * 5, wave=0, running=False, size=5,
-                         moved={3: ["tcp://h:3"], 4: ["tcp://h:4"]})
+    snap = StatsSnapshot(counts=[(0, 0)] * 5, wave=0, running=False, size=5, moved={3: ["tcp://h:3"], 4: ["tcp://h:4"]})
     engines, size = membership(_eps(2), snap)
     assert [e.rank for e in engines] == [0, 1], "rank 2 has not joined: neither have 3 and 4 for us"
     assert size == 2, "the size is clamped to the ranks known"

@@ -28,8 +28,11 @@ def test_it_serves_a_listening_socket_until_the_stop_event() -> None:
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     stop = threading.Event()
-    thread = threading.Thread(target=serve_on_socket, args=(sock, Starlette(routes=[Route("/", hello)])),
-                              kwargs={"stop": stop, "graceful_shutdown_s": 1.0})
+    thread = threading.Thread(
+        target=serve_on_socket,
+        args=(sock, Starlette(routes=[Route("/", hello)])),
+        kwargs={"stop": stop, "graceful_shutdown_s": 1.0},
+    )
     thread.start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -66,9 +69,11 @@ def test_a_request_still_running_after_the_grace_gets_the_answer_that_on_grace_o
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     stop = threading.Event()
-    thread = threading.Thread(target=serve_on_socket, args=(sock, Starlette(routes=[Route("/", forever)])),
-                              kwargs={"stop": stop, "graceful_shutdown_s": 0.5,
-                                      "on_grace_over": grace_over})
+    thread = threading.Thread(
+        target=serve_on_socket,
+        args=(sock, Starlette(routes=[Route("/", forever)])),
+        kwargs={"stop": stop, "graceful_shutdown_s": 0.5, "on_grace_over": grace_over},
+    )
     thread.start()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:

@@ -117,8 +117,9 @@ def test_a_wrong_first_byte_and_a_wrong_last_byte_take_the_same_time() -> None:
                 times[wrong].append(time.perf_counter() - start)
     a, b = times[first], times[last]
     gap = abs(statistics.median(a) - statistics.median(b))
-    noise = (abs(statistics.median(a[::2]) - statistics.median(a[1::2]))
-             + abs(statistics.median(b[::2]) - statistics.median(b[1::2])))
+    noise = abs(statistics.median(a[::2]) - statistics.median(a[1::2])) + abs(
+        statistics.median(b[::2]) - statistics.median(b[1::2])
+    )
     assert gap <= max(3 * noise, 20e-6), (gap, noise)
 
 
@@ -161,8 +162,7 @@ def test_https_serves_and_plain_http_to_it_gets_no_answer(pki: Pki) -> None:
             plain.sendall(f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEYS[0]}\r\n\r\n".encode())
             answer = _read_all(plain)
         assert not answer.startswith(b"HTTP/") and b"secret" not in answer, answer
-        untrusted = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
-                                                context=ssl.create_default_context())
+        untrusted = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ssl.create_default_context())
         with pytest.raises(ssl.SSLCertVerificationError):
             untrusted.request("GET", "/health")
 
@@ -173,8 +173,9 @@ def test_with_a_ca_for_clients_only_certified_clients_get_through(pki: Pki) -> N
         certified.load_cert_chain(pki.client_cert, pki.client_key)
         conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=certified)
         assert get(conn, "/v1/models")[:2] == (200, b"secret data")
-        anonymous = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
-                                                context=ssl.create_default_context(cafile=str(pki.ca)))
+        anonymous = http.client.HTTPSConnection(
+            "127.0.0.1", port, timeout=10, context=ssl.create_default_context(cafile=str(pki.ca))
+        )
         with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
             get(anonymous, "/v1/models")
 

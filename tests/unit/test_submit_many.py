@@ -29,8 +29,9 @@ class Engines:
         self.addresses = [f"tcp://127.0.0.1:{r.bind_to_random_port('tcp://127.0.0.1')}" for r in self.routers]
         self.publish = self.ctx.socket(zmq.PUB)
         self.collect = self.ctx.socket(zmq.PULL)
-        self.coord = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}"
-                      for s in (self.publish, self.collect)]
+        self.coord = [
+            f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in (self.publish, self.collect)
+        ]
 
     def endpoints(self) -> ClusterEndpoints:
         engines = [EngineEndpoint(r, "n", [a]) for r, a in enumerate(self.addresses)]

@@ -37,7 +37,7 @@ def pieces(detokenizer: IncrementalDetokenizer | TextTokenizer, ids: Sequence[in
     out, start, sizes = [], 0, list(cuts) or [1]
     while start < len(ids):
         size = sizes[len(out) % len(sizes)]
-        out.append(d.feed(ids[start:start + size]))
+        out.append(d.feed(ids[start : start + size]))
         start += size
     return [*out, d.flush()]
 
@@ -187,8 +187,11 @@ def reference(text: str, stops: list[str]) -> tuple[str, bool]:
     return text[: end + minus_length], True
 
 
-@given(text=st.text("ab!", max_size=30), stops=st.lists(st.text("ab", min_size=1, max_size=4), max_size=3),
-       cuts=st.lists(st.integers(0, 30), max_size=5))
+@given(
+    text=st.text("ab!", max_size=30),
+    stops=st.lists(st.text("ab", min_size=1, max_size=4), max_size=3),
+    cuts=st.lists(st.integers(0, 30), max_size=5),
+)
 def test_any_split_of_the_text_stops_where_the_whole_text_would(text: str, stops: list[str], cuts: list[int]) -> None:
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     out, stopped = feed_all(StopMatcher(stops), [text[a:b] for a, b in itertools.pairwise(bounds)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raydp.engine.core import EngineContext
-from raydp.engine.tiny_lm import TinyLMEngine
+from raydp.models.tiny_lm import TinyLMEngine
 from raydp.wire.protocol import Request
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from raydp.engine.executor import WorkerContext
-from raydp.engine.tp_lm import TPLMEngine, TPLMWorker, logical_weights, save_checkpoint
 from raydp.errors import ConfigError
+from raydp.models.tp_lm import TPLMEngine, TPLMWorker, logical_weights, save_checkpoint
 from raydp.wire.protocol import Request
 from tests.unit.tp_harness import ThreadExecutor, context
 

@@ -16,13 +16,18 @@ from raydp.wire.sampling import Sampling
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.parametrize(("kwargs", "said"), [
-    ({}, "engine_kwargs.model: required"),
-    ({"model": "m", "data_parallel_size": 2}, "engine_kwargs.data_parallel_size=2: raydp sets this (dp_size)"),
-    ({"model": "m", "api_server_count": 2}, "engine_kwargs.api_server_count=2: raydp sets this"),
-    ({"model": "m", "tensor_parallel_size": 4}, "engine_kwargs.tensor_parallel_size=4: must match raydp's "
-                                                "tensor_parallel_size=1"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        ({}, "engine_kwargs.model: required"),
+        ({"model": "m", "data_parallel_size": 2}, "engine_kwargs.data_parallel_size=2: raydp sets this (dp_size)"),
+        ({"model": "m", "api_server_count": 2}, "engine_kwargs.api_server_count=2: raydp sets this"),
+        (
+            {"model": "m", "tensor_parallel_size": 4},
+            "engine_kwargs.tensor_parallel_size=4: must match raydp's tensor_parallel_size=1",
+        ),
+    ],
+)
 def test_fields_raydp_owns_are_refused_naming_them(kwargs: dict[str, object], said: str) -> None:
     with pytest.raises(ConfigError, match=said.replace("(", r"\(").replace(")", r"\)")):
         vllm_config.check_kwargs(kwargs, 1, 1)
@@ -47,8 +52,9 @@ def test_vllms_own_flags_become_engine_kwargs_that_differ_from_its_defaults() ->
 def test_sampling_maps_to_vllms_fields_and_none_is_greedy() -> None:
     greedy = sampling_params(None, 9)
     assert (greedy.temperature, greedy.max_tokens, greedy.seed) == (0.0, 9, None)
-    params = sampling_params(Sampling(temperature=0.5, top_p=0.9, top_k=7, seed=3, stop_token_ids=[4],
-                                      ignore_eos=True), 5)
+    params = sampling_params(
+        Sampling(temperature=0.5, top_p=0.9, top_k=7, seed=3, stop_token_ids=[4], ignore_eos=True), 5
+    )
     assert (params.temperature, params.top_p, params.top_k, params.seed, params.ignore_eos) == (0.5, 0.9, 7, 3, True)
     assert params.stop_token_ids == [4] and not params.stop, "stop strings are the rank's, not vLLM's core's"
     assert [finish_reason(r) for r in (None, 0, 1, 2, 3, 4)] == [None, "stop", "length", "abort", "error", "stop"]

@@ -142,7 +142,8 @@ class WaveSystem(RuleBasedStateMachine):
 
     def _steppable(self) -> list[int]:
         return [
-            r for r, rk in enumerate(self.ranks)
+            r
+            for r, rk in enumerate(self.ranks)
             if not rk.blocked and rk.waves.should_step(bool(rk.queue)) and not self._spinning(rk)
         ]
 
@@ -151,8 +152,12 @@ class WaveSystem(RuleBasedStateMachine):
         nothing, so the model does not take them (a scheduler could starve the peer with them);
         one left spinning at quiescence still fails the check that idle ranks do not run."""
         w = rk.waves
-        return (not rk.queue and w.pending and w.steps + 1 - w.started_at >= w.interval
-                and len(self.rounds.get(rk.started - 1, {})) < len(self.ranks))
+        return (
+            not rk.queue
+            and w.pending
+            and w.steps + 1 - w.started_at >= w.interval
+            and len(self.rounds.get(rk.started - 1, {})) < len(self.ranks)
+        )
 
     def _deliver(self, key: Key) -> None:
         data = self.channels[key].popleft()
@@ -424,9 +429,7 @@ def test_waves_stateful() -> None:
 # ---- deterministic scenarios the random search must also cover ----------------------------
 
 
-def _system(
-    n_ranks: int = 2, interval: int = 2, ignore_excluded: bool = False, n_clients: int = 1
-) -> WaveSystem:
+def _system(n_ranks: int = 2, interval: int = 2, ignore_excluded: bool = False, n_clients: int = 1) -> WaveSystem:
     s = WaveSystem()
     s.setup(n_ranks=n_ranks, n_clients=n_clients, interval=interval, ignore_excluded=ignore_excluded)
     return s

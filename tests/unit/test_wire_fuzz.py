@@ -99,6 +99,7 @@ pytestmark = pytest.mark.timeout(90)
 
 # ---- DropLog itself, on a clock the test moves ----------------------------------------------
 
+
 @dataclass
 class Clock:
     now: float = 0.0
@@ -179,7 +180,7 @@ def test_coordinator_collect_survives_fuzz_and_counts_each_bad_message_once(
                     outsider.send(junk, flags=zmq.NOBLOCK)
             time.sleep(1.0)  # what could arrive has arrived: a refused peer retries every 100 ms
             target.settle(push)
-            assert target.loop.dropped == dropped and target.loop.describe()["counts"][2] != [9, 9], "refused"
+            assert target.loop.dropped == dropped and target.loop.describe().counts[2] != [9, 9], "refused"
             assert_stranger_refused_and_logged_once_a_second(caplog, time.monotonic() - since)
         target.assert_publishes(ctx, auth, push)
         target.assert_alive()
@@ -196,10 +197,11 @@ def test_a_multipart_message_on_collect_is_dropped_once_naming_its_sender(caplog
         push.send_multipart([b"\xc1", encode(EngineStats(rank=3, waiting=5, running=5)), b"tail"])
         target.settle(push)
         assert target.loop.dropped == 1
-        assert target.loop.describe()["counts"][3] == [0, 0]
+        assert target.loop.describe().counts[3] == [0, 0]
     lines = drop_lines(caplog, "coordinator")
-    assert lines == ["coordinator: dropped a malformed message from collect peer 127.0.0.1: "
-                     "a message of 3 frames (want 1)"]
+    assert lines == [
+        "coordinator: dropped a malformed message from collect peer 127.0.0.1: a message of 3 frames (want 1)"
+    ]
 
 
 waves = st.sampled_from([-(2**63), -1, 0, 1, 2**62, 2**63 - 1, 2**63, 2**64 - 1]) | INT64
@@ -207,10 +209,15 @@ ranks = st.integers(-2, 5) | INT64
 # Rank counts stay small or just past the bound: a huge one would take the old code's memory with it.
 rank_counts = st.integers(-2, 8) | st.sampled_from([1 << 16, (1 << 16) + 1])
 extreme_messages = st.one_of(
-    st.builds(WaveComplete, ranks, waves), st.builds(StartWave, ranks, waves), st.builds(FirstRequest, ranks, waves),
-    st.builds(HoldAck, ranks, INT64, waves, st.booleans()), st.builds(EngineStats, ranks, INT64, INT64),
-    st.builds(ScaleEngines, rank_counts, rank_counts), st.builds(EngineDead, ranks, st.text(max_size=8)),
-    st.builds(HoldCluster, INT64, rank_counts), st.builds(ReleaseCluster, INT64),
+    st.builds(WaveComplete, ranks, waves),
+    st.builds(StartWave, ranks, waves),
+    st.builds(FirstRequest, ranks, waves),
+    st.builds(HoldAck, ranks, INT64, waves, st.booleans()),
+    st.builds(EngineStats, ranks, INT64, INT64),
+    st.builds(ScaleEngines, rank_counts, rank_counts),
+    st.builds(EngineDead, ranks, st.text(max_size=8)),
+    st.builds(HoldCluster, INT64, rank_counts),
+    st.builds(ReleaseCluster, INT64),
 )
 
 
@@ -271,11 +278,12 @@ def test_engine_input_survives_fuzz_from_any_identity(auth: str, caplog: pytest.
         if auth == "curve":
             added = target.settle(connect(ctx, zmq.DEALER, member_opts(auth), target.address, b"c-member"))["added"]
             since = time.monotonic()
-            outsiders = [connect(ctx, zmq.DEALER, opts, target.address, identity=b"c-outsider-" + name[:1].encode())
-                         for name, opts in OUTSIDERS.items()]
+            outsiders = [
+                connect(ctx, zmq.DEALER, opts, target.address, identity=b"c-outsider-" + name[:1].encode())
+                for name, opts in OUTSIDERS.items()
+            ]
             for outsider in outsiders:
-                outsider.send_multipart([RequestType.ADD.value, encode(Request("outsider", [1], 1))],
-                                        flags=zmq.NOBLOCK)
+                outsider.send_multipart([RequestType.ADD.value, encode(Request("outsider", [1], 1))], flags=zmq.NOBLOCK)
             time.sleep(1.0)  # what could arrive has arrived
             assert not any(o.poll(0) for o in outsiders), "an outsider got an answer"
             member = connect(ctx, zmq.DEALER, member_opts(auth), target.address, b"c-member-2")
@@ -324,8 +332,6 @@ def init_for(rank: int) -> Init:
 def handshake_drops(identity: bytes, parts: list[bytes]) -> bool:
     """Whether the server drops it; the rest are handshake messages it rejects (not fuzz: see test_handshake)."""
     return len(parts) != 1 or len(identity) != 2 or not decodes(handshake_decoder, parts[0])
-
-
 
 
 @pytest.mark.parametrize("auth", AUTH)
@@ -380,8 +386,15 @@ def test_handshake_drops_fuzz_and_a_real_engine_still_becomes_ready(
             time.sleep(1.0)
             assert thread.is_alive() and server.drops.dropped == sent, outcome
             assert_stranger_refused_and_logged_once_a_second(caplog, time.monotonic() - since)
-        engine_handshake(ctx, member_opts(auth), address, 0, local=False, timeout_s=20,
-                         make_ready=lambda _: Ready(3, HASH, ["ipc://in0"]))
+        engine_handshake(
+            ctx,
+            member_opts(auth),
+            address,
+            0,
+            local=False,
+            timeout_s=20,
+            make_ready=lambda _: Ready(3, HASH, ["ipc://in0"]),
+        )
         thread.join(timeout=20)
         server.close()
         if gate is not None:
@@ -389,8 +402,9 @@ def test_handshake_drops_fuzz_and_a_real_engine_still_becomes_ready(
     assert len(outcome) == 1 and not isinstance(outcome[0], BaseException), outcome
     assert outcome[0].capacity == 3 and set(outcome[0].ready) == {0}
     lines = drop_lines(caplog, "handshake")
-    assert lines and all(re.fullmatch(r"handshake: dropped a malformed message from peer [0-9a-f]+(\.\.\.)?: .+", line)
-                         for line in lines)
+    assert lines and all(
+        re.fullmatch(r"handshake: dropped a malformed message from peer [0-9a-f]+(\.\.\.)?: .+", line) for line in lines
+    )
     assert len(lines) <= rate_bound(sent, elapsed)
 
 
@@ -415,8 +429,9 @@ def test_client_stats_survive_fuzz(auth: str, caplog: pytest.LogCaptureFixture) 
         elapsed = time.monotonic() - start
         address = target.pub.getsockopt_string(zmq.LAST_ENDPOINT)
     lines = drop_lines(caplog, "client")
-    assert lines and all(f": dropped a malformed message from coordinator publish {address}: " in line
-                         for line in lines)
+    assert lines and all(
+        f": dropped a malformed message from coordinator publish {address}: " in line for line in lines
+    )
     assert len(lines) <= rate_bound(1, elapsed)
 
 
@@ -452,8 +467,7 @@ def test_a_flood_of_garbage_keeps_memory_bounded_and_the_log_short(kind: str) ->
                 assert heard["heard"], "the client never heard the publisher"
             else:
                 sock_kind = zmq.DEALER if kind == "engine" else zmq.PUSH
-                senders = [connect(ctx, sock_kind, SocketOptions(), address, identity=b"f%03d" % i)
-                           for i in range(50)]
+                senders = [connect(ctx, sock_kind, SocketOptions(), address, identity=b"f%03d" % i) for i in range(50)]
             flood = Flood(kind, senders)
             flood.send(2_000)  # warm up: allocator, sender tables, caches
             warm = measure(ours, lambda s: s["drops"] >= 2_000)

@@ -19,8 +19,8 @@ import torch
 
 from raydp.engine.core import EngineContext
 from raydp.engine.executor import WorkerContext
-from raydp.engine.tp_lm import TPLMWorker
 from raydp.errors import DeathCause, WorkerDeadError, WorkerError
+from raydp.models.tp_lm import TPLMWorker
 
 NODE = "node-test"
 

@@ -33,10 +33,11 @@ from hypothesis import strategies as st
 from raydp.client.client import Client
 from raydp.coordinator.loop import CoordinatorLoop
 from raydp.coordinator.state import CoordinatorState
-from raydp.engine.core import EchoEngine, EngineContext
+from raydp.engine.core import EngineContext
 from raydp.engine.loop import EngineLoop
 from raydp.engine.sockets import EngineSockets
 from raydp.errors import ProtocolError
+from raydp.models.echo import EchoEngine
 from raydp.wire.codec import encode
 from raydp.wire.control import (
     BROADCAST_TOPIC,
@@ -85,8 +86,13 @@ STRANGER = CurveKeys.generate()  # keys of nobody in the cluster
 AUTH = ("plain", "curve")
 # The targets keep state from one example to the next, so a failure is reported as found, not shrunk
 # (shrinking would replay examples against a target the failure already changed, or killed).
-FUZZ = settings(max_examples=25, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=25,
+    deadline=None,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 BURST = 20  # DropLog's default: lines per second over all senders
 RSS_SLACK = 48 << 20  # generous: the point is "bounded", not a budget
 
@@ -102,20 +108,37 @@ def member_opts(auth: str) -> SocketOptions:
 OUTSIDERS = {  # what a peer without the cluster's keys can present to a CURVE socket
     "no keys": SocketOptions(),
     "a stranger's member key": SocketOptions(
-        curve=CurveKeys(KEYS.server_public, b"", STRANGER.member_public, STRANGER.member_secret)),
+        curve=CurveKeys(KEYS.server_public, b"", STRANGER.member_public, STRANGER.member_secret)
+    ),
 }
 
 
 # ---- frames ---------------------------------------------------------------------------
 
 SAMPLES: list[msgspec.Struct] = [  # one real message of each kind, for every socket
-    Request("r1", [1, 2, 3], 4), RequestBatch([Request("r2", [4], 2)]), Abort(["r1"]), UtilityCall(1, "describe"),
-    OutputBatch(0, [Output("r1", [1], True, "length")]), EngineStats(0, 1, 2), WaveComplete(0, 1),
-    StartWave(0, 1), FirstRequest(0, 1), ScaleEngines(4, 4), EngineDead(3, "killed"),
-    EngineRevived(3, ["ipc:///nowhere"], "n"), HoldCluster(1, 2), HoldAck(0, 1, 1, True),
-    RegroupCluster(1, 2, "tcp://127.0.0.1:1"), Regrouped(0, 1), ReleaseCluster(1),
-    StatsSnapshot([(1, 2)], 3, True, 4), StartDPWave(1), Shutdown(), Hello(True),
-    Init(EngineAddresses("ipc://a", "ipc://b"), ParallelConfig(1, 1, False, 32)), Ready(1, "h", ["ipc://a"]),
+    Request("r1", [1, 2, 3], 4),
+    RequestBatch([Request("r2", [4], 2)]),
+    Abort(["r1"]),
+    UtilityCall(1, "describe"),
+    OutputBatch(0, [Output("r1", [1], True, "length")]),
+    EngineStats(0, 1, 2),
+    WaveComplete(0, 1),
+    StartWave(0, 1),
+    FirstRequest(0, 1),
+    ScaleEngines(4, 4),
+    EngineDead(3, "killed"),
+    EngineRevived(3, ["ipc:///nowhere"], "n"),
+    HoldCluster(1, 2),
+    HoldAck(0, 1, 1, True),
+    RegroupCluster(1, 2, "tcp://127.0.0.1:1"),
+    Regrouped(0, 1),
+    ReleaseCluster(1),
+    StatsSnapshot([(1, 2)], 3, True, 4),
+    StartDPWave(1),
+    Shutdown(),
+    Hello(True),
+    Init(EngineAddresses("ipc://a", "ipc://b"), ParallelConfig(1, 1, False, 32)),
+    Ready(1, "h", ["ipc://a"]),
     Reject("no"),
 ]
 ENCODED = [encode(m) for m in SAMPLES]
@@ -123,16 +146,19 @@ INT64 = st.integers(-(2**63), 2**64 - 1)  # every int msgpack carries
 scalars = st.none() | st.booleans() | INT64 | st.floats() | st.text(max_size=12) | st.binary(max_size=12)
 msgpack_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5) | st.integers(0, 9), inner,
-                                                                max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5) | st.integers(0, 9), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 truncated = st.sampled_from(ENCODED).flatmap(lambda b: st.integers(0, len(b) - 1).map(lambda n: b[:n]))
-bodies = st.one_of(st.binary(max_size=300), truncated, msgpack_values.map(msgspec.msgpack.encode),
-                   st.sampled_from(ENCODED))
+bodies = st.one_of(
+    st.binary(max_size=300), truncated, msgpack_values.map(msgspec.msgpack.encode), st.sampled_from(ENCODED)
+)
 messages = st.lists(bodies, min_size=1, max_size=4)  # one message: its frames
 engine_inputs = st.one_of(  # what a client DEALER sends: mostly [tag, body]
-    st.tuples(st.sampled_from([t.value for t in RequestType]) | st.binary(max_size=3), bodies).map(list), messages)
+    st.tuples(st.sampled_from([t.value for t in RequestType]) | st.binary(max_size=3), bodies).map(list), messages
+)
 
 
 def decodes(decoder: Callable[[bytes], Any], body: bytes) -> bool:
@@ -156,6 +182,7 @@ def client_drops(parts: list[bytes]) -> bool:
 
 
 # ---- shared helpers ----------------------------------------------------------------------
+
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
@@ -185,8 +212,9 @@ def zmq_context() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
         ctx.destroy(linger=0)
 
 
-def connect(ctx: zmq.Context[zmq.Socket[bytes]], kind: int, opts: SocketOptions, address: str,
-            identity: bytes | None = None) -> zmq.Socket[bytes]:
+def connect(
+    ctx: zmq.Context[zmq.Socket[bytes]], kind: int, opts: SocketOptions, address: str, identity: bytes | None = None
+) -> zmq.Socket[bytes]:
     sock = make_socket(ctx, kind, opts, identity=identity)
     sock.connect(address)
     return sock
@@ -203,6 +231,7 @@ def assert_stranger_refused_and_logged_once_a_second(caplog: pytest.LogCaptureFi
 
 
 # ---- the coordinator's collect PULL --------------------------------------------------------
+
 
 @dataclass
 class CoordinatorTarget:
@@ -221,7 +250,7 @@ class CoordinatorTarget:
         push.send(encode(EngineStats(rank=0, waiting=0, running=mark)))
 
         def applied() -> bool:
-            return self.loop.describe()["counts"][0] == [0, mark]
+            return self.loop.describe().counts[0] == [0, mark]
 
         wait_until(lambda: applied() or not self.thread.is_alive())
         self.assert_alive()
@@ -245,8 +274,13 @@ class CoordinatorTarget:
 
 @contextlib.contextmanager
 def coordinator(auth: str) -> Iterator[CoordinatorTarget]:
-    loop = CoordinatorLoop(CoordinatorState(4, stats_interval_s=0.01, heartbeat_interval_s=0.05), server_opts(auth),
-                           transport="tcp", ip="127.0.0.1", node_id="n0")
+    loop = CoordinatorLoop(
+        CoordinatorState(4, stats_interval_s=0.01, heartbeat_interval_s=0.05),
+        server_opts(auth),
+        transport="tcp",
+        ip="127.0.0.1",
+        node_id="n0",
+    )
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -264,6 +298,7 @@ def coordinator(auth: str) -> Iterator[CoordinatorTarget]:
 
 
 # ---- an engine's input ROUTER --------------------------------------------------------------
+
 
 @dataclass
 class EngineTarget:
@@ -317,8 +352,13 @@ def start_engine(auth: str, ctx: zmq.Context[zmq.Socket[bytes]]) -> EngineTarget
     broadcast.bind("inproc://fuzz-broadcast")
     inputs = make_socket(ctx, zmq.ROUTER, server_opts(auth), serves=True)
     address = f"tcp://127.0.0.1:{inputs.bind_to_random_port('tcp://127.0.0.1')}"
-    sockets = EngineSockets(ctx, [inputs], connect(ctx, zmq.PUSH, inproc, "inproc://fuzz-collect"),
-                            connect(ctx, zmq.SUB, inproc, "inproc://fuzz-broadcast"), rank=0)
+    sockets = EngineSockets(
+        ctx,
+        [inputs],
+        connect(ctx, zmq.PUSH, inproc, "inproc://fuzz-collect"),
+        connect(ctx, zmq.SUB, inproc, "inproc://fuzz-broadcast"),
+        rank=0,
+    )
     loop = EngineLoop(EchoEngine(EngineContext(0, 0, 1, 1, "n")), 0, sockets, stats_interval_s=0.01)
     errors: list[BaseException] = []
 
@@ -352,6 +392,7 @@ def engine(auth: str) -> Iterator[EngineTarget]:
 
 # ---- a client's stats SUB -------------------------------------------------------------------
 
+
 @dataclass
 class StatsTarget:
     client: Client
@@ -368,7 +409,8 @@ class StatsTarget:
             self.pub.send(marker)
             snap = self.client.snapshot()
             return wait_until(lambda: (s := self.client.snapshot()) is not None and s.seq == mark, 0.1) or (
-                snap is not None and snap.seq == mark)
+                snap is not None and snap.seq == mark
+            )
 
         assert wait_until(seen, timeout=15), "a valid snapshot no longer reaches the client"
 
@@ -386,8 +428,10 @@ def stats_target(auth: str, pub_opts: SocketOptions | None = None) -> Iterator[S
         collect = make_socket(ctx, zmq.PULL, server_opts(auth), serves=True)
         address = {s: f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in (pub, engine, collect)}
         endpoints = ClusterEndpoints(
-            "fuzz", [EngineEndpoint(0, "n", [address[engine]])],
-            CoordinatorEndpoints("n", [address[pub]], [address[collect]], [address[collect]]), lockstep=False,
+            "fuzz",
+            [EngineEndpoint(0, "n", [address[engine]])],
+            CoordinatorEndpoints("n", [address[pub]], [address[collect]], [address[collect]]),
+            lockstep=False,
             curve=KEYS if auth == "curve" else None,
         )
         client = Client(endpoints, node_id="n", follow_liveness=False)
@@ -400,6 +444,7 @@ def stats_target(auth: str, pub_opts: SocketOptions | None = None) -> Iterator[S
 
 
 # ---- floods, in processes of their own --------------------------------------------------------
+
 
 class _CountDrops(logging.Handler):
     def __init__(self) -> None:
@@ -431,18 +476,31 @@ def serve_component(kind: str, publish: str, conn: Connection) -> None:
             engine_stub = make_socket(ctx, zmq.ROUTER, SocketOptions())
             collect = make_socket(ctx, zmq.PULL, SocketOptions())
             stub = {s: f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in (engine_stub, collect)}
-            client = Client(ClusterEndpoints(
-                "flood", [EngineEndpoint(0, "n", [stub[engine_stub]])],
-                CoordinatorEndpoints("n", [publish], [stub[collect]], [stub[collect]]), lockstep=False,
-            ), node_id="n", follow_liveness=False)
+            client = Client(
+                ClusterEndpoints(
+                    "flood",
+                    [EngineEndpoint(0, "n", [stub[engine_stub]])],
+                    CoordinatorEndpoints("n", [publish], [stub[collect]], [stub[collect]]),
+                    lockstep=False,
+                ),
+                node_id="n",
+                follow_liveness=False,
+            )
             stack.callback(client.close)
             conn.send(publish)
             alive = client._turns.thread.is_alive
             drops = lambda: client._router._drops.dropped  # noqa: E731
         while conn.recv() != "stop":
             gc.collect()
-            conn.send({"rss": psutil.Process().memory_info().rss, "drops": drops(), "records": counter.count,
-                       "alive": alive(), "heard": kind != "client" or client.snapshot() is not None})
+            conn.send(
+                {
+                    "rss": psutil.Process().memory_info().rss,
+                    "drops": drops(),
+                    "records": counter.count,
+                    "alive": alive(),
+                    "heard": kind != "client" or client.snapshot() is not None,
+                }
+            )
 
 
 @dataclass
@@ -471,5 +529,3 @@ def measure(conn: Connection, until: Callable[[dict[str, Any]], bool], timeout: 
         if until(state) or time.monotonic() > deadline:
             return state
         time.sleep(0.05)
-
-

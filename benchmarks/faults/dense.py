@@ -1,0 +1,207 @@
+"""The failure table: per fault, the time until the cluster detects it and until it serves again; requests lost.
+
+Run alone as ``.venv/bin/python -m benchmarks.faults.dense [--trials N] [--json PATH]``
+or as the ``faults`` section of ``python -m benchmarks`` (which runs this module
+in a process of its own: it needs a multi-node Ray, not the bench's single node).
+A local Ray of two nodes (2 logical GPUs each); per row, ``trials`` faults
+(default 5) under a light load (a driver client's ``retryable`` requests, and
+HTTP requests to 2 API servers where they exist):
+
+* a dense cluster (DP=4, two ranks per node, ``EchoEngine``, restarts allowed):
+  kill a rank (``SIGKILL``, ``ray.kill``), kill the coordinator (both ways),
+  kill an API server process, remove the node of ranks 2 and 3 (a like node
+  is added at once, so their re-placement has somewhere to go);
+* a TP cluster (DP=2, ``tensor_parallel_size=2``, ``WorkerEchoEngine``): kill
+  a device worker (its rank fails and restarts);
+* a lockstep gang (DP=2, a collective every step): kill one rank; the whole
+  gang restarts.
+
+*Detected*: fault to the death report (``Cluster.deaths`` grows), polled every
+5 ms. *Back*: fault to a request pinned to the affected rank answered
+correctly (every rank for a gang or a node; for the coordinator, every rank
+resubscribed to the successor and a request answered; for an API server, the
+respawned process alive and the endpoint answering), polled every 15 ms.
+Medians over the trials. *Lost*: requests that hung or were never answered;
+*typed*: requests that failed with a typed error (a ``RaydpError``, an HTTP
+error in OpenAI's shape, or a connection the killed API server had open);
+*bad*: wrong, answered twice or failed untyped. Lost and bad must be 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import log
+from benchmarks.faults.table import FaultRow, faults_failed, faults_table, rows_from_process
+from raydp.testing.fault_load import DriverLoad, HttpLoad, Ledger, LoadShape
+from raydp.testing.faults import Injector, LocalRay, wait_for
+
+TRIALS = 5
+TARGETS = {"process": 0.1, "rank": 2.0, "coordinator": 2.0, "gang": 5.0}
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    kind: str
+    happens: str
+
+
+DENSE_ROWS = (
+    Row(
+        "kill rank (SIGKILL)",
+        "rank-sigkill",
+        "its requests move (retryable, nothing streamed) or fail typed; restarted in its placement group",
+    ),
+    Row("kill rank (ray.kill)", "rank-ray-kill", "as SIGKILL; the death cause reads 'killed'"),
+    Row(
+        "kill coordinator (SIGKILL)",
+        "coordinator-sigkill",
+        "ranks serve on the last snapshot; restarted at its addresses, state rebuilt from the engines",
+    ),
+    Row("kill coordinator (ray.kill)", "coordinator-ray-kill", "as SIGKILL"),
+    Row(
+        "kill API server",
+        "api-server-sigkill",
+        "its open connections close; the other server keeps accepting; respawned on the shared socket",
+    ),
+    Row(
+        "remove node",
+        "node-remove",
+        "its ranks die 'node died'; re-placed on a node that joins (or has room) and restarted",
+    ),
+)
+WORKER_ROW = Row("kill worker (SIGKILL)", "worker-sigkill", "its rank fails (typed) and restarts with new workers")
+GANG_ROW = Row(
+    "kill lockstep rank (SIGKILL)",
+    "rank-sigkill",
+    "every rank of the gang reported restarting, in-flight requests fail typed; the gang restarts",
+)
+
+
+def run_rows(trials: int) -> list[FaultRow]:
+    import raydp
+    from raydp.serve.settings import ServerSettings
+
+    local = LocalRay((2, 2))
+    rows: list[FaultRow] = []
+    restarts: dict[str, Any] = {"max_restarts": 1000, "coordinator_max_restarts": 1000, "progress": False}
+    try:
+        with raydp.launch(
+            name="fbdense", dp_size=4, dp_size_local=2, engine_kwargs={"step_delay_s": 0.005}, **restarts
+        ) as cluster:
+            servers = cluster.serve_api(2, settings=ServerSettings(max_restarts=1000))
+            for row in DENSE_ROWS:
+                rows.append(measure_row(cluster, local, servers, row, trials))
+        with raydp.launch(
+            name="fbtp",
+            dp_size=2,
+            dp_size_local=1,
+            tensor_parallel_size=2,
+            engine="raydp.models.echo_workers:WorkerEchoEngine",
+            engine_kwargs={"step_delay_s": 0.005},
+            **restarts,
+        ) as cluster:
+            rows.append(measure_row(cluster, local, None, WORKER_ROW, trials))
+        with raydp.launch(
+            name="fbgang",
+            dp_size=2,
+            dp_size_local=1,
+            lockstep=True,
+            allreduce_interval=4,
+            engine_kwargs={"collective": True, "step_delay_s": 0.005},
+            **restarts,
+        ) as cluster:
+            rows.append(measure_row(cluster, local, None, GANG_ROW, trials, gang=True))
+    finally:
+        local.shutdown()
+    return rows
+
+
+def measure_row(cluster: Any, local: Any, servers: Any, row: Row, trials: int, gang: bool = False) -> FaultRow:
+    injector = Injector(cluster, local, servers)
+    ledger = Ledger()
+    loads: list[Any] = [DriverLoad(cluster.client(), ledger, LoadShape(rate=10, concurrency=4, hung_after_s=30), 1)]
+    if servers is not None:
+        loads.append(
+            HttpLoad(
+                servers.url,
+                ledger,
+                LoadShape(rate=4, concurrency=2, hung_after_s=30),
+                2,
+                injector.server_killed_between,
+            )
+        )
+    detects: list[float] = []
+    backs: list[float] = []
+    error = ""
+    for load in loads:
+        load.start()
+    try:
+        time.sleep(1.0)
+        for trial in range(trials):
+            rank = 1 + trial % (cluster.dp_size - 1)  # never rank 0: the probes of the coordinator use it
+            fault = injector.inject(row.kind, rank=rank, api_index=trial % 2)
+            if gang:
+                fault = dataclasses.replace(fault, ranks=tuple(range(cluster.dp_size)))
+            detect = wait_for(partial(injector.detected, fault), fault.at, 60.0, 0.005)
+            back = wait_for(partial(injector.serving, fault), fault.at, 120.0, 0.015)
+            detects.append(math.nan if detect is None else detect)
+            backs.append(math.nan if back is None else back)
+            log(f"faults: {row.label} #{trial + 1}: {fault.target}: detected {detect}, back {back}")
+            if back is None or wait_for(injector.all_serving, time.monotonic(), 120.0, 0.1) is None:
+                error = f"not serving again after trial {trial + 1}"
+                break
+            time.sleep(1.0)
+    except Exception as exc:  # a failed measurement is reported, not fatal
+        error = repr(exc)[:200]
+    finally:
+        stuck = sum(load.stop() for load in loads)
+    bad = sum(ledger.total(o) for o in ("wrong", "duplicate", "untyped"))
+    if bad or ledger.lost() or stuck:
+        error = error or f"{ledger.examples[:3]}"
+    return FaultRow(
+        row.label,
+        row.happens,
+        detects,
+        backs,
+        sum(ledger.submitted.values()),
+        ledger.lost() + stuck,
+        ledger.total("typed"),
+        bad,
+        error,
+    )
+
+
+def faults_benchmark(trials: int = TRIALS, run: Callable[..., Any] = subprocess.run) -> list[FaultRow]:
+    """The rows, measured in a process of its own (it starts its own multi-node Ray)."""
+    return rows_from_process("benchmarks.faults.dense", trials, run, timeout=1800)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--trials", type=int, default=TRIALS)
+    parser.add_argument("--json", metavar="PATH", help="also write the rows to this JSON file")
+    parser.add_argument("--quiet", action="store_true", help="print no table (python -m benchmarks prints it)")
+    args = parser.parse_args(argv)
+    rows = run_rows(args.trials)
+    if not args.quiet:
+        print("\n".join(faults_table(rows)))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    return 1 if faults_failed(rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,379 @@
+"""The vLLM benchmark's turns: each system started fresh, loaded, and once more with rank 1 killed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import psutil
+
+from benchmarks.common import log
+from benchmarks.vllm_dp.load import (
+    Sample,
+    client_session,
+    closed_loop,
+    completion_body,
+    make_prompts,
+    ms,
+    percentile,
+    stream_completion,
+    wait_ready,
+)
+from benchmarks.vllm_dp.servers import Server, ServerError, spawn, title_of
+
+SYSTEMS = ("raydp", "vllm")
+
+
+KILLED_RANK = 1
+
+
+LAYERS, HIDDEN, HEADS = 2, 256, 4  # head_dim 64, as vLLM's CPU attention wants
+
+
+THROUGHPUT_TARGET, TTFT_TARGET, STARTUP_TARGET = 1.0, 1.0, 1.0
+
+
+# raydp's CLI, in a process that starts its own Ray first (see the module docstring).
+@dataclass(frozen=True)
+class Workload:
+    requests: int = 256
+    concurrency: int = 16
+    prompt_len: int = 128
+    max_tokens: int = 64
+    seed: int = 0
+    warmup: int = 4  # untimed requests after each start
+
+
+@dataclass(frozen=True)
+class Options:
+    workload: Workload
+    turns: int = 2
+    faults: bool = True
+    model_dir: str | None = None
+    systems: tuple[str, ...] = SYSTEMS
+    startup_timeout_s: float = 300.0
+    request_timeout_s: float = 300.0
+    fault_window_s: float = 90.0
+    omp_threads: int = 1
+
+
+QUICK = Options(Workload(requests=64), turns=1)
+
+
+FULL = Options(Workload())
+
+
+@dataclass
+class TurnResult:
+    """One measured turn of one system; latencies in ms."""
+
+    system: str
+    turn: int
+    startup_s: float | None = None
+    ignore_eos: bool = True
+    requests: int = 0
+    failed: int = 0
+    first_error: str | None = None
+    output_tokens: int = 0
+    wall_s: float = 0.0
+    tok_s: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    itl_p50_ms: float | None = None
+    e2e_p50_ms: float | None = None
+    stop_s: float | None = None  # SIGTERM to the server's exit
+    stop_forced: bool = False  # it outlasted the grace: SIGKILL
+    leftover: list[str] = field(default_factory=list)
+    error: str | None = None
+    per_request: list[dict[str, Any]] = field(default_factory=list)  # raw: start, ttft, e2e, tokens, error
+
+
+@dataclass
+class FaultResult:
+    """The fault turn of one system: rank 1's engine SIGKILLed under load; times in s from the kill."""
+
+    system: str
+    target: str = ""
+    startup_s: float | None = None
+    in_flight: int = 0  # requests running at the kill
+    in_flight_failed: int = 0
+    after_ok: int = 0  # requests started after the kill
+    after_failed: int = 0
+    first_ok_s: float | None = None  # first success among those started after the kill
+    last_failed_s: float | None = None  # start of the last failure among those (new requests failed until then)
+    rank_back_s: float | None = None  # first success from the killed rank (raydp's choices name the rank)
+    exited_s: float | None = None  # the server process exited
+    exit_code: int | None = None
+    ended: str = ""  # why the watch stopped
+    watched_s: float = 0.0
+    errors: dict[str, int] = field(default_factory=dict)  # the commonest error messages
+    stop_s: float | None = None
+    stop_forced: bool = False
+    leftover: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+R = TypeVar("R", "TurnResult", "FaultResult")  # what a turn fills in
+
+
+@dataclass
+class VllmReport:
+    """Everything one run measured (the ``vllm`` section of ``python -m benchmarks``)."""
+
+    workload: dict[str, Any]
+    turns: list[TurnResult] = field(default_factory=list)
+    faults: list[FaultResult] = field(default_factory=list)
+    model_dir: str = ""
+    log_dir: str = ""
+    engine_flags: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def engine_flags(w: Workload) -> list[str]:
+    """vLLM's engine flags, the same for both systems."""
+    max_len = max(1024, w.prompt_len + w.max_tokens)
+    return [
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        str(max_len),
+        "--max-num-seqs",
+        str(max(32, w.concurrency)),
+    ]
+
+
+def find_engine(server: Server) -> psutil.Process:
+    """Rank 1's engine process, by the title each system gives it."""
+    needle = f"raydp::{server.name} dp{KILLED_RANK} " if server.system == "raydp" else f"EngineCore_DP{KILLED_RANK}"
+    for p in server.refresh():
+        with contextlib.suppress(psutil.Error):
+            if needle in title_of(p) or needle in p.name():
+                return p
+    raise ServerError(f"no process titled {needle!r} below pid {server.proc.pid}")
+
+
+async def warm_up(server: Server, w: Workload, vocab: int, timeout_s: float) -> None:
+    # Other prompts than the measured ones: the measured ones must not hit the prefix cache.
+    prompts = make_prompts(w.warmup, w.prompt_len, vocab, w.seed + 1)
+    samples, _ = await closed_loop(server, prompts, min(16, w.max_tokens), max(1, w.warmup), timeout_s)
+    if not any(s.ok for s in samples):
+        raise ServerError(f"{server.system}: every warm-up request failed: {samples[0].error}")
+
+
+def summarize(result: TurnResult, samples: list[Sample], wall_s: float) -> None:
+    good = [s for s in samples if s.ok]
+    bad = [s for s in samples if not s.ok]
+    result.requests, result.failed = len(samples), len(bad)
+    result.first_error = bad[0].error if bad else None
+    result.output_tokens = sum(s.tokens for s in good)
+    result.wall_s = wall_s
+    result.tok_s = result.output_tokens / wall_s if wall_s > 0 else None
+    ttfts = [s.ttft for s in good if s.ttft is not None]
+    result.ttft_p50_ms, result.ttft_p99_ms = ms(percentile(ttfts, 50)), ms(percentile(ttfts, 99))
+    result.itl_p50_ms = ms(percentile([g for s in good for g in s.itl], 50))
+    result.e2e_p50_ms = ms(percentile([s.end - s.start for s in good], 50))
+    t0 = min((s.start for s in samples), default=0.0)
+    result.per_request = [
+        {
+            "start_s": round(s.start - t0, 4),
+            "ttft_ms": ms(s.ttft),
+            "e2e_ms": ms(s.end - s.start),
+            "tokens": s.tokens,
+            "rank": s.rank,
+            "error": s.error,
+        }
+        for s in samples
+    ]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every turn of one run shares."""
+
+    opts: Options
+    model: str
+    vocab: int
+    flags: list[str]
+    log_dir: Path
+    prompts: list[list[int]]
+
+
+async def load_turn(setup: Setup, server: Server, result: TurnResult) -> TurnResult:
+    w, timeout_s = setup.opts.workload, setup.opts.request_timeout_s
+    result.startup_s = await wait_ready(server, setup.opts.startup_timeout_s)
+    await warm_up(server, w, setup.vocab, timeout_s)
+    samples, wall = await closed_loop(server, setup.prompts, w.max_tokens, w.concurrency, timeout_s)
+    result.ignore_eos = server.ignore_eos
+    summarize(result, samples, wall)
+    log(f"{server.system}: {result.tok_s or 0:,.0f} output tok/s, {result.failed} failed of {result.requests}")
+    return result
+
+
+def run_turn(
+    setup: Setup, system: str, tag: str, result: R, load: Callable[[Setup, Server, R], Coroutine[Any, Any, object]]
+) -> R:
+    """One fresh server start under ``load``; a failed turn is reported in ``result``, not fatal."""
+    server = spawn(system, setup.model, setup.flags, setup.log_dir, tag, setup.opts.omp_threads)
+    try:
+        asyncio.run(load(setup, server, result))
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"[:600]
+        log(f"{system} turn {tag} failed: {result.error}")
+    finally:
+        result.leftover = server.stop()
+        result.stop_s, result.stop_forced = server.stop_s, server.stop_forced
+    return result
+
+
+def measure(setup: Setup, system: str, turn: int) -> TurnResult:
+    return run_turn(setup, system, f"t{turn}", TurnResult(system, turn), load_turn)
+
+
+async def fault_load(setup: Setup, server: Server, result: FaultResult) -> None:
+    """Closed-loop load; rank 1's engine killed once it runs; watched until it is back, the server dies, or time."""
+    w, window = setup.opts.workload, setup.opts.fault_window_s
+    result.startup_s = await wait_ready(server, setup.opts.startup_timeout_s)
+    await warm_up(server, w, setup.vocab, setup.opts.request_timeout_s)
+    samples: list[Sample] = []
+    stop = asyncio.Event()
+    kill_at = time.monotonic()  # reset at the kill
+    async with client_session(w.concurrency) as session:
+        workers = [
+            asyncio.create_task(fault_worker(session, server, setup, samples, stop, i)) for i in range(w.concurrency)
+        ]
+        try:
+            await until(lambda: sum(s.end > 0 for s in samples) >= w.concurrency, 60.0)
+            victim = find_engine(server)
+            result.target = f"pid {victim.pid} {title_of(victim)[:50].strip()}"
+            kill_at = time.monotonic()
+            victim.kill()
+            log(f"{server.system}: SIGKILL {result.target}")
+            result.ended = await watch(server, samples, kill_at, window, result)
+        finally:
+            stop.set()
+            await finish(workers, 30.0)
+    tally(result, samples, kill_at)
+
+
+async def fault_worker(
+    session: aiohttp.ClientSession, server: Server, setup: Setup, samples: list[Sample], stop: asyncio.Event, index: int
+) -> None:
+    w = setup.opts.workload
+    n = index
+    while not stop.is_set():
+        sample = Sample(time.monotonic())
+        samples.append(sample)
+        prompt = setup.prompts[n % len(setup.prompts)]
+        await stream_completion(
+            session, server.url, completion_body(prompt, w.max_tokens, server.ignore_eos), sample, 60.0
+        )
+        n += w.concurrency
+        if not sample.ok:
+            await asyncio.sleep(0.5)  # a dead server refuses at once: no busy loop
+
+
+async def until(condition: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise ServerError(f"the load did not get going within {timeout_s:g} s")
+        await asyncio.sleep(0.1)
+
+
+async def watch(server: Server, samples: list[Sample], kill_at: float, window_s: float, result: FaultResult) -> str:
+    while True:
+        await asyncio.sleep(0.25)
+        server.refresh()
+        now = time.monotonic()
+        if server.proc.poll() is not None:  # the supervisor exits with the server's code
+            result.exited_s, result.exit_code = now - kill_at, server.proc.returncode
+            await asyncio.sleep(2.0)  # the requests in flight see the end
+            return "server exited"
+        back = first_ok(samples, kill_at, KILLED_RANK)
+        if back is not None and now - kill_at > back + 2.0:
+            return "killed rank back"
+        if now - kill_at > window_s:
+            return f"window of {window_s:g} s over"
+
+
+async def finish(workers: list[asyncio.Task[None]], timeout_s: float) -> None:
+    """Let the requests in flight end (their own timeouts bound them), then cancel what is left."""
+    _, pending = await asyncio.wait(workers, timeout=timeout_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+def first_ok(samples: list[Sample], kill_at: float, rank: int | None = None) -> float | None:
+    """Seconds from the kill to the first success among requests started after it (from ``rank``, if given)."""
+    ends = [s.end - kill_at for s in samples if s.ok and s.start > kill_at and (rank is None or s.rank == rank)]
+    return min(ends, default=None)
+
+
+def tally(result: FaultResult, samples: list[Sample], kill_at: float) -> None:
+    for s in samples:
+        if s.end == 0:
+            s.error, s.end = "cut: still running when the bench stopped", time.monotonic()
+    in_flight = [s for s in samples if s.start <= kill_at < s.end]
+    after = [s for s in samples if s.start > kill_at]
+    result.in_flight = len(in_flight)
+    result.in_flight_failed = sum(not s.ok for s in in_flight)
+    result.after_ok = sum(s.ok for s in after)
+    result.after_failed = len(after) - result.after_ok
+    result.first_ok_s = first_ok(samples, kill_at)
+    result.last_failed_s = max((s.start - kill_at for s in after if not s.ok), default=None)
+    if result.system == "raydp":
+        result.rank_back_s = first_ok(samples, kill_at, KILLED_RANK)
+    result.watched_s = max((s.end for s in samples), default=kill_at) - kill_at
+    errors = Counter(str(s.error)[:100] for s in samples if s.error)
+    result.errors = dict(errors.most_common(3))
+
+
+def fault_turn(setup: Setup, system: str) -> FaultResult:
+    return run_turn(setup, system, "fault", FaultResult(system), fault_load)
+
+
+def build_model(model_dir: str | None) -> str:
+    from raydp.models.checkpoint import default_model_dir, make_model
+
+    default = default_model_dir().parent / f"bench-vllm-l{LAYERS}-h{HIDDEN}"
+    return str(make_model(model_dir or default, layers=LAYERS, hidden_size=HIDDEN, heads=HEADS))
+
+
+def run_benchmark(opts: Options) -> VllmReport:
+    model = build_model(opts.model_dir)
+    vocab = int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    w = opts.workload
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+    setup = Setup(opts, model, vocab, engine_flags(w), log_dir, make_prompts(w.requests, w.prompt_len, vocab, w.seed))
+    report = VllmReport(asdict(w), model_dir=model, log_dir=str(log_dir), engine_flags=setup.flags)
+    for turn in range(opts.turns):
+        for system in opts.systems:  # alternating: a slow minute of the machine hits both
+            report.turns.append(measure(setup, system, turn))
+    if opts.faults:
+        for system in opts.systems:
+            report.faults.append(fault_turn(setup, system))
+    return report
+
+
+def vllm_benchmark(quick: bool) -> VllmReport:
+    """The ``vllm`` section's entry point."""
+    return run_benchmark(QUICK if quick else FULL)
+
+
+def vllm_failed(report: VllmReport) -> bool:
+    return any(t.error or t.failed or t.leftover for t in report.turns) or any(
+        f.error or f.leftover for f in report.faults
+    )

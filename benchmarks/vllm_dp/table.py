@@ -1,0 +1,153 @@
+"""The vLLM benchmark's table: load medians per system, their ratios, stop times and the fault turn."""
+
+from __future__ import annotations
+
+import statistics
+
+from benchmarks.vllm_dp.run import (
+    KILLED_RANK,
+    STARTUP_TARGET,
+    SYSTEMS,
+    THROUGHPUT_TARGET,
+    TTFT_TARGET,
+    FaultResult,
+    TurnResult,
+    VllmReport,
+)
+
+METRICS = (
+    ("tok_s", "output tok/s"),
+    ("ttft_p50_ms", "TTFT p50 (ms)"),
+    ("ttft_p99_ms", "TTFT p99 (ms)"),
+    ("itl_p50_ms", "ITL p50 (ms)"),
+    ("e2e_p50_ms", "E2E p50 (ms)"),
+    ("startup_s", "startup (s)"),
+)
+
+
+TARGETS = (
+    ("tok_s", "throughput", ">=", THROUGHPUT_TARGET),
+    ("ttft_p50_ms", "TTFT p50", "<=", TTFT_TARGET),
+    ("startup_s", "startup", "<=", STARTUP_TARGET),
+)
+
+
+LABELS = {"raydp": "raydp (vllm engines, DP=2)", "vllm": "vLLM --data-parallel-size 2"}
+
+
+def medians(turns: list[TurnResult], system: str) -> dict[str, float | None]:
+    mine = [t for t in turns if t.system == system and t.error is None]
+    out: dict[str, float | None] = {}
+    for key, _ in METRICS:
+        values = [v for t in mine if (v := getattr(t, key)) is not None]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def _times(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def load_table(report: VllmReport, systems: tuple[str, ...]) -> list[str]:
+    lines = [
+        "| system | turns | " + " | ".join(label for _, label in METRICS) + " | failed requests |",
+        "|---|---:|" + "---:|" * len(METRICS) + "---|",
+    ]
+    for system in systems:
+        turns = [t for t in report.turns if t.system == system]
+        m = medians(report.turns, system)
+        failed = sum(t.failed for t in turns)
+        notes = [note for t in turns if (note := t.error or t.first_error)]
+        cells = " | ".join(_fmt(m[key], 2 if key == "startup_s" else 1) for key, _ in METRICS)
+        note = f"{failed}" + (f" ({notes[0][:120]})" if notes else "")
+        lines.append(f"| {LABELS[system]} | {sum(t.error is None for t in turns)}/{len(turns)} | {cells} | {note} |")
+    return lines
+
+
+def stop_line(report: VllmReport, systems: tuple[str, ...]) -> str:
+    parts = []
+    for system in systems:
+        runs: list[tuple[float | None, bool]] = [(r.stop_s, r.stop_forced) for r in report.turns if r.system == system]
+        runs += [(f.stop_s, f.stop_forced) for f in report.faults if f.system == system]
+        times = [t for t, _ in runs if t is not None]
+        forced = sum(f for _, f in runs)
+        median = f"{statistics.median(times):.1f} s" if times else "n/a"
+        parts.append(f"{system} {median}" + (f" ({forced} of {len(runs)} needed SIGKILL)" if forced else ""))
+    return f"Stop, SIGTERM to exit (median over every start, fault turns too): {'; '.join(parts)}."
+
+
+def ratio_lines(report: VllmReport) -> list[str]:
+    ours, theirs = medians(report.turns, "raydp"), medians(report.turns, "vllm")
+    cells = " | ".join(_times(_ratio(ours[key], theirs[key])) for key, _ in METRICS)
+    lines = [f"| raydp / vLLM | | {cells} | |", ""]
+    for key, name, sense, target in TARGETS:
+        value = _ratio(ours[key], theirs[key])
+        met = value is not None and (value >= target if sense == ">=" else value <= target)
+        lines.append(
+            f"- {name}: raydp/vLLM = {_times(value)}, target {sense} {target:g}: {'met' if met else 'NOT met'}"
+        )
+    return lines
+
+
+def fault_table(faults: list[FaultResult]) -> list[str]:
+    lines = [
+        "| system | killed | in flight at kill: failed | started after: ok / failed | first OK after kill (s) "
+        "| new requests failed until (s) | killed rank back (s) | server exited (s) | watch ended "
+        "| commonest error |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for f in faults:
+        if f.error is not None:
+            lines.append(f"| {LABELS[f.system]} | failed: {f.error[:200]} | | | | | | | | |")
+            continue
+        exited = "no" if f.exited_s is None else f"{f.exited_s:.1f} (rc {f.exit_code})"
+        back = _fmt(f.rank_back_s) if f.system == "raydp" else "n/a (no restart)"
+        error = next(iter(f.errors), "")
+        lines.append(
+            f"| {LABELS[f.system]} | {f.target} | {f.in_flight_failed}/{f.in_flight} "
+            f"| {f.after_ok} / {f.after_failed} | {_fmt(f.first_ok_s)} | {_fmt(f.last_failed_s)} | {back} "
+            f"| {exited} | {f.ended} "
+            f"| {error.replace('|', '/')} |"
+        )
+    return lines
+
+
+def vllm_table(report: VllmReport) -> list[str]:
+    w = report.workload
+    turns = max((t.turn for t in report.turns), default=-1) + 1
+    ran = {t.system for t in report.turns} | {f.system for f in report.faults}
+    systems = tuple(s for s in SYSTEMS if s in ran)
+    no_eos = sorted({t.system for t in report.turns if not t.ignore_eos})
+    lines = [
+        f"### vLLM engines: raydp DP=2 against vLLM's own DP=2 server ({w['requests']} requests, "
+        f"{w['concurrency']} in flight, prompt {w['prompt_len']} tokens, max_tokens={w['max_tokens']})",
+        "",
+        f"Same checkpoint ({report.model_dir}), engine flags `{' '.join(report.engine_flags)}`, one aiohttp client, "
+        f"streamed completions with ignore_eos; {turns} alternating turn(s) per system, each a fresh start plus "
+        "warm-up; medians over the turns. Startup: spawn to the first successful completion.",
+    ]
+    if no_eos:
+        lines.append(f"NOTE: {', '.join(no_eos)} refused ignore_eos: measured without it (outputs may end early).")
+    if report.turns:
+        lines += ["", *load_table(report, systems)]
+    if {t.system for t in report.turns} == set(SYSTEMS):
+        lines += ratio_lines(report)
+    lines += ["", stop_line(report, systems)]
+    if report.faults:
+        lines += [
+            "",
+            f"Fault: SIGKILL rank {KILLED_RANK}'s engine process under the same load (raydp with "
+            "--max-restarts 1); times from the kill.",
+            "",
+            *fault_table(report.faults),
+        ]
+    lines += ["", f"Server logs: {report.log_dir}"]
+    return lines

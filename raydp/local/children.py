@@ -1,0 +1,111 @@
+"""The ``mp`` backend's child processes: an engine rank, and the coordinator driven over a control pipe.
+
+Each child is spawned with a death pipe (:func:`raydp.processes.spawn`): it
+ends when the parent goes, and leaves its last words there (why it failed,
+as msgpack) before it exits. The coordinator answers commands on a msgpack
+control pipe (``wait_for_engines``, ``wait_for_rank``, ``state``,
+``shutdown``): no pickle crosses either pipe.
+"""
+
+from __future__ import annotations
+
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgspec
+
+from raydp.config import RaydpConfig
+from raydp.errors import ComponentDeadError, DeathCause
+from raydp.processes import leave_last_words, on_stop_signals, set_process_title, watch_parent
+from raydp.wire.transport import socket_options
+
+LOCAL_NODE = "local"
+
+
+def send(conn: Connection, value: Any) -> None:
+    """Control messages are msgpack too: no pickle crosses this socketpair either."""
+    conn.send_bytes(msgspec.msgpack.encode(value))
+
+
+def recv(conn: Connection, kind: Any) -> Any:
+    return msgspec.msgpack.decode(conn.recv_bytes(), type=kind)
+
+
+def engine_main(config: RaydpConfig, rank: int, addresses: list[str], prefix: str, death_pipe: Connection) -> None:
+    from raydp.engine.host import EngineHost
+    from raydp.local.executor import MPExecutor
+
+    said: list[bool] = []
+
+    def last_words(exc: BaseException) -> None:
+        if not said:
+            said.append(True)
+            leave_last_words(death_pipe, encode_death(exc))
+
+    try:
+        host = EngineHost(config, rank, rank, LOCAL_NODE, LOCAL_NODE, ipc_prefix=prefix, executor_factory=MPExecutor)
+        host.on_failure = last_words
+        set_process_title(f"raydp::{host.tag}")
+        on_stop_signals(host.shutdown)
+        watch_parent(death_pipe, host.shutdown)
+        host.run(addresses)
+    except BaseException as exc:
+        last_words(exc)
+        raise
+
+
+class LastWords(msgspec.Struct, frozen=True):
+    """Why an engine process failed, sent to the parent before it exits."""
+
+    cause: str
+    message: str
+
+
+def encode_death(exc: BaseException) -> bytes:
+    cause = exc.cause.value if isinstance(exc, ComponentDeadError) else DeathCause.ENGINE_ERROR.value
+    return msgspec.msgpack.encode(LastWords(cause, f"{type(exc).__name__}: {exc}"))
+
+
+def decode_death(words: bytes | None) -> LastWords | None:
+    try:
+        return msgspec.msgpack.decode(words, type=LastWords) if words else None
+    except (msgspec.DecodeError, ValueError):
+        return None
+
+
+def coordinator_main(config: RaydpConfig, prefix: str, conn: Connection, death_pipe: Connection) -> None:
+    from raydp.coordinator.loop import CoordinatorLoop
+    from raydp.coordinator.state import CoordinatorState
+    from raydp.logs import configure_component_logging
+
+    configure_component_logging(f"{config.name} coordinator")
+    state = CoordinatorState(config.dp_size, config.stats_interval_s, config.heartbeat_interval_s)
+    loop = CoordinatorLoop(
+        state, socket_options(config), transport="ipc", node_id=LOCAL_NODE, ipc_prefix=f"{prefix}-coordinator"
+    )
+    on_stop_signals(loop.stop)
+    watch_parent(death_pipe, loop.stop)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    send(conn, loop.endpoints)
+    serve_coordinator_commands(loop, conn, thread)
+    loop.close()
+
+
+def serve_coordinator_commands(loop: Any, conn: Connection, thread: threading.Thread) -> None:
+    while thread.is_alive():
+        if not conn.poll(0.1):
+            continue
+        try:
+            command, *args = recv(conn, list[Any])
+        except EOFError:
+            return
+        if command == "wait_for_engines":
+            send(conn, loop.wait_for_engines(*args))
+        elif command == "wait_for_rank":
+            send(conn, loop.wait_for_rank(*args))
+        elif command == "state":
+            send(conn, loop.describe())
+        elif command == "shutdown":
+            return  # the caller's loop.close() stops the loop and waits for its teardown

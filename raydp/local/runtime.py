@@ -1,0 +1,274 @@
+"""``ProcessRuntime``: the orchestration :class:`~raydp.orchestration.runtime.Runtime` over local processes.
+
+Every rank is a spawned process on this node (:mod:`raydp.local.children`),
+the coordinator another, driven over a msgpack control pipe. A rank's
+process is spawned when it joins (it gets the handshake's addresses as an
+argument), each rank is watched by a thread of its own through its process
+sentinel and death pipe, and the parent hosts lockstep rendezvous (it
+outlives every rank, and binding here leaves no race). It restarts dense
+ranks and scales; a broken lockstep gang stops, and a dead coordinator is
+reported, not restarted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgspec
+import zmq
+
+from raydp.backend import OwnedResources
+from raydp.config import RaydpConfig
+from raydp.coordinator.resync import Restored
+from raydp.errors import DeathCause, ProcessDeadError, StartupError, describe_exit
+from raydp.local.children import LOCAL_NODE, coordinator_main, decode_death, engine_main, recv, send
+from raydp.names import coordinator_name, rank_name
+from raydp.orchestration.ranks import RankRecord, RankTable
+from raydp.orchestration.runtime import InitFor, Progress
+from raydp.processes import Proc, last_words, shutdown, spawn, watch_processes
+from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
+from raydp.wire.handshake import HandshakeResult, HandshakeServer
+from raydp.wire.records import CoordinatorStatus
+from raydp.wire.transport import IpcDir, remove_cluster_ipc_dirs, socket_options
+
+logger = logging.getLogger("raydp.local")
+CONTROL_TIMEOUT_S = 30.0
+STOP_GRACE_S = 3.0
+Report = Callable[[int, DeathCause, str], None]
+
+
+@dataclass
+class LocalOwned(OwnedResources):
+    """The processes of one local launch, and the coordinator's control pipe."""
+
+    procs: list[Proc] = field(default_factory=list)
+    conn: Connection | None = None
+
+    def stop_components(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(OSError, ValueError):
+                send(self.conn, ["shutdown"])
+        shutdown(self.procs)
+        if self.name:
+            remove_cluster_ipc_dirs(self.name)
+        if self.conn is not None:
+            self.conn.close()
+
+
+class ProcessRuntime:
+    """Local processes for one cluster; see the module docstring."""
+
+    restarts_gangs = False
+    restarts_coordinator = False
+
+    def __init__(self, config: RaydpConfig, owned: LocalOwned, table: RankTable, *, ipc_prefix: str) -> None:
+        self.config = config
+        self.owned = owned
+        self.table = table
+        self.stop = owned.stop
+        self.ipc_prefix = ipc_prefix
+        self.sock_opts = socket_options(config)
+        self.mp = mp.get_context("spawn")
+        self.report: Report | None = None  # set by the backend: where rank deaths go
+        self.report_process: Callable[[ProcessDeadError], None] | None = None  # the coordinator's: final
+        self.retired: set[int] = set()  # ids of processes raydp ended: not deaths
+        self.watchers: dict[int, threading.Thread] = {}
+        self.coordinator: Proc | None = None
+        self.control_lock = threading.Lock()
+
+    # ---- placement: every rank on this node -----------------------------------------------
+
+    def place(self, ranks: range, existing: Sequence[RankRecord], why: str) -> list[RankRecord]:
+        return [RankRecord(rank, LOCAL_NODE, rank, owns_group=False) for rank in ranks]
+
+    def remove_groups(self, records: Sequence[RankRecord]) -> None:
+        """Nothing is reserved for a local rank."""
+
+    def probe_devices(self, records: Sequence[RankRecord]) -> list[Any]:
+        return [() for _ in records]
+
+    def resolve_devices(self, probes: Sequence[Any]) -> list[tuple[str, ...]]:
+        return [tuple(p) for p in probes]
+
+    # ---- engines ----------------------------------------------------------------------------
+
+    def spawn_engines(self, records: Sequence[RankRecord], devices: Sequence[Any], successors: bool) -> None:
+        """A rank's process starts when it joins: it is handed the handshake's addresses."""
+
+    def wait_built(self, records: Sequence[RankRecord]) -> None:
+        """A local rank builds its engine inside the handshake."""
+
+    def join(
+        self,
+        records: Sequence[RankRecord],
+        init_for: InitFor,
+        progress: Progress | None = None,
+        watched: Sequence[RankRecord] = (),
+    ) -> HandshakeResult:
+        cfg, owned = self.config, self.owned
+        if owned.ctx is None:
+            owned.ctx = zmq.Context()
+            owned.ipc_dir = IpcDir(f"{self.ipc_prefix}-frontend")
+        server = HandshakeServer(owned.ctx, self.sock_opts, transport="ipc", ipc_dir=owned.ipc_dir)
+        try:
+            with owned.lock:  # close() must not miss a process started behind its back (a restart's)
+                if owned.released:
+                    raise StartupError(f"cluster {cfg.name!r} is closing")
+                for record in records:
+                    record.handle = record.run_ref = self._spawn(
+                        rank_name(cfg.name, record.rank),
+                        engine_main,
+                        cfg,
+                        record.rank,
+                        server.addresses,
+                        self.ipc_prefix,
+                        rank=record.rank,
+                    )
+            result = server.run(
+                {r.rank: True for r in records},
+                init_for,
+                cfg.config_hash(),
+                cfg.startup_timeout_s,
+                liveness=lambda: self.check_alive(records),
+                progress=progress,
+            )
+        finally:
+            server.close()
+        for record in records:
+            record.capacity = result.ready[record.rank].capacity
+        return result
+
+    def _spawn(self, name: str, target: Callable[..., None], *args: Any, rank: int | None = None) -> Proc:
+        proc = spawn(self.mp, name, target, *args, rank=rank)
+        self.owned.procs.append(proc)
+        return proc
+
+    def check_alive(self, records: Sequence[RankRecord]) -> None:
+        """A join fails at once if close() began or one of its processes died."""
+        if self.stop.is_set():
+            raise StartupError(f"cluster {self.config.name!r} is closing")
+        procs = [r.handle for r in records if r.handle is not None]
+        for proc in [*procs, *([self.coordinator] if self.coordinator is not None else [])]:
+            if not proc.process.is_alive():
+                words = decode_death(last_words(proc))
+                why = f":\n{words.message}" if words else ""
+                raise StartupError(f"{proc.name} died during startup ({describe_exit(proc.process.exitcode)}){why}")
+
+    def kill(self, records: Sequence[RankRecord]) -> None:
+        self._end([r.handle for r in records if r.handle is not None], grace_s=0.5)
+
+    def stop_engines(self, records: Sequence[RankRecord]) -> None:
+        self._end([r.handle for r in records if r.handle is not None], grace_s=STOP_GRACE_S)
+
+    def _end(self, procs: list[Proc], grace_s: float) -> None:
+        """Terminate, and let each watcher see the exit before the death pipes close."""
+        for proc in procs:
+            if proc.process.is_alive():
+                proc.process.terminate()
+        for proc in procs:
+            proc.process.join(timeout=grace_s)
+            watcher = self.watchers.pop(id(proc), None)
+            if watcher is not None and watcher is not threading.current_thread():
+                watcher.join(timeout=1.0)
+        shutdown(procs, grace_s=0.5)  # kills what is left, closes the pipes
+        with self.owned.lock:
+            self.owned.procs[:] = [p for p in self.owned.procs if p not in procs]
+
+    def watch(self, records: Sequence[RankRecord]) -> None:
+        if self.coordinator is not None and id(self.coordinator) not in self.watchers:
+            self.watchers[id(self.coordinator)] = watch_processes(
+                [self.coordinator], self.stop, self.on_exit, "raydp-proc-watcher-coordinator"
+            )
+        for record in records:
+            proc = record.handle
+            self.watchers[id(proc)] = watch_processes(
+                [proc], self.stop, self.on_exit, f"raydp-proc-watcher-{record.rank}"
+            )
+
+    def retire(self, records: Sequence[RankRecord]) -> None:
+        for record in records:
+            if record.handle is not None:
+                self.retired.add(id(record.handle))
+            record.run_ref = None
+
+    def on_exit(self, proc: Proc) -> None:
+        """A watched process ended: the coordinator's death is final, a rank's goes to its policy."""
+        if id(proc) in self.retired:
+            return
+        words = decode_death(last_words(proc)) if proc.rank is not None else None
+        if words is None:
+            proc.process.join(timeout=1)
+        code = proc.process.exitcode
+        if proc.rank is None:
+            if self.report_process is not None:
+                self.report_process(ProcessDeadError(f"{proc.name} (pid {proc.process.pid})", code, LOCAL_NODE))
+        elif self.report is not None:
+            if words is not None:  # it said why (e.g. one of its workers died), and is exiting now
+                self.report(proc.rank, DeathCause(words.cause), f"{proc.name} pid {proc.process.pid}: {words.message}")
+            else:
+                self.report(
+                    proc.rank, DeathCause.of_exit(code), f"{proc.name} pid {proc.process.pid} {describe_exit(code)}"
+                )
+
+    def in_flight(self, ranks: Sequence[int]) -> int:
+        """What the coordinator last heard from the ranks: waiting plus running."""
+        counts = self.coordinator_state().counts
+        return sum(sum(counts[r]) for r in ranks if r < len(counts))
+
+    def dp_master(self, size: int, watched: Sequence[RankRecord]) -> str:
+        from raydp.engine.collective import Rendezvous
+
+        rendezvous = Rendezvous("127.0.0.1", size)
+        self.owned.closers.append(rendezvous.close)
+        return rendezvous.address
+
+    # ---- the coordinator --------------------------------------------------------------------
+
+    def start_coordinator(
+        self, size: int, successor_of: tuple[CoordinatorEndpoints, Restored] | None
+    ) -> CoordinatorEndpoints:
+        if successor_of is not None:
+            raise StartupError("backend='mp' does not restart its coordinator")
+        parent, child = self.mp.Pipe()
+        proc = self._spawn(coordinator_name(self.config.name), coordinator_main, self.config, self.ipc_prefix, child)
+        self.coordinator = proc
+        self.owned.conn = parent
+        if not parent.poll(self.config.startup_timeout_s):
+            raise StartupError(f"the coordinator did not start ({describe_exit(proc.process.exitcode)})")
+        endpoints: CoordinatorEndpoints = recv(parent, CoordinatorEndpoints)
+        return endpoints
+
+    def kill_coordinator(self) -> None:
+        if self.coordinator is not None:
+            shutdown([self.coordinator], grace_s=0.5)
+
+    def coordinator_state(self) -> CoordinatorStatus:
+        return msgspec.convert(self.ask("state"), CoordinatorStatus)
+
+    def wait_subscribed(self, count: int, rank: int | None, watched: Sequence[RankRecord]) -> bool:
+        wait_s = self.config.handshake_timeout_s
+        command = ("wait_for_engines", count) if rank is None else ("wait_for_rank", rank)
+        return bool(self.ask(*command, wait_s, timeout_s=wait_s + CONTROL_TIMEOUT_S))
+
+    def ask(self, *command: Any, timeout_s: float = CONTROL_TIMEOUT_S) -> Any:
+        with self.control_lock:
+            conn = self.owned.conn
+            if conn is None:
+                raise StartupError("the coordinator process stopped answering")
+            send(conn, list(command))
+            if not conn.poll(timeout_s):
+                # A late answer would be read as the reply to the next question.
+                conn.close()
+                self.owned.conn = None
+                raise StartupError(f"the coordinator process did not answer {command[0]!r}")
+            return recv(conn, Any)
+
+    def publish(self, endpoints: ClusterEndpoints, handed: bool) -> None:
+        """``raydp status`` reads Ray clusters only: a local cluster keeps no registry."""

@@ -1,0 +1,19 @@
+"""The control sequences of a cluster, written once for every backend, in plain Python.
+
+Starting a cluster, restarting a dense rank, restarting a lockstep gang,
+restarting the coordinator, and scaling up or down run here against a small
+runtime interface (spawn, kill, wait, call, remove a placement), which
+:mod:`raydp.actors` implements over Ray and :mod:`raydp.local` over local
+processes; the property tests drive the same sequences over a model. Nothing
+here imports Ray or assumes which process it runs in.
+
+Modules:
+
+- ``core``: ``Orchestrator``, one cluster's state, its startup, and deaths routed to their policies;
+- ``ranks``: the rank table, one ``RankRecord`` per rank;
+- ``runtime``: the ``Runtime`` interface the backends implement;
+- ``restart``: restarting one dense rank (the one restart procedure of both backends);
+- ``gang``: restarting a lockstep gang;
+- ``coordinator_restart``: restarting the coordinator at its addresses;
+- ``scaling``: growing and shrinking a running cluster, step by step.
+"""

@@ -1,0 +1,305 @@
+"""Growing and shrinking a running cluster (``cluster.scale``), on any backend.
+
+A :class:`ScaleChange` runs one change, in the calling thread, as a sequence
+of public steps (the property tests call them one by one, interleaved with
+everything else the cluster does). Ranks stay dense (``0..dp_size-1``): a
+scale-up adds the next ranks, a scale-down removes the highest.
+
+Scale-up (:meth:`ScaleChange.grow`): place the new ranks on what is free now
+(waiting for pending capacity where allowed), build their engines, tell the
+coordinator to track them (clients do not route to them yet), run the same
+handshake as at launch, wait for their subscriptions, announce their
+addresses, and only then let clients route to them. Any failure removes what
+it made; the cluster serves on at its old size.
+
+Scale-down (:meth:`ScaleChange.shrink`): clients stop routing to the highest
+ranks (this process's clients at once, the others from the next snapshot);
+retryable requests with no output yet move off them; the rest drain, bounded
+by ``drain_timeout_s``. Then the ranks are retired (their ends are not
+deaths), clients drop them (what is still on them fails with
+:class:`~raydp.errors.ScaleDownError`), and their engines and placements go.
+
+Lockstep: before the DP group changes the gang is held at a wave boundary
+(:class:`GangHold`, :mod:`raydp.coordinator.hold`), a new rendezvous opens,
+every rank re-forms the group at the new size, and the hold is released;
+requests that arrive meanwhile wait in the engines and run after it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from raydp.errors import DeathCause, StartupError
+from raydp.orchestration.ranks import RankRecord
+from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.wire.handshake import HandshakeResult
+from raydp.wire.records import CoordinatorStatus as State
+
+if TYPE_CHECKING:
+    from raydp.orchestration.core import Orchestrator
+
+logger = logging.getLogger("raydp.manager")
+POLL_S = 0.02
+_epochs = itertools.count(1)
+
+
+class CoordinatorControl(Protocol):
+    """What a scale change tells the coordinator (a :class:`~raydp.coordinator.client.CoordinatorClient`)."""
+
+    def scale(self, engine_count: int, size: int) -> None: ...
+    def hold(self, epoch: int, gang: int) -> None: ...
+    def regroup(self, epoch: int, dp_size: int, dp_master: str) -> None: ...
+    def release(self, epoch: int) -> None: ...
+    def engine_revived(self, rank: int, input_addresses: list[str], node_id: str = "") -> None: ...
+
+
+class GangHold:
+    """The launcher's side of holding a lockstep gang while its DP group re-forms at a new size."""
+
+    def __init__(self, coordinator: CoordinatorControl, gang: int) -> None:
+        self.coordinator = coordinator
+        self.epoch = next(_epochs)
+        self.gang = gang
+
+    def hold(self) -> None:
+        """Ask for a hold at the next wave boundary; :meth:`frozen` says when it took."""
+        self.coordinator.hold(self.epoch, self.gang)
+
+    @staticmethod
+    def frozen(state: State) -> bool:
+        return state.hold == "frozen"
+
+    def regroup(self, dp_size: int, dp_master: str) -> None:
+        self.coordinator.regroup(self.epoch, dp_size, dp_master)
+
+    @staticmethod
+    def regrouping(state: State) -> bool:
+        return state.hold in ("regrouping", "regrouped")
+
+    @staticmethod
+    def regrouped(state: State) -> bool:
+        return state.hold == "regrouped"
+
+    def release(self) -> None:
+        self.coordinator.release(self.epoch)
+
+
+class ScaleChange:
+    """One scale change of ``orchestrator``'s cluster to ``dp_size`` ranks (the orchestrator serialises them)."""
+
+    def __init__(self, orchestrator: Orchestrator, dp_size: int, drain_timeout_s: float) -> None:
+        coordinator = orchestrator.reports.coordinator
+        assert coordinator is not None and orchestrator.endpoints is not None, "scale() needs a started cluster"
+        self.o = orchestrator
+        self.cfg = orchestrator.config
+        self.coordinator: CoordinatorControl = coordinator
+        self.before = len(orchestrator.table)
+        self.target = dp_size
+        self.drain_timeout_s = drain_timeout_s
+        self.new: list[RankRecord] = []
+        self.gang: GangHold | None = None
+        self.joined: HandshakeResult | None = None
+
+    def run(self) -> ClusterEndpoints:
+        started = time.monotonic()
+        if self.target > self.before:
+            self.grow()
+        elif self.target < self.before:
+            self.shrink()
+        logger.info(
+            "cluster %r scaled from %d to %d ranks in %.2fs%s",
+            self.cfg.name,
+            self.before,
+            self.target,
+            time.monotonic() - started,
+            " (lockstep: the DP group was re-formed)" if self.cfg.lockstep else "",
+        )
+        assert self.o.endpoints is not None
+        return self.o.endpoints
+
+    # ---- scale-up ---------------------------------------------------------------------
+
+    def grow(self) -> None:
+        regrouping = False
+        try:
+            self.build_new_ranks()
+            if self.cfg.lockstep:
+                self.hold_gang()
+            self.track_new_ranks()
+            if self.cfg.lockstep:
+                regrouping = True
+                self.regroup_gang()
+            self.join_new_ranks()
+            if self.cfg.lockstep:
+                self.release_gang()
+        except BaseException as exc:
+            self.undo_grow(exc, regrouping)
+            raise
+        for record in self.new:
+            self.announce(record.rank)
+        self.open_new_ranks()
+
+    def build_new_ranks(self) -> None:
+        """Place the new ranks and build their engines: nothing routes to them yet."""
+        o = self.o
+        self.new = o.rt.place(range(self.before, self.target), list(o.table), f"scale to dp_size={self.target}")
+        o.table.extend(self.new)
+        probes = o.rt.probe_devices(self.new)  # resolved by the new ranks as they start
+        o.rt.spawn_engines(self.new, probes, successors=True)
+        # Built before any hold: a lockstep gang is held only while its group re-forms.
+        o.rt.wait_built(self.new)
+        for record, devices in zip(self.new, o.rt.resolve_devices(probes), strict=True):
+            record.devices = devices
+
+    def track_new_ranks(self) -> None:
+        """The coordinator tracks the new ranks; clients still route to the old ones only."""
+        self.tell_size(self.target, self.before)
+
+    def join_new_ranks(self) -> None:
+        o = self.o
+        o.dp_size = self.target
+        self.joined = o.rt.join(self.new, o.init_for, watched=list(o.table))
+        if not o.rt.wait_subscribed(self.target, None, list(o.table)):
+            raise StartupError("engines did not subscribe to the coordinator's broadcast in time")
+
+    def announce(self, rank: int) -> None:
+        """A new rank's addresses, for every client (they still do not route to it)."""
+        assert self.joined is not None
+        record = self.o.table[rank]
+        self.coordinator.engine_revived(rank, self.joined.ready[rank].input_addresses, record.node_id)
+
+    def open_new_ranks(self) -> None:
+        """Clients route to the new ranks; they are watched and may restart from now on."""
+        o = self.o
+        assert self.joined is not None and o.endpoints is not None
+        self.tell_size(self.target, self.target)
+        o.dense.budget.grant(r.rank for r in self.new)
+        o.rt.watch(self.new)
+        added = [EngineEndpoint(r.rank, r.node_id, self.joined.ready[r.rank].input_addresses) for r in self.new]
+        o.publish_scale([*o.endpoints.engines, *added], self.target, None)
+
+    def undo_grow(self, exc: BaseException, regrouping: bool) -> None:
+        o = self.o
+        if regrouping:  # the old ranks may be waiting in a group that never forms: the gang is lost
+            o.report(0, DeathCause.INIT_FAILED, f"scale failed while re-forming the DP group: {exc!r}")
+            return
+        self.remove_ranks(self.new)
+        o.dp_size = self.before
+        try:
+            self.tell_size(self.before, self.before)
+        except Exception as undo:  # the coordinator is gone too: its death is reported on its own
+            logger.error("scale: could not restore the coordinator's size: %r", undo)
+        logger.error("scale to %d ranks failed; the cluster serves on with %d: %r", self.target, self.before, exc)
+
+    # ---- scale-down -------------------------------------------------------------------
+
+    def shrink(self) -> None:
+        self.close_routing()
+        self.drain()
+        if self.cfg.lockstep:
+            self.hold_gang()
+            self.regroup_gang()
+            self.release_gang()
+        self.drop_ranks()
+
+    def close_routing(self) -> None:
+        """Clients stop routing to the ranks that go; the coordinator still tracks them."""
+        assert self.o.endpoints is not None
+        self.tell_size(self.before, self.target)
+        self.o.publish_scale(list(self.o.endpoints.engines), self.target, None)
+
+    def drain(self) -> None:
+        """Wait until nothing is in flight on the ranks that go, or ``drain_timeout_s`` passes.
+
+        At least a few stats intervals pass first, so that clients in other
+        processes have seen the new size and what they sent just before it
+        has arrived.
+        """
+        gone = list(range(self.target, self.before))
+        started = time.monotonic()
+        settle = started + 2 * self.cfg.stats_interval_s + 0.05
+        while True:
+            left = self.o.rt.in_flight(gone)
+            now = time.monotonic()
+            if left == 0 and now >= settle:
+                return
+            if now - started >= self.drain_timeout_s:
+                logger.warning(
+                    "scale-down: %d requests still on ranks %s after the %gs drain timeout; "
+                    "they fail with ScaleDownError",
+                    left,
+                    gone,
+                    self.drain_timeout_s,
+                )
+                return
+            time.sleep(POLL_S * 2)
+
+    def drop_ranks(self) -> None:
+        """The ranks that go are retired, dropped by every client, then ended."""
+        o = self.o
+        assert o.endpoints is not None
+        gone = [o.table[r] for r in range(self.target, self.before)]
+        self.retire(gone)
+        o.dp_size = self.target
+        self.tell_size(self.target, self.target)
+        o.publish_scale(list(o.endpoints.engines[: self.target]), self.target, self.drain_timeout_s)
+        self.remove_ranks(gone)
+
+    # ---- shared steps -----------------------------------------------------------------
+
+    def retire(self, records: list[RankRecord]) -> None:
+        """From here on, the ends of ``records`` are a scale change, not deaths to report or restart."""
+        o = self.o
+        with o.report_lock:
+            o.rt.retire(records)
+            for record in records:
+                o.dense.budget.forget(record.rank)
+
+    def remove_ranks(self, records: list[RankRecord]) -> None:
+        """End ``records`` (the highest ranks), drop them from the table, remove their placements."""
+        if not records:
+            return
+        o = self.o
+        self.retire(records)
+        o.rt.stop_engines(records)
+        o.table.truncate(min(r.rank for r in records))
+        o.rt.remove_groups(records)
+
+    def tell_size(self, engine_count: int, size: int) -> None:
+        """Tell the coordinator, and wait until it has applied it (its PUSH is fire-and-forget)."""
+        self.coordinator.scale(engine_count, size)
+        self.wait_state(
+            lambda s: s.dp_size == engine_count and s.routable == size, f"the coordinator to track {engine_count} ranks"
+        )
+
+    def hold_gang(self) -> None:
+        self.gang = GangHold(self.coordinator, self.before)
+        self.gang.hold()
+        self.wait_state(GangHold.frozen, "the lockstep gang to be frozen")
+
+    def regroup_gang(self) -> None:
+        o = self.o
+        assert self.gang is not None
+        master = o.rt.dp_master(self.target, list(o.table)[: min(self.before, self.target)])
+        state = o.rt.coordinator_state()
+        o.wave, o.dp_master = state.wave, master
+        self.gang.regroup(self.target, master)
+        self.wait_state(GangHold.regrouping, "the coordinator to start the regroup")
+
+    def release_gang(self) -> None:
+        assert self.gang is not None
+        self.wait_state(GangHold.regrouped, "the lockstep gang to be regrouped")
+        self.gang.release()
+
+    def wait_state(self, done: Callable[[State], bool], what: str) -> None:
+        deadline = time.monotonic() + self.cfg.handshake_timeout_s
+        while not done(self.o.rt.coordinator_state()):
+            if self.o.closing():
+                raise StartupError(f"cluster {self.cfg.name!r} is closing")
+            if time.monotonic() > deadline:
+                raise StartupError(f"scale: timed out after {self.cfg.handshake_timeout_s:g}s waiting for {what}")
+            time.sleep(POLL_S)

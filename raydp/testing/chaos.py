@@ -1,0 +1,360 @@
+"""Seeded chaos soak: steady load while random faults hit a raydp cluster; then every request is accounted for.
+
+Run as ``.venv/bin/python -m raydp.testing.chaos --seed S --minutes M [--json]`` (under
+``flock /tmp/raydp-ray.lock`` on a shared machine). It starts its own local Ray
+(a head and one worker node, 2 logical GPUs each), launches DP=4 ranks of
+``WorkerEchoEngine`` (one device worker per rank) with restarts allowed, and two
+API server processes. Load: a driver client (``retryable`` requests) and HTTP
+clients, each bounded in concurrency and rate. Faults (``faults.KINDS``): every
+kind once, in a seeded order, then seeded random kinds, at seeded random gaps;
+after each, the soak times the death report and waits until what it hit serves
+again.
+
+Both loads' streams migrate (the driver's requests are ``migratable``, the API
+servers run with ``migration_limit=3``): a stream cut by a rank's death goes on
+from its last token on a live rank, and is checked for it (every token there,
+in order, nothing repeated: ``fault_load.echo_moves``); the summary counts the
+migrated streams and their moves per source.
+
+Checks, each a violation (exit code 1, named on stderr) when broken: no request
+lost (hung or never answered), wrong or answered twice, none failed untyped;
+every fault detected and recovered from; the driver's RSS and open fds, and
+the largest of the cluster's actor processes', bounded (the last sample at
+most 1.5x the first after warm-up, plus a slack); after
+``close()`` no raydp actor, placement group, socket directory or API server
+process left. ``--json`` prints the summary as JSON on stdout (the table goes
+to stderr).
+
+``--hosts netns`` (root and ``ip netns`` needed) runs the same soak on real
+hosts instead: network namespaces with their own IPs on 10.213.7.0/24
+(``netns_ray.NetnsRay``: the head, driver and API servers in the root
+namespace, 3 namespace hosts of 1 logical GPU, Ray's health check at 500 ms /
+1 s / 3 failures), DP=2 with one host spare. Its kinds
+(``faults.NETNS_KINDS``) add ``partition``: the veth of a host holding a rank
+(never rank 0's, whose node the coordinator is pinned to) goes down, the rank
+must be reported dead ("node died") and serve again from the spare host, and
+a fresh namespace host is started so the next partition finds capacity.
+``node-remove`` is left out there (the partition is that mode's node loss).
+After ``close()`` no process it started, namespace or link may be left either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import signal
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import raydp
+from raydp.serve.settings import ServerSettings
+from raydp.testing import netns_ray
+from raydp.testing.fault_load import DriverLoad, HttpLoad, Ledger, LoadShape, ResourceSampler
+from raydp.testing.faults import KINDS, NETNS_KINDS, Fault, Injector, LocalRay, actor_processes, wait_for
+from raydp.testing.leftovers import live_actors, live_groups, socket_dirs, wait_until
+
+ENGINE = "raydp.models.echo_workers:WorkerEchoEngine"
+WARMUP_S = 8.0
+# Ray's node death (a partition: the health check's 3 failed 500 ms probes, and then some on a busy box);
+# a process death is seen within 0.1 s
+DETECT_TIMEOUT_S = {"node-remove": 60.0, "partition": 60.0}
+RECOVER_TIMEOUT_S = 120.0
+GAP_S = (1.0, 4.0)  # between one fault's recovery and the next fault
+RSS_SLACK, FD_SLACK = 64 << 20, 48
+GROWTH = 1.5
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    target: str
+    detect_s: float | None
+    back_s: float | None
+
+
+@dataclass
+class Summary:
+    seed: int
+    minutes: float
+    hosts: str = "local"
+    kinds: tuple[str, ...] = KINDS
+    faults: list[FaultRecord] = field(default_factory=list)
+    requests: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)
+    leftovers: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def by_kind(self) -> dict[str, int]:
+        return dict(collections.Counter(f.kind for f in self.faults))
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Where the soak runs: the Ray, the cluster's size, the fault kinds, the driver client's load."""
+
+    kinds: tuple[str, ...]
+    dp_size: int
+    dp_size_local: int
+    driver_load: LoadShape
+
+
+MODES = {
+    "local": Mode(KINDS, 4, 2, LoadShape(rate=20, concurrency=8)),
+    # Three namespace hosts (two ranks and a spare) is what 2 cores carry beside the load.
+    "netns": Mode(NETNS_KINDS, 2, 1, LoadShape(rate=12, concurrency=6)),
+}
+NETNS_HOSTS = 3
+
+
+def schedule(rng: random.Random, kinds: tuple[str, ...]) -> Any:
+    """Every kind once (a seeded order), then seeded random kinds, forever."""
+    first = list(kinds)
+    rng.shuffle(first)
+    yield from first
+    while True:
+        yield rng.choice(kinds)
+
+
+def soak(seed: int, minutes: float, hosts: str = "local") -> Summary:
+    rng = random.Random(seed)
+    summary = Summary(seed, minutes, hosts, MODES[hosts].kinds)
+    started = time.monotonic()
+    mode = MODES[hosts]
+    local: Any = LocalRay((2, 2)) if hosts == "local" else netns_ray.NetnsRay(NETNS_HOSTS)
+    exit_on_sigterm()  # again: ray.init put its own (aborting) SIGTERM handler in place
+    name = f"chaos{seed}"
+    try:
+        # The netns head holds no GPU: rank 0 (and the coordinator beside it) go to the first namespace host.
+        master = {} if hosts == "local" else {"master_node_id": local.first_host()}
+        cluster = raydp.launch(
+            name=name,
+            engine=ENGINE,
+            dp_size=mode.dp_size,
+            dp_size_local=mode.dp_size_local,
+            progress=False,
+            engine_kwargs={"step_delay_s": 0.01},
+            max_restarts=10_000,
+            coordinator_max_restarts=10_000,
+            **master,
+        )
+        try:
+            servers = cluster.serve_api(
+                2, settings=ServerSettings(max_restarts=10_000, request_timeout_s=60, migration_limit=3)
+            )
+            run_faults(cluster, local, servers, rng, seed, minutes, summary, mode)
+        finally:
+            cluster.close()
+        summary.leftovers = leftovers(name, servers.procs, gcs=hosts == "netns")
+    finally:
+        local.shutdown()
+    if hosts == "netns":
+        summary.leftovers += local.leftovers()
+    summary.wall_s = round(time.monotonic() - started, 1)
+    return summary
+
+
+def exit_on_sigterm() -> None:
+    """A SIGTERM (a test's timeout, say) unwinds through the finally blocks: Ray nodes and namespaces go too."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def run_faults(
+    cluster: raydp.Cluster,
+    local: Any,
+    servers: Any,
+    rng: random.Random,
+    seed: int,
+    minutes: float,
+    summary: Summary,
+    mode: Mode,
+) -> None:
+    injector = Injector(cluster, local, servers)
+    ledger = Ledger()
+    loads = [
+        DriverLoad(cluster.client(), ledger, mode.driver_load, seed),
+        HttpLoad(servers.url, ledger, LoadShape(rate=6, concurrency=3), seed + 1, injector.server_killed_between),
+    ]
+    sampler = ResourceSampler()
+    for load in loads:
+        load.start()
+    sampler.start()
+    time.sleep(WARMUP_S)
+    baseline = sampler.take()
+    actors0 = actor_processes(cluster.name)
+    deadline = time.monotonic() + minutes * 60
+    kinds = schedule(rng, mode.kinds)
+    while time.monotonic() < deadline or len(summary.by_kind()) < len(mode.kinds):
+        time.sleep(rng.uniform(*GAP_S))
+        kind = next(kinds)
+        if kind == "node-remove" and not injector.node_with_ranks():
+            kind = "rank-sigkill"
+        rank = rng.randrange(cluster.dp_size)
+        fault = injector.inject(kind, rank=rank, api_index=rng.randrange(len(servers.procs)))
+        summary.faults.append(record := measure(injector, fault))
+        injector.settle(fault)
+        log(f"{record.kind:20} {record.target:40} detected {fmt(record.detect_s)}  back {fmt(record.back_s)}")
+        if record.detect_s is None or record.back_s is None:
+            summary.violations.append(
+                f"{fault.kind} on {fault.target}: {'not detected' if record.detect_s is None else 'not recovered'}"
+            )
+            break
+    stuck = sum(load.stop() for load in loads)
+    sampler.stop()
+    final = sampler.take()
+    actors1 = actor_processes(cluster.name)
+    summary.requests = ledger.summary()
+    summary.requests["stuck_threads"] = stuck
+    summary.resources = {
+        "driver_rss_mb": [round(baseline.rss / 2**20, 1), round(final.rss / 2**20, 1)],
+        "driver_fds": [baseline.fds, final.fds],
+        "driver_rss_max_mb": round(max(s.rss for s in sampler.samples) / 2**20, 1),
+        "driver_fds_max": max(s.fds for s in sampler.samples),
+        "actor_rss_max_mb": [round(actors0[0] / 2**20, 1), round(actors1[0] / 2**20, 1)],
+        "actor_fds_max": [actors0[1], actors1[1]],
+    }
+    check(summary, ledger, baseline.rss, final.rss, baseline.fds, final.fds)
+    if actors1[0] > GROWTH * actors0[0] + RSS_SLACK or actors1[1] > GROWTH * actors0[1] + FD_SLACK:
+        summary.violations.append(
+            f"an actor process grew: largest RSS {actors0[0] >> 20} -> {actors1[0] >> 20} MiB, "
+            f"most fds {actors0[1]} -> {actors1[1]}"
+        )
+
+
+def measure(injector: Injector, fault: Fault) -> FaultRecord:
+    detect = wait_for(lambda: injector.detected(fault), fault.at, DETECT_TIMEOUT_S.get(fault.kind, 10.0), 0.005)
+    back = wait_for(lambda: injector.serving(fault), fault.at, RECOVER_TIMEOUT_S, 0.02)
+    if back is not None and wait_for(injector.all_serving, fault.at, RECOVER_TIMEOUT_S, 0.1) is None:
+        back = None  # what it hit is back, but something else is not
+    return FaultRecord(fault.kind, fault.target, detect, back)
+
+
+def check(summary: Summary, ledger: Ledger, rss0: int, rss1: int, fds0: int, fds1: int) -> None:
+    v = summary.violations
+    for outcome in ("wrong", "duplicate", "untyped"):
+        if ledger.total(outcome):
+            v.append(f"{ledger.total(outcome)} requests {outcome}")
+    if ledger.lost():
+        v.append(f"{ledger.lost()} requests lost (hung or never answered)")
+    if summary.requests["stuck_threads"]:
+        v.append(f"{summary.requests['stuck_threads']} load threads never returned")
+    if not sum(ledger.submitted.values()):
+        v.append("no request was sent")
+    if rss1 > GROWTH * rss0 + RSS_SLACK:
+        v.append(f"driver RSS grew from {rss0 >> 20} MiB to {rss1 >> 20} MiB")
+    if fds1 > GROWTH * fds0 + FD_SLACK:
+        v.append(f"driver open fds grew from {fds0} to {fds1}")
+    v.extend(f"example: {e}" for e in ledger.examples)
+
+
+def leftovers(name: str, procs: list[Any], gcs: bool = False) -> list[str]:
+    """What a closed cluster left behind: actors, groups, socket directories, API server processes.
+
+    ``gcs`` reads actors and groups from the GCS (a namespace-host Ray runs no dashboard for the state API).
+    """
+
+    def in_ray() -> list[str]:
+        if gcs:
+            return netns_ray.gcs_leftovers(name)
+        return [f"actor {a}" for a in live_actors(name)] + [f"placement group {g}" for g in live_groups(name)]
+
+    wait_until(lambda: not in_ray() and not socket_dirs(name), timeout=30)
+    left = in_ray()
+    left += [f"socket directory {d}" for d in socket_dirs(name)]
+    left += [f"API server pid {p.process.pid}" for p in procs if p.process.is_alive()]
+    return left
+
+
+def fmt(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.3f}s"
+
+
+def median(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.3f} s" if xs else "-"
+
+
+def log(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def table(summary: Summary) -> list[str]:
+    lines = [
+        f"## chaos soak: seed {summary.seed}, {summary.minutes} min, {summary.hosts} hosts "
+        f"({summary.wall_s} s with setup)",
+        "",
+        "| fault | injected | detect median | back median | back max |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for kind in dict.fromkeys((*KINDS, *NETNS_KINDS)):
+        recs = [f for f in summary.faults if f.kind == kind]
+        if not recs and kind not in summary.kinds:
+            continue
+        detects = [f.detect_s for f in recs if f.detect_s is not None]
+        backs = [f.back_s for f in recs if f.back_s is not None]
+        lines.append(
+            f"| {kind} | {len(recs)} | {median(detects)} | {median(backs)} | "
+            f"{f'{max(backs):.3f} s' if backs else '-'} |"
+        )
+    lines += [
+        "",
+        "| source | submitted | ok | typed | wrong | duplicate | hung | untyped |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for source, outcomes in summary.requests["outcomes"].items():
+        lines.append(
+            f"| {source} | {summary.requests['submitted'][source]} | "
+            + " | ".join(str(outcomes[o]) for o in ("ok", "typed", "wrong", "duplicate", "hung", "untyped"))
+            + " |"
+        )
+    migrated = summary.requests.get("migrated", {})
+    lines += [
+        "",
+        "migrated streams (moves): "
+        + ", ".join(f"{source} {m['streams']} ({m['moves']})" for source, m in migrated.items()),
+    ]
+    res = summary.resources
+    lines += [
+        "",
+        f"lost: {summary.requests['lost']}; driver RSS {res['driver_rss_mb'][0]} -> "
+        f"{res['driver_rss_mb'][1]} MiB (max {res['driver_rss_max_mb']}), fds {res['driver_fds'][0]} -> "
+        f"{res['driver_fds'][1]} (max {res['driver_fds_max']}); largest actor RSS "
+        f"{res['actor_rss_max_mb'][0]} -> {res['actor_rss_max_mb'][1]} MiB, most actor fds "
+        f"{res['actor_fds_max'][0]} -> {res['actor_fds_max'][1]}; "
+        f"left after close: {summary.leftovers or 'nothing'}",
+    ]
+    lines.append("verdict: " + ("PASS" if not summary.violations else "FAIL: " + "; ".join(summary.violations)))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--minutes", type=float, required=True, help="soak length (setup and checks come on top)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    parser.add_argument(
+        "--hosts",
+        choices=sorted(MODES),
+        default="local",
+        help="local: a local 2-node Ray; netns: namespace hosts with their own IPs, and partitions "
+        "(needs root and ip netns)",
+    )
+    args = parser.parse_args(argv)
+    exit_on_sigterm()
+    summary = soak(args.seed, args.minutes, args.hosts)
+    if summary.leftovers:
+        summary.violations.append(f"left after close: {summary.leftovers}")
+    print("\n".join(table(summary)), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps({**asdict(summary), "faults_by_kind": summary.by_kind()}))
+    for violation in summary.violations:
+        print(f"chaos: VIOLATION: {violation}", file=sys.stderr)
+    return 1 if summary.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""Fault injectors against a running raydp cluster on a local multi-node Ray, and the probes that time recovery.
+
+:class:`LocalRay` is a ``ray.cluster_utils.Cluster`` with logical GPUs (a
+head and worker nodes, one IP). :class:`Injector` kills what a raydp
+cluster is made of, the way it dies in production:
+
+* a rank's engine process: ``SIGKILL`` of its pid, or ``ray.kill``;
+* a device worker of a rank (engines with a ``worker_class``): ``SIGKILL``;
+* the coordinator: ``SIGKILL`` or ``ray.kill``;
+* an API server process (``cluster.serve_api``): ``SIGKILL``;
+* a non-head node holding ranks: ``remove_node``, then a like node is added
+  so the capacity comes back for its ranks to be re-placed on;
+* on namespace hosts (``netns_ray.NetnsRay``, :data:`NETNS_KINDS`): a network
+  partition of a host holding ranks (its veth goes down), then a fresh host
+  is started so the capacity comes back.
+
+Each returns a :class:`Fault` (what, which, when). :meth:`Injector.detected`
+times the fault until the cluster's death report (``cluster.deaths`` grows);
+:meth:`Injector.serving` tells whether what the fault hit serves again (a
+request pinned to the rank answered correctly, the coordinator's subscribers
+all back, the API server respawned and answering).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import ray
+from ray.cluster_utils import Cluster as RayTestCluster
+
+import raydp
+from raydp.names import NAMESPACE, coordinator_name, rank_name
+from raydp.serve.processes import APIServerProcessManager
+
+KINDS = (
+    "rank-sigkill",
+    "rank-ray-kill",
+    "worker-sigkill",
+    "coordinator-sigkill",
+    "coordinator-ray-kill",
+    "api-server-sigkill",
+    "node-remove",
+)
+# On namespace hosts a partition takes the place of node removal (the test cluster's remove_node has no hosts there).
+NETNS_KINDS = (*KINDS[:-1], "partition")
+
+
+class LocalRay:
+    """A local Ray of several nodes (logical GPUs), started and connected to by this driver."""
+
+    def __init__(self, gpus_per_node: tuple[int, ...], cpus_per_node: int = 4) -> None:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        self.cpus = cpus_per_node
+        self.cluster = RayTestCluster(
+            initialize_head=True, head_node_args={"num_cpus": cpus_per_node, "num_gpus": gpus_per_node[0]}
+        )
+        self._gpus: dict[str, int] = {}  # worker node id -> its logical GPUs
+        for gpus in gpus_per_node[1:]:
+            self._add(gpus)
+        ray.init(address=self.cluster.address, log_to_driver=False)
+        self.cluster.wait_for_nodes()
+
+    @property
+    def head_id(self) -> str:
+        return str(self.cluster.head_node.node_id)
+
+    def worker_nodes(self) -> list[Any]:
+        return list(self.cluster.worker_nodes)
+
+    def replace(self, node: Any) -> None:
+        """Remove ``node`` (its processes die) and add a node with the same GPUs, so capacity comes back."""
+        gpus = self._gpus.pop(node.node_id)
+        self.cluster.remove_node(node)
+        self._add(gpus)
+
+    def _add(self, gpus: int) -> None:
+        node = self.cluster.add_node(num_cpus=self.cpus, num_gpus=gpus)
+        self._gpus[node.node_id] = gpus
+
+    def shutdown(self) -> None:
+        ray.shutdown()
+        self.cluster.shutdown()
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    target: str  # e.g. "rank 2", "api server 1", "node 3f2a..."
+    at: float  # time.monotonic() just before the kill
+    ranks: tuple[int, ...] = ()  # the ranks it takes down (for the serving probe)
+    deaths_before: int = 0
+    api_index: int = -1
+    old_pid: int = 0
+    node: str = ""  # a partition's cut-off node: its ranks must come back elsewhere
+
+
+class Injector:
+    """Faults against ``cluster`` (launched by this driver) on ``local``; probes use a client of their own."""
+
+    def __init__(self, cluster: raydp.Cluster, local: Any, servers: APIServerProcessManager | None = None) -> None:
+        self.cluster, self.local, self.servers = cluster, local, servers
+        self.control = cluster.client()
+        self.api_kills: list[float] = []
+        self._lock = threading.Lock()
+
+    # ---- faults ------------------------------------------------------------------------------
+
+    def inject(self, kind: str, rank: int = 1, api_index: int = 0) -> Fault:
+        if kind == "rank-sigkill":
+            return self.kill_rank(rank)
+        if kind == "rank-ray-kill":
+            return self.ray_kill_rank(rank)
+        if kind == "worker-sigkill":
+            return self.kill_worker(rank)
+        if kind == "coordinator-sigkill":
+            return self.kill_coordinator(sigkill=True)
+        if kind == "coordinator-ray-kill":
+            return self.kill_coordinator(sigkill=False)
+        if kind == "api-server-sigkill":
+            return self.kill_api_server(api_index)
+        if kind == "node-remove":
+            return self.remove_node()
+        if kind == "partition":
+            return self.partition_host(rank)
+        raise ValueError(f"kind={kind!r}: not one of {(*KINDS, 'partition')}")
+
+    def _fault(self, kind: str, target: str, **kw: Any) -> Fault:
+        return Fault(kind, target, time.monotonic(), deaths_before=len(self.cluster.deaths), **kw)
+
+    def kill_rank(self, rank: int) -> Fault:
+        pid = int(self.control.call_utility(rank, "describe", timeout=10)["pid"])
+        fault = self._fault("rank-sigkill", f"rank {rank} (pid {pid})", ranks=(rank,))
+        os.kill(pid, signal.SIGKILL)
+        return fault
+
+    def ray_kill_rank(self, rank: int) -> Fault:
+        actor = ray.get_actor(rank_name(self.cluster.name, rank), namespace=NAMESPACE)
+        fault = self._fault("rank-ray-kill", f"rank {rank}", ranks=(rank,))
+        ray.kill(actor, no_restart=True)
+        return fault
+
+    def kill_worker(self, rank: int) -> Fault:
+        workers = self.control.call_utility(rank, "describe_workers", timeout=10)
+        pid = int(workers[-1]["pid"])
+        fault = self._fault(
+            "worker-sigkill", f"worker tp{workers[-1]['tp_rank']} of rank {rank} (pid {pid})", ranks=(rank,)
+        )
+        os.kill(pid, signal.SIGKILL)
+        return fault
+
+    def kill_coordinator(self, sigkill: bool) -> Fault:
+        actor = ray.get_actor(coordinator_name(self.cluster.name), namespace=NAMESPACE)
+        if not sigkill:
+            fault = self._fault("coordinator-ray-kill", "coordinator")
+            ray.kill(actor, no_restart=True)
+            return fault
+        pid = self._actor_pid(actor)
+        fault = self._fault("coordinator-sigkill", f"coordinator (pid {pid})")
+        os.kill(pid, signal.SIGKILL)
+        return fault
+
+    def kill_api_server(self, index: int) -> Fault:
+        assert self.servers is not None, "no API servers to kill"
+        pid = self.servers.procs[index].process.pid
+        assert pid is not None
+        fault = self._fault("api-server-sigkill", f"api server {index} (pid {pid})", api_index=index, old_pid=pid)
+        with self._lock:
+            self.api_kills.append(fault.at)
+        os.kill(pid, signal.SIGKILL)
+        return fault
+
+    def remove_node(self) -> Fault:
+        """Remove a worker node holding ranks, never the head (the coordinator lives beside rank 0)."""
+        by_node: dict[str, list[int]] = {}
+        for ep in self.cluster.endpoints.engines:
+            by_node.setdefault(ep.node_id, []).append(ep.rank)
+        node = next(n for n in self.local.worker_nodes() if n.node_id in by_node)
+        ranks = tuple(by_node[node.node_id])
+        fault = self._fault("node-remove", f"node {node.node_id[:8]} (ranks {list(ranks)})", ranks=ranks)
+        self.local.replace(node)
+        return fault
+
+    def partition_host(self, pick: int) -> Fault:
+        """Cut off a namespace host holding ranks, never rank 0's.
+
+        The coordinator is pinned beside rank 0 and a restarted one goes back to
+        its predecessor's node, which a partition takes away for good: that
+        fault is outside what the cluster recovers from.
+        """
+        by_node: dict[str, list[int]] = {}
+        for ep in self.cluster.endpoints.engines:
+            by_node.setdefault(ep.node_id, []).append(ep.rank)
+        first = next(ep.node_id for ep in self.cluster.endpoints.engines if ep.rank == 0)
+        nodes = sorted((n for n in by_node if n != first and n in self.local.hosts), key=lambda n: by_node[n])
+        node = nodes[pick % len(nodes)]
+        ranks = tuple(by_node[node])
+        fault = self._fault(
+            "partition", f"host {self.local.hosts[node].ip} (ranks {list(ranks)})", ranks=ranks, node=node
+        )
+        self.local.partition(node)
+        return fault
+
+    def settle(self, fault: Fault) -> None:
+        """After ``fault`` was measured: a partition's replacement host joins and the cut-off host goes."""
+        if fault.kind == "partition":
+            self.local.reap()
+
+    def node_with_ranks(self) -> bool:
+        """Whether some worker node holds ranks (else ``node-remove`` has nothing to remove)."""
+        held = {ep.node_id for ep in self.cluster.endpoints.engines}
+        return any(n.node_id in held for n in self.local.worker_nodes())
+
+    def server_killed_between(self, start: float, end: float) -> bool:
+        """Whether an API server was killed while an HTTP request was on it."""
+        with self._lock:
+            return any(start - 0.05 <= at <= end for at in self.api_kills)
+
+    @staticmethod
+    def _actor_pid(actor: Any) -> int:
+        from ray._private.state import actors
+
+        for attempt in range(5):  # the GCS's actor table (no dashboard needed), until the pid is in
+            found = actors(actor._actor_id.hex())  # noqa: SLF001 - a handle's id has no public accessor
+            if found and found.get("Pid"):
+                return int(found["Pid"])
+            time.sleep(0.5 + attempt)
+        raise RuntimeError(f"no pid for actor {actor}")
+
+    # ---- probes ------------------------------------------------------------------------------
+
+    def detected(self, fault: Fault) -> bool:
+        if fault.kind == "partition":  # each cut-off rank reported dead because its node died
+            told = {getattr(e, "rank", -1) for e in self.cluster.deaths[fault.deaths_before :] if "node died" in str(e)}
+            return set(fault.ranks) <= told
+        return len(self.cluster.deaths) > fault.deaths_before
+
+    def serving(self, fault: Fault) -> bool:
+        """Whether what ``fault`` hit serves again."""
+        if fault.kind.startswith("coordinator"):
+            return self.coordinator_back() and self.rank_serves(0)
+        if fault.kind.startswith("api-server"):
+            return self.api_server_back(fault)
+        if fault.kind == "partition" and any(
+            self.cluster.endpoints.engines[r].node_id == fault.node for r in fault.ranks
+        ):
+            return False  # not re-placed yet
+        return all(self.rank_serves(rank) for rank in fault.ranks)
+
+    def rank_serves(self, rank: int, timeout: float = 5.0) -> bool:
+        prompt = [rank + 1, 7]
+        try:
+            return bool(self.control.generate(prompt, max_tokens=2, rank=rank, timeout=timeout) == prompt)
+        except (raydp.RaydpError, TimeoutError):
+            return False
+
+    def coordinator_back(self) -> bool:
+        try:
+            state = self.cluster.coordinator_state()
+        except Exception:  # the old actor is gone and the new one not there yet
+            return False
+        return len(state.subscribed) == self.cluster.dp_size
+
+    def api_server_back(self, fault: Fault) -> bool:
+        assert self.servers is not None
+        proc = self.servers.procs[fault.api_index].process
+        return proc.pid != fault.old_pid and proc.is_alive() and http_serves(self.servers.url)
+
+    def all_serving(self) -> bool:
+        """Every rank answers, the coordinator has every subscriber, every API server process lives."""
+        if not all(self.rank_serves(r) for r in range(self.cluster.dp_size)):
+            return False
+        if not self.coordinator_back():
+            return False
+        return self.servers is None or (
+            all(p.process.is_alive() for p in self.servers.procs) and http_serves(self.servers.url)
+        )
+
+
+def actor_processes(name: str) -> tuple[int, int]:
+    """The largest RSS (bytes) and open-fd count among cluster ``name``'s live actor processes on this host."""
+    import psutil
+    from ray._private.state import actors
+
+    rss = fds = 0
+    for actor in actors(actor_state_name="ALIVE").values():  # the GCS's table: no dashboard needed
+        if not str(actor["Name"] or "").startswith(f"{name}-") or not actor["Pid"]:
+            continue
+        try:
+            proc = psutil.Process(int(actor["Pid"]))
+            rss, fds = max(rss, proc.memory_info().rss), max(fds, proc.num_fds())
+        except psutil.Error:  # died meanwhile (a fault)
+            continue
+    return rss, fds
+
+
+def http_serves(url: str, timeout: float = 5.0) -> bool:
+    parts = urlsplit(url)
+    assert parts.hostname is not None and parts.port is not None
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request(
+            "POST",
+            "/v1/completions",
+            json.dumps({"prompt": [3, 4], "max_tokens": 2}),
+            {"Content-Type": "application/json"},
+        )
+        answer = conn.getresponse()
+        return answer.status == 200 and json.loads(answer.read())["choices"][0]["token_ids"] == [3, 4]
+    except (OSError, http.client.HTTPException, ValueError, KeyError):
+        return False
+    finally:
+        conn.close()
+
+
+def wait_for(predicate: Callable[[], bool], since: float, timeout: float, poll_s: float = 0.015) -> float | None:
+    """Seconds from ``since`` until ``predicate`` holds (polled every ``poll_s``), or None after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return time.monotonic() - since
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(poll_s)

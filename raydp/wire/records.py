@@ -1,0 +1,73 @@
+"""Control-plane records: what a cluster's coordinator keeps and reports about it.
+
+The coordinator holds the cluster's record (:class:`ClusterInfo` with its
+:class:`APIServerRecord` list, and the :class:`LaunchRecord`) for
+``raydp.attach``, ``raydp status`` and ``raydp scale``, and describes its own
+state as a :class:`CoordinatorStatus`. They travel as Ray actor arguments and
+results, or msgpack on the ``mp`` backend's control pipe (all but
+:class:`LaunchRecord`, which holds a class and only Ray carries).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from raydp.config import RaydpConfig
+from raydp.wire.endpoints import ClusterEndpoints
+
+
+class CoordinatorStatus(msgspec.Struct, frozen=True):
+    """The coordinator's wave, running flag, per-rank counts and counters, for operators and tests."""
+
+    wave: int
+    running: bool
+    dp_size: int  # ranks the coordinator knows
+    routable: int  # ranks clients may route to (fewer while a scale-down drains)
+    hold: str | None  # the lockstep gang's hold phase, None when none is held
+    counts: list[list[int]]  # per rank: [waiting, running]
+    work: list[int]  # per rank: tokens left to generate, -1 where the engine reports none (yet)
+    dead: dict[int, str]  # dead rank -> cause
+    deaths: list[int]  # per rank, since launch
+    restarts: list[int]  # per rank, since launch
+    dropped: int  # malformed or unknown-rank messages dropped
+    broadcasts: int
+    subscribed: list[int]  # ranks whose engines subscribed
+    resynced: bool  # a restarted coordinator has heard every live rank again
+
+
+class APIServerRecord(msgspec.Struct, frozen=True):
+    """Where one group of API servers listens, for ``raydp status``."""
+
+    mode: str  # internal, hybrid or external
+    url: str
+    count: int  # processes
+    node_id: str | None = None
+    ranks: list[int] | None = None  # None: every rank
+
+
+class ClusterInfo(msgspec.Struct, frozen=True):
+    """What ``raydp status`` shows beyond the coordinator's state."""
+
+    accelerator: str = ""
+    devices: list[list[str]] = []  # per rank: its device ids
+    lockstep: bool = False
+    engine: str = ""
+    api_servers: list[APIServerRecord] = []
+
+
+class LaunchRecord(msgspec.Struct, frozen=True):
+    """How a cluster was launched, for another process that scales it (``raydp scale``)."""
+
+    config: RaydpConfig
+    engine_cls: Any = None  # the engine class the launcher was given, None when it named a path
+
+
+class ClusterStatus(msgspec.Struct, frozen=True):
+    """One running cluster as its coordinator knows it: what ``raydp status`` prints."""
+
+    name: str
+    endpoints: ClusterEndpoints | None  # None while the cluster is starting
+    state: CoordinatorStatus
+    info: ClusterInfo
