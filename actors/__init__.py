@@ -18,7 +18,8 @@ Modules:
 - ``slots``: where each rank runs (its placement group, node and devices) and the device probes;
 - ``watch``: watching ``run()`` refs, whose end means a death;
 - ``deaths``: turning what Ray says about a finished ref into a typed death cause;
-- ``adopt``: a manager for a detached cluster another process launched, so that it can be scaled;
+- ``supervisor``: ``SupervisorActor``, a detached cluster's supervision inside the cluster, and the
+  launcher's ``SupervisedBackend``;
 - ``attached``: ``AttachedBackend``, a handle's backend on a cluster another process launched (``raydp.attach``),
   and what ``raydp status`` reads;
 - ``owned``: what a launch created and must release, once;

@@ -6,8 +6,8 @@ nothing and owns nothing: ``close()`` leaves the cluster running, and only
 ``terminate()`` (``Cluster.shutdown``) ends it. Deaths reach an attached
 handle's clients straight from the coordinator's snapshots (they follow its
 liveness themselves), so ``on_death`` and ``on_restart`` have nothing to add.
-A scale change runs through a manager adopted for it (:mod:`raydp.actors.adopt`),
-which needs a cluster launched with ``detached=True``.
+A scale change runs in the cluster's supervisor (:mod:`raydp.actors.supervisor`),
+which a cluster launched with ``detached=True`` has.
 
 Also what ``raydp status`` reads: :func:`running_clusters` and :func:`cluster_status`.
 """
@@ -62,9 +62,11 @@ class AttachedBackend:
         """Nothing to release: the cluster is not this handle's to end."""
 
     def terminate(self) -> None:
-        """End the cluster itself: its actors, placement groups and IPC directories."""
+        """End the cluster itself: its supervisor closes it, then whatever is left is swept."""
+        from raydp.actors.supervisor import end_supervisor
         from raydp.actors.terminate import terminate_cluster
 
+        end_supervisor(self.name)
         terminate_cluster(self.name, self.endpoints.ipc_prefix)
 
     def on_death(self, listener: DeathListener) -> None:
@@ -78,15 +80,12 @@ class AttachedBackend:
         return state
 
     def scale(self, dp_size: int, drain_timeout_s: float) -> ClusterEndpoints:
-        from raydp.actors.adopt import adopt
+        """Through the cluster's supervisor; this handle's clients then follow the final endpoints."""
+        from raydp.actors.supervisor import supervised_scale
 
-        manager = adopt(self.name)
-        try:
-            for listener in self._scale_listeners:
-                manager.on_scale(listener)
-            self.endpoints = manager.scale(dp_size, drain_timeout_s)
-        finally:
-            manager.leave()  # the cluster lives on; only the adopted manager's sockets go
+        self.endpoints = supervised_scale(self.name, dp_size, drain_timeout_s)
+        for listener in self._scale_listeners:
+            listener(self.endpoints, len(self.endpoints.engines), drain_timeout_s)
         return self.endpoints
 
     def on_scale(self, listener: ScaleListener) -> None:
@@ -94,8 +93,14 @@ class AttachedBackend:
         self._scale_listeners.append(listener)
 
     def register_api_servers(self, record: APIServerRecord) -> None:
-        """Waited for, so that a ``raydp status`` right after lists them."""
-        ray.get(find_coordinator(self.name).add_api_servers.remote(record), timeout=CALL_TIMEOUT_S)
+        """Waited for, so that a ``raydp status`` right after lists them; through the supervisor where
+        there is one, which also hands them to a restarted coordinator."""
+        from raydp.actors.supervisor import find_supervisor
+
+        supervisor = find_supervisor(self.name)
+        target = supervisor if supervisor is not None else find_coordinator(self.name)
+        method = target.register_api_servers if supervisor is not None else target.add_api_servers
+        ray.get(method.remote(record), timeout=CALL_TIMEOUT_S)
 
     def start_api_servers(
         self,

@@ -15,7 +15,7 @@ from raydp.coordinator.resync import Restored
 from raydp.coordinator.state import CoordinatorState
 from raydp.logs import configure_component_logging
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
-from raydp.wire.records import APIServerRecord, ClusterInfo, CoordinatorStatus, LaunchRecord
+from raydp.wire.records import APIServerRecord, AutoscaleDecision, ClusterInfo, CoordinatorStatus, LaunchRecord
 from raydp.wire.transport import SocketOptions
 
 
@@ -78,7 +78,9 @@ class CoordinatorActor:
         self._launch: LaunchRecord | None = None
         self._api_servers: list[APIServerRecord] = []
         self._metrics_stop = threading.Event()
-        export_periodically(self._loop.describe, CoordinatorMetrics(cluster_name).export, self._metrics_stop)
+        self._autoscale: AutoscaleDecision | None = None
+        self._metrics = CoordinatorMetrics(cluster_name)
+        export_periodically(self._loop.describe, self._metrics.export, self._metrics_stop)
 
     def endpoints(self) -> CoordinatorEndpoints:
         return self._loop.endpoints
@@ -115,9 +117,14 @@ class CoordinatorActor:
     def add_api_servers(self, record: APIServerRecord) -> None:
         self._api_servers.append(record)
 
+    def set_autoscale(self, decision: AutoscaleDecision) -> None:
+        """The autoscaler's latest decision, for ``raydp status`` and the metrics."""
+        self._autoscale = decision
+        self._metrics.export_autoscale(decision)
+
     def info(self) -> ClusterInfo:
         """What ``raydp status`` shows beyond the state: devices per rank, API servers."""
-        return msgspec.structs.replace(self._info, api_servers=list(self._api_servers))
+        return msgspec.structs.replace(self._info, api_servers=list(self._api_servers), autoscale=self._autoscale)
 
     def state(self) -> CoordinatorStatus:
         return self._loop.describe()

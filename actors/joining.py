@@ -47,12 +47,15 @@ class RankJoining:
         self.sock_opts = sock_opts
         self.curve = curve
         self.driver_node_id = driver_node_id
-        self.coordinator_ref: Any = None  # the coordinator's run() ref, watched by every wait
+        self.coordinator_ref: Any = None  # the coordinator's run() ref, watched by startup's waits
+        # Once the cluster serves, a join (a restart, a scale-up) goes on whatever the coordinator
+        # does: its death is reported and handled on its own, and a successor resyncs the ranks.
+        self.serving = False
         self.lock = threading.Lock()
 
     def watched(self, records: Sequence[RankRecord]) -> dict[Any, int]:
         refs = {r.run_ref: r.rank for r in records if r.run_ref is not None}
-        if self.coordinator_ref is not None:
+        if self.coordinator_ref is not None and not self.serving:
             refs[self.coordinator_ref] = -1
         return refs
 
@@ -99,6 +102,8 @@ class RankJoining:
         """Rank 0's new rendezvous; fails at once if one of ``watched`` (or the coordinator) ends."""
         ref = rank0.dp_master.remote(size)
         refs = self.watched(watched)
+        if self.coordinator_ref is not None:  # a gang restart's new group needs the coordinator's wave
+            refs[self.coordinator_ref] = -1
         deadline = time.monotonic() + self.config.startup_timeout_s
         while not ray.wait([ref], timeout=0.05)[0]:
             check_started(refs)

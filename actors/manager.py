@@ -23,7 +23,6 @@ from raydp.actors.owned import Owned
 from raydp.actors.runtime import RayRuntime
 from raydp.backend import APIServerGroup, DeathListener, RestartListener, ScaleListener
 from raydp.config import RaydpConfig
-from raydp.coordinator.client import CoordinatorClient
 from raydp.errors import ComponentDeadError, RaydpError, StartupError
 from raydp.orchestration.core import Orchestrator, weak_report
 from raydp.orchestration.ranks import RankRecord
@@ -44,14 +43,12 @@ class ActorManager:
         placement_groups: Sequence[PlacementGroup] | None = None,
         progress: Callable[[int, int], None] | None = None,
         engine_cls: type | None = None,
-        curve: CurveKeys | None = None,
-        prefix: str | None = None,
     ) -> None:
         self.config = config
         self._progress = progress
-        self.ipc_prefix = prefix or ipc_prefix(config.name)
+        self.ipc_prefix = ipc_prefix(config.name)
         # Made per launch and handed out only through Ray (actor arguments, endpoints).
-        self.curve = curve if prefix is not None else (CurveKeys.generate() if config.uses_curve else None)
+        self.curve = CurveKeys.generate() if config.uses_curve else None
         sock_opts = socket_options(config, self.curve)
         self._owned = Owned(name=self.ipc_prefix)
         if not config.detached:  # a detached cluster outlives its launcher: only close() ends it
@@ -163,25 +160,6 @@ class ActorManager:
             self.close()
             raise
 
-    def adopt(self, endpoints: ClusterEndpoints, coordinator: Any, records: Sequence[RankRecord]) -> None:
-        """Take over a running detached cluster that another process launched (see :mod:`raydp.actors.adopt`).
-
-        This manager watches nothing and owns nothing: :meth:`leave` drops only its own sockets.
-        """
-        o = self.orchestrator
-        self._owned.coordinator = coordinator
-        self._owned.groups.extend(r.group for r in records if r.owns_group)
-        o.table.extend(records)
-        o.coordinator_endpoints = endpoints.coordinator
-        o.dp_size = len(records)
-        o.endpoints = endpoints
-        o.reports.coordinator = CoordinatorClient(endpoints.coordinator, self.driver_node_id, o.sock_opts)
-        self._owned.closers.append(o.reports.coordinator.close)
-
     def close(self) -> None:
         """Stop watching, shut the actors down, remove created groups. Idempotent."""
         self._owned.release()
-
-    def leave(self) -> None:
-        """Drop this process's own sockets and leave the (detached) cluster running (see ``adopt``)."""
-        self._owned.leave()

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from ray.util.metrics import Counter, Gauge
 
-from raydp.wire.records import CoordinatorStatus
+from raydp.wire.records import AutoscaleDecision, CoordinatorStatus
 
 logger = logging.getLogger("raydp.metrics")
 T = TypeVar("T")
@@ -35,6 +35,8 @@ class CoordinatorMetrics:
         self.restarts = Gauge("raydp_rank_restarts", "restarts of the rank since launch", TAGS)
         self.dead = Gauge("raydp_rank_dead", "1 while the rank is dead", TAGS)
         self.wave = Gauge("raydp_wave", "the cluster's current request wave", ("cluster",))
+        self.desired = Gauge("raydp_autoscale_desired_ranks", "the size the autoscaler wants", ("cluster",))
+        self.current = Gauge("raydp_autoscale_current_ranks", "the size the autoscaler found", ("cluster",))
 
     def export(self, state: CoordinatorStatus) -> None:
         for rank, (waiting, running) in enumerate(state.counts):
@@ -47,6 +49,10 @@ class CoordinatorMetrics:
             if rank < len(state.work) and state.work[rank] >= 0:
                 self.work.set(state.work[rank], tags)
         self.wave.set(state.wave, {"cluster": self.cluster})
+
+    def export_autoscale(self, decision: AutoscaleDecision) -> None:
+        self.desired.set(decision.desired, {"cluster": self.cluster})
+        self.current.set(decision.current, {"cluster": self.cluster})
 
 
 class EngineMetrics:

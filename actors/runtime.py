@@ -36,7 +36,7 @@ from raydp.orchestration.runtime import InitFor, Progress
 from raydp.placement.groups import remove_groups
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
 from raydp.wire.handshake import HandshakeResult
-from raydp.wire.records import APIServerRecord, ClusterInfo, CoordinatorStatus, LaunchRecord
+from raydp.wire.records import APIServerRecord, AutoscaleDecision, ClusterInfo, CoordinatorStatus, LaunchRecord
 from raydp.wire.security import CurveKeys
 
 logger = logging.getLogger("raydp.manager")
@@ -173,6 +173,7 @@ class RayRuntime:
             kill_and_wait(actor)
 
     def watch(self, records: Sequence[RankRecord]) -> None:
+        self.joining.serving = True  # the first watch ends startup
         for record in records:
             if record.run_ref is not None:
                 self.watch_queue.put((record.run_ref, record.rank))
@@ -262,6 +263,9 @@ class RayRuntime:
         refs = [coordinator.set_cluster.remote(endpoints, self.status_info(), self.launch_record)]
         refs += [coordinator.add_api_servers.remote(record) for record in self.api_server_records]
         ray.get(refs, timeout=HAND_TIMEOUT_S)
+
+    def record_autoscale(self, decision: AutoscaleDecision) -> None:
+        self.tell_coordinator(self.owned.coordinator.set_autoscale.remote(decision), "the autoscaler's decision")
 
     def tell_coordinator(self, ref: Any, what: str) -> None:
         """Wait for a write to the coordinator's cluster record; a dead coordinator's successor gets

@@ -11,7 +11,7 @@ import ray
 import tenacity
 
 from raydp.actors.owned import Owned
-from raydp.names import NAMESPACE, coordinator_name, rank_name
+from raydp.names import NAMESPACE, coordinator_name, rank_name, supervisor_name
 
 T = TypeVar("T")
 
@@ -37,7 +37,7 @@ def _named_actors(name: str) -> list[Any]:
     found = []
     for entry in list_named_actors(all_namespaces=True):
         if entry["namespace"] == NAMESPACE and (
-            entry["name"] == coordinator_name(name) or _is_rank_group(entry["name"], name)
+            entry["name"] in (coordinator_name(name), supervisor_name(name)) or _is_rank_group(entry["name"], name)
         ):
             found.append(ray.get_actor(entry["name"], namespace=NAMESPACE))
     return found

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from raydp.config import RaydpConfig
+from raydp.config import AutoscalingConfig, RaydpConfig
 from raydp.errors import (
     ClusterClosedError,
     ComponentDeadError,
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AsyncClient",
+    "AutoscalingConfig",
     "Client",
     "Cluster",
     "ClusterClosedError",

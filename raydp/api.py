@@ -53,6 +53,8 @@ def launch(
         manager = ProcessManager(config, progress=bar)
     else:
         connect(address, local=local_resources(config.dp_size, config.world_size, config.accelerator))
+        if config.detached:
+            return _launch_supervised(config, engine_cls, placement_groups)
         from raydp.actors.manager import ActorManager
 
         ray_manager = ActorManager(config, placement_groups=placement_groups, progress=bar, engine_cls=engine_cls)
@@ -63,6 +65,18 @@ def launch(
     except BaseException:
         manager.close()
         raise
+
+
+def _launch_supervised(config: RaydpConfig, engine_cls: type | None, placement_groups: Sequence[Any] | None) -> Cluster:
+    """A detached cluster is supervised from inside itself (:mod:`raydp.actors.supervisor`): it heals
+    and scales without this process, and this handle is attached to it like any other."""
+    from raydp.actors.connection import this_node_id
+    from raydp.actors.supervisor import SupervisedBackend
+
+    backend = SupervisedBackend.launch(config, engine_cls, placement_groups, this_node_id())
+    return Cluster(
+        backend, backend.endpoints, node_id=backend.node_id, follow_liveness=True, terminate=backend.terminate
+    )
 
 
 def _check_engine_kwargs(config: RaydpConfig, engine_cls: type | None) -> None:

@@ -224,19 +224,5 @@ class OwnedResources:
         if self.ipc_dir is not None:
             self.ipc_dir.remove()
 
-    def leave(self) -> None:
-        """Drop this process's own sockets, and leave the components running (a detached cluster)."""
-        with self.lock:
-            if self.released:
-                return
-            self.released = True
-        self.stop.set()
-        for close in self.closers:
-            close()
-        if self.ctx is not None:
-            self.ctx.destroy(linger=0)
-        if self.ipc_dir is not None:
-            self.ipc_dir.remove()
-
     def stop_components(self) -> None:
         """End the processes or actors this launch started (the backend's part)."""

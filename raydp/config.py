@@ -27,6 +27,47 @@ ENV_PREFIX = "RAYDP_"
 _NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,40}$"
 
 
+class AutoscalingConfig(BaseModel):
+    """When a cluster changes its size by itself, from the coordinator's load (Ray Serve's defaults where they fit).
+
+    ``target_ongoing_requests`` is per rank (waiting + running, averaged over
+    ``look_back_s``); a change waits until the wish for it has held for
+    ``upscale_delay_s`` or ``downscale_delay_s``; ``interval_s`` is how often
+    the load is read and a decision taken.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    min_dp_size: int = Field(1, ge=1, le=4096, description="never fewer ranks")
+    max_dp_size: int = Field(ge=1, le=4096, description="never more ranks")
+    target_ongoing_requests: float = Field(2.0, gt=0, description="ongoing requests per rank to aim for")
+    upscale_delay_s: float = Field(30.0, ge=0, description="how long more ranks must be wanted before adding them")
+    downscale_delay_s: float = Field(600.0, ge=0, description="how long fewer must be wanted before removing")
+    look_back_s: float = Field(30.0, gt=0, description="the window the load is averaged over")
+    interval_s: float = Field(1.0, gt=0, le=600, description="how often the load is read")
+    drain_timeout_s: float = Field(30.0, gt=0, description="how long a scale-down lets removed ranks finish")
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, AutoscalingConfig, "autoscaling config")) from None
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> AutoscalingConfig:
+        if self.min_dp_size > self.max_dp_size:
+            raise ValueError(f"min_dp_size={self.min_dp_size} must be <= max_dp_size={self.max_dp_size}")
+        return self
+
+    @classmethod
+    def parse(cls, spec: str) -> AutoscalingConfig:
+        """``MIN:MAX`` (the CLI's ``--autoscale``), with the other fields at their defaults."""
+        low, sep, high = spec.partition(":")
+        if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+            raise ConfigError(f"autoscale={spec!r}: must be MIN:MAX, two ints >= 1 (e.g. 1:4)")
+        return cls(min_dp_size=int(low), max_dp_size=int(high))
+
+
 class RaydpConfig(BaseModel):
     """Everything that shapes one raydp cluster.
 
@@ -85,6 +126,9 @@ class RaydpConfig(BaseModel):
     max_message_bytes: int = Field(64 << 20, ge=1 << 16, description="largest socket message accepted")
     high_water_mark: int = Field(100_000, ge=1)
     detached: bool = Field(False, description="actors outlive the launching driver (for attach)")
+    autoscaling: AutoscalingConfig | None = Field(
+        None, description="change dp_size by itself with the load (None: a fixed size, changed by scale())"
+    )
 
     def __init__(self, **data: Any) -> None:
         # Every way of building a config raises ConfigError, never pydantic's error.
@@ -110,6 +154,11 @@ class RaydpConfig(BaseModel):
     def _check_local_size(self) -> RaydpConfig:
         if self.dp_size_local is not None and self.dp_size_local > self.dp_size:
             raise ValueError(f"dp_size_local={self.dp_size_local} must be <= dp_size={self.dp_size}")
+        scaling = self.autoscaling
+        if scaling is not None and not scaling.min_dp_size <= self.dp_size <= scaling.max_dp_size:
+            raise ValueError(
+                f"dp_size={self.dp_size} must be within autoscaling's [{scaling.min_dp_size}, {scaling.max_dp_size}]"
+            )
         return self
 
     def config_hash(self) -> str:
@@ -144,7 +193,7 @@ def env_fields(env: Mapping[str, str]) -> dict[str, Any]:
             # An empty variable means "not set", never "no node may host a rank".
             nodes = tuple(p.strip() for p in raw.split(",") if p.strip())
             out[name] = nodes or None
-        elif name == "engine_kwargs":
+        elif name in ("engine_kwargs", "autoscaling"):
             out[name] = _parse_json(name, raw)
         else:
             out[name] = raw

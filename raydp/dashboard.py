@@ -142,6 +142,15 @@ PANELS: Final[tuple[Panel, ...]] = (
         (Query(f"max by (cluster) (ray_raydp_wave{{{CLUSTER}}})", "{{cluster}}"),),
         "the lockstep wave number: rises as waves complete (dense clusters stay at 0)",
     ),
+    Panel(
+        "Autoscaler: ranks wanted and ranks running",
+        "short",
+        (
+            Query(f"max by (cluster) (ray_raydp_autoscale_desired_ranks{{{CLUSTER}}})", "{{cluster}} wanted"),
+            Query(f"max by (cluster) (ray_raydp_autoscale_current_ranks{{{CLUSTER}}})", "{{cluster}} running"),
+        ),
+        "clusters launched with autoscaling: the size the load asks for, and the size it found",
+    ),
 )
 
 LEFT_OUT: Final[dict[str, str]] = {

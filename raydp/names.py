@@ -16,3 +16,8 @@ def rank_name(cluster: str, rank: int) -> str:
 
 def coordinator_name(cluster: str) -> str:
     return f"{cluster}-coordinator"
+
+
+def supervisor_name(cluster: str) -> str:
+    """The actor that supervises a detached cluster from inside it (restarts, scaling, close)."""
+    return f"{cluster}-supervisor"

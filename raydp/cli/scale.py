@@ -1,8 +1,8 @@
 """``raydp scale NAME N``: grow or shrink a running detached cluster to N ranks.
 
 It attaches to the cluster (``raydp.attach``) and runs ``Cluster.scale``,
-whose backend adopts the cluster from its coordinator (config, engine class,
-endpoints) for the change; the cluster keeps running.
+which the cluster's supervisor carries out inside the cluster
+(:mod:`raydp.actors.supervisor`); the cluster keeps running.
 Clients in other processes (API servers, notebooks) follow from the
 coordinator's snapshots.
 """

@@ -15,6 +15,7 @@ from raydp.cli.options import (
 )
 from raydp.cli.signals import install_stop_handlers
 from raydp.client.balancer import POLICIES
+from raydp.config import AutoscalingConfig
 from raydp.errors import ConfigError
 from raydp.serve.settings import ServeEnvironment, ServerSettings
 
@@ -116,6 +117,14 @@ def add_parser(sub: Any) -> None:
         "token, at most N times (default 0: it fails with the rank's error)",
     )
     p.add_argument(
+        "--autoscale",
+        default=None,
+        metavar="MIN:MAX",
+        help="change the number of ranks with the load, between MIN and MAX (Ray Serve's defaults: 2 ongoing "
+        "requests per rank, 30 s before adding, 600 s before removing, a 30 s window; set them with "
+        'RAYDP_AUTOSCALING=\'{"min_dp_size": 1, "max_dp_size": 4, "upscale_delay_s": 10}\')',
+    )
+    p.add_argument(
         "--api-key",
         action="append",
         default=None,
@@ -149,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
     from raydp.api import launch
 
     config = with_engine_flags(config_from_args(args, CONFIG_FLAGS, PRESETS), args, {})
+    if args.autoscale is not None:
+        scaling = AutoscalingConfig.parse(args.autoscale)
+        size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.dp_size))
+        config = config.with_changes(autoscaling=scaling, dp_size=size)
     settings = _server_settings(args)
     cluster = launch(config, backend=args.backend, address=args.address)
     install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own

@@ -92,6 +92,7 @@ def report(status: ClusterStatus) -> dict[str, Any]:
         "capacity": endpoints.capacity if endpoints is not None else None,
         "ranks": ranks,
         "api_servers": [msgspec.to_builtins(s) for s in info.api_servers],
+        "autoscale": msgspec.to_builtins(info.autoscale) if info.autoscale is not None else None,
     }
 
 
@@ -126,4 +127,8 @@ def format_report(report: dict[str, Any]) -> str:
         ranks = "all ranks" if s.get("ranks") is None else "ranks " + ",".join(map(str, s["ranks"]))
         node = (s.get("node_id") or "?")[:8]
         lines.append(f"  {s['url']}  {s['mode']}, {s['count']} process(es) on node {node}, routing to {ranks}")
+    scaling = report.get("autoscale")
+    if scaling is not None:
+        wants = f"wants {scaling['desired']}: {scaling['reason']}" if scaling["reason"] else "no change wanted"
+        lines.append(f"autoscaler: {scaling['current']} ranks, {wants}")
     return "\n".join(lines)

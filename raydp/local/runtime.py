@@ -35,7 +35,7 @@ from raydp.orchestration.runtime import InitFor, Progress
 from raydp.processes import Proc, last_words, shutdown, spawn, watch_processes
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
 from raydp.wire.handshake import HandshakeResult, HandshakeServer
-from raydp.wire.records import CoordinatorStatus
+from raydp.wire.records import AutoscaleDecision, CoordinatorStatus
 from raydp.wire.transport import IpcDir, remove_cluster_ipc_dirs, socket_options
 
 logger = logging.getLogger("raydp.local")
@@ -82,6 +82,7 @@ class ProcessRuntime:
         self.watchers: dict[int, threading.Thread] = {}
         self.coordinator: Proc | None = None
         self.control_lock = threading.Lock()
+        self.autoscale: AutoscaleDecision | None = None
 
     # ---- placement: every rank on this node -----------------------------------------------
 
@@ -155,7 +156,8 @@ class ProcessRuntime:
         if self.stop.is_set():
             raise StartupError(f"cluster {self.config.name!r} is closing")
         procs = [r.handle for r in records if r.handle is not None]
-        for proc in [*procs, *([self.coordinator] if self.coordinator is not None else [])]:
+        starting = self.coordinator is not None and id(self.coordinator) not in self.watchers
+        for proc in [*procs, *([self.coordinator] if starting else [])]:
             if not proc.process.is_alive():
                 words = decode_death(last_words(proc))
                 why = f":\n{words.message}" if words else ""
@@ -269,6 +271,10 @@ class ProcessRuntime:
                 self.owned.conn = None
                 raise StartupError(f"the coordinator process did not answer {command[0]!r}")
             return recv(conn, Any)
+
+    def record_autoscale(self, decision: AutoscaleDecision) -> None:
+        """Kept for :attr:`autoscale` only: ``raydp status`` reads Ray clusters."""
+        self.autoscale = decision
 
     def publish(self, endpoints: ClusterEndpoints, handed: bool) -> None:
         """``raydp status`` reads Ray clusters only: a local cluster keeps no registry."""

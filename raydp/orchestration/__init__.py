@@ -15,5 +15,6 @@ Modules:
 - ``restart``: restarting one dense rank (the one restart procedure of both backends);
 - ``gang``: restarting a lockstep gang;
 - ``coordinator_restart``: restarting the coordinator at its addresses;
-- ``scaling``: growing and shrinking a running cluster, step by step.
+- ``scaling``: growing and shrinking a running cluster, step by step;
+- ``autoscaling``: the load-driven autoscaling policy (pure) and the loop that applies it.
 """

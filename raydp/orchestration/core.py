@@ -109,6 +109,10 @@ class Orchestrator:
         self.owned.closers.append(self.reports.coordinator.close)
         self.dense.budget.grant(self.table.ranks())
         rt.watch(records)
+        if cfg.autoscaling is not None:
+            from raydp.orchestration.autoscaling import Autoscaler
+
+            Autoscaler(self, cfg.autoscaling).start()
         return self.endpoints
 
     def coordinator_client(self, endpoints: CoordinatorEndpoints) -> CoordinatorClient:

@@ -20,7 +20,7 @@ from raydp.orchestration.ranks import RankRecord
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
 from raydp.wire.handshake import HandshakeResult
 from raydp.wire.protocol import Init
-from raydp.wire.records import CoordinatorStatus
+from raydp.wire.records import AutoscaleDecision, CoordinatorStatus
 
 InitFor = Callable[[int], Init]
 Progress = Callable[[int, int], None]
@@ -120,6 +120,10 @@ class Runtime(Protocol):
 
     def wait_subscribed(self, count: int, rank: int | None, watched: Sequence[RankRecord]) -> bool:
         """Until ``count`` engines (or engine ``rank``) subscribed; raises CoordinatorUnavailableError."""
+        ...
+
+    def record_autoscale(self, decision: AutoscaleDecision) -> None:
+        """Keep the autoscaler's latest decision where ``raydp status`` and the metrics read it."""
         ...
 
     def publish(self, endpoints: ClusterEndpoints, handed: bool) -> None:

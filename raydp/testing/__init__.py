@@ -13,5 +13,6 @@ Modules:
 - ``http_call``: one HTTP request on a thread of its own, judged after the server was stopped or killed;
 - ``netns``: hosts with their own IPs on one machine, made of Linux network namespaces;
 - ``ray_hosts``: Ray nodes as processes of their own (``ray start --block``), on such hosts;
-- ``netns_ray``: a Ray over namespace hosts that can partition a host and replace it.
+- ``netns_ray``: a Ray over namespace hosts that can partition a host and replace it;
+- ``fake_autoscaler``: a Ray whose autoscaler adds and removes local nodes (Ray's fake multi-node provider).
 """

@@ -47,6 +47,15 @@ class APIServerRecord(msgspec.Struct, frozen=True):
     ranks: list[int] | None = None  # None: every rank
 
 
+class AutoscaleDecision(msgspec.Struct, frozen=True):
+    """The autoscaler's latest reading: the size it found, the size it wants, and why (empty: no change)."""
+
+    current: int
+    desired: int
+    reason: str
+    at: float  # wall-clock time of the reading
+
+
 class ClusterInfo(msgspec.Struct, frozen=True):
     """What ``raydp status`` shows beyond the coordinator's state."""
 
@@ -55,6 +64,7 @@ class ClusterInfo(msgspec.Struct, frozen=True):
     lockstep: bool = False
     engine: str = ""
     api_servers: list[APIServerRecord] = []
+    autoscale: AutoscaleDecision | None = None  # None: the cluster does not autoscale
 
 
 class LaunchRecord(msgspec.Struct, frozen=True):

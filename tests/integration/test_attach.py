@@ -35,7 +35,7 @@ def test_attach_to_a_detached_cluster_then_shut_it_down(two_nodes: Any) -> None:
     )
     assert out.returncode == 0 and "launched 2" in out.stdout, out.stderr[-3000:]
     # The launcher has exited; the cluster is still there.
-    assert sorted(live_actors("nb")) == ["nb-coordinator", "nb-dp0", "nb-dp1"]
+    assert sorted(live_actors("nb")) == ["nb-coordinator", "nb-dp0", "nb-dp1", "nb-supervisor"]
     cluster = raydp.attach("nb")
     try:
         assert cluster.dp_size == 2
@@ -43,7 +43,8 @@ def test_attach_to_a_detached_cluster_then_shut_it_down(two_nodes: Any) -> None:
         handles = [client.submit([i], max_tokens=2) for i in range(10)]
         assert [h.result(timeout=30) for h in handles] == [[i, i] for i in range(10)]
         cluster.close()
-        assert sorted(live_actors("nb")) == ["nb-coordinator", "nb-dp0", "nb-dp1"], "close() only detaches"
+        running = ["nb-coordinator", "nb-dp0", "nb-dp1", "nb-supervisor"]
+        assert sorted(live_actors("nb")) == running, "close() only detaches"
     finally:
         raydp.attach("nb").shutdown()
     assert_nothing_left("nb", timeout=30)

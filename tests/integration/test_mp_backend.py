@@ -160,3 +160,61 @@ def test_mp_scales_2_3_1_2_under_load_and_loses_nothing() -> None:
         lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in seen), timeout=20
     )
     assert socket_dirs("mpscale") == []
+
+
+@pytest.mark.timeout(300)
+def test_mp_autoscales_up_under_a_load_step_and_back_down_when_it_falls() -> None:
+    """The autoscaler reads the coordinator's load and scales through the same sequence as scale()."""
+    scaling = {
+        "min_dp_size": 1,
+        "max_dp_size": 3,
+        "target_ongoing_requests": 2,
+        "upscale_delay_s": 1.0,
+        "downscale_delay_s": 2.0,
+        "look_back_s": 1.0,
+        "interval_s": 0.2,
+        "drain_timeout_s": 10.0,
+    }
+    cluster = raydp.launch(
+        name="mpauto",
+        dp_size=1,
+        backend="mp",
+        progress=False,
+        autoscaling=scaling,
+        engine_kwargs={"step_delay_s": 0.01},
+    )
+    stop = threading.Event()
+    outcomes: list[str] = []
+
+    def send(client: raydp.Client) -> None:
+        while not stop.is_set():
+            handle = client.submit([3], max_tokens=20)
+            try:
+                outcomes.append("ok" if handle.result(timeout=60) == [3] * 20 else "wrong tokens")
+            except Exception as exc:
+                outcomes.append(repr(exc))
+
+    senders = [threading.Thread(target=send, args=(cluster.client(),), daemon=True) for _ in range(6)]
+    try:
+        assert cluster.dp_size == 1
+        for thread in senders:
+            thread.start()
+        # 6 requests always in flight, 2 per rank wanted: 3 ranks, the maximum.
+        assert wait_until(lambda: cluster.coordinator_state().dp_size == 3, timeout=60), cluster.coordinator_state()
+        assert wait_until(lambda: cluster.dp_size == 3, timeout=30)
+        stop.set()
+        for thread in senders:
+            thread.join(timeout=60)
+            assert not thread.is_alive(), "a request hung"
+        # No load: back to the minimum once the downscale delay has passed.
+        assert wait_until(lambda: cluster.coordinator_state().dp_size == 1, timeout=60), cluster.coordinator_state()
+        assert cluster.client().generate([4], max_tokens=2) == [4, 4]
+        runtime = cluster._manager.runtime
+        assert wait_until(lambda: runtime.autoscale is not None and runtime.autoscale.current == 1, timeout=30)
+        assert runtime.autoscale.desired == 1 and "ongoing requests" in runtime.autoscale.reason
+    finally:
+        stop.set()
+        cluster.close()
+    bad = [o for o in outcomes if o != "ok"]
+    assert not bad, f"{len(bad)} of {len(outcomes)} requests failed: {bad[:5]}"
+    assert socket_dirs("mpauto") == []

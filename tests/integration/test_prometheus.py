@@ -99,6 +99,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, st
             "2",
             "--api-servers",
             "2",
+            "--autoscale",  # a size the load never moves, so that the autoscaler's gauges exist
+            "2:2",
             env={k: env[k] for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")},
         ) as served:
             config = workdir / "prometheus.yml"

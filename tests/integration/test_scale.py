@@ -382,12 +382,13 @@ def test_raydp_scale_grows_and_shrinks_a_detached_cluster(three_nodes: Any) -> N
             "cliscale-dp0",
             "cliscale-dp1",
             "cliscale-dp2",
+            "cliscale-supervisor",
         ]
         assert wait_until(lambda: client.dp_size == 3, timeout=10), "an attached client follows"
         assert client.generate([4], max_tokens=2, rank=2) == [4, 4]
         out = run(sys.executable, "-m", "raydp", "scale", "cliscale", "1", "--drain-timeout", "5")
         assert out.returncode == 0, out.stderr[-3000:]
-        assert sorted(live_actors("cliscale")) == ["cliscale-coordinator", "cliscale-dp0"]
+        assert sorted(live_actors("cliscale")) == ["cliscale-coordinator", "cliscale-dp0", "cliscale-supervisor"]
         assert wait_until(lambda: client.dp_size == 1, timeout=10)
         assert client.generate([6], max_tokens=2) == [6, 6]
         out = run(sys.executable, "-m", "raydp", "scale", "cliscale", "0")

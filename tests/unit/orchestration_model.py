@@ -81,6 +81,7 @@ class ModelRuntime:
         self.alive: set[int] = set()  # ranks whose engines run
         self.watched: set[int] = set()
         self.masters = 0
+        self.decisions: list[Any] = []
 
     def place(self, ranks: range, existing: Sequence[RankRecord], why: str) -> list[RankRecord]:
         return [RankRecord(rank, f"node{rank}") for rank in ranks]
@@ -146,6 +147,9 @@ class ModelRuntime:
 
     def wait_subscribed(self, count: int, rank: int | None, watched: Sequence[RankRecord]) -> bool:
         return True
+
+    def record_autoscale(self, decision: Any) -> None:
+        self.decisions.append(decision)
 
     def publish(self, endpoints: ClusterEndpoints, handed: bool) -> None:
         pass

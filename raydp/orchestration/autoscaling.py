@@ -1,0 +1,135 @@
+"""Load-driven autoscaling: the policy (a pure state machine) and the loop that applies it.
+
+:class:`AutoscalePolicy` turns load samples into a wanted size, Ray Serve's
+way: the ongoing requests (waiting + running, over every routable rank),
+averaged over the look-back window, divided by the target per rank, rounded
+up and clipped to ``[min_dp_size, max_dp_size]``. A change is made only once
+the same direction has been wanted for its whole delay (``upscale_delay_s``,
+``downscale_delay_s``), so the size never flaps inside them. It holds no
+clock and no I/O: the property tests drive it with made-up times.
+
+:class:`Autoscaler` runs it on a thread wherever the cluster is supervised
+(the launching process, or a detached cluster's supervisor): it reads the
+coordinator's load every ``interval_s``, logs each decision with its reason,
+hands it to the runtime (which shows it in ``raydp status`` and the
+metrics), and calls the orchestrator's ``scale``, which drains on the way
+down, waits for placement on the way up (pending placement groups are what
+Ray's autoscaler adds nodes for), and moves lockstep clusters at a wave
+boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from raydp.config import AutoscalingConfig
+from raydp.errors import RaydpError
+from raydp.wire.records import AutoscaleDecision
+
+if TYPE_CHECKING:
+    from raydp.orchestration.core import Orchestrator
+
+logger = logging.getLogger("raydp.autoscaler")
+
+
+@dataclass(frozen=True)
+class Want:
+    """What the policy wants now: ``size``, and why."""
+
+    size: int
+    load: float  # ongoing requests, averaged over the look-back window
+    reason: str
+
+
+class AutoscalePolicy:
+    """The autoscaling decision as a pure state machine; see the module docstring."""
+
+    def __init__(self, config: AutoscalingConfig) -> None:
+        self.config = config
+        self.samples: deque[tuple[float, float]] = deque()  # (time, ongoing requests)
+        self.streak: tuple[int, float] | None = None  # (direction, since): the change wanted, and since when
+
+    def observe(self, now: float, ongoing: float) -> None:
+        """One load reading; readings older than the look-back window are forgotten."""
+        self.samples.append((now, ongoing))
+        while self.samples and self.samples[0][0] < now - self.config.look_back_s:
+            self.samples.popleft()
+
+    def raw(self, current: int) -> Want:
+        """The size the averaged load asks for, clipped to the bounds, with no delay."""
+        cfg = self.config
+        load = sum(v for _, v in self.samples) / len(self.samples) if self.samples else 0.0
+        size = min(cfg.max_dp_size, max(cfg.min_dp_size, math.ceil(load / cfg.target_ongoing_requests)))
+        per_rank = load / max(current, 1)
+        reason = (
+            f"{load:.1f} ongoing requests over the last {cfg.look_back_s:g}s ({per_rank:.1f} per rank of {current}; "
+            f"target {cfg.target_ongoing_requests:g} per rank)"
+        )
+        return Want(size, load, reason)
+
+    def decide(self, now: float, current: int) -> Want | None:
+        """A change to make now, or None. Out of bounds is corrected at once; otherwise a direction must
+        have been wanted without a break for its delay."""
+        cfg = self.config
+        want = self.raw(current)
+        if not cfg.min_dp_size <= current <= cfg.max_dp_size:
+            self.streak = None
+            return Want(min(cfg.max_dp_size, max(cfg.min_dp_size, current)), want.load, "outside the bounds")
+        direction = (want.size > current) - (want.size < current)
+        if direction == 0:
+            self.streak = None
+            return None
+        if self.streak is None or self.streak[0] != direction:
+            self.streak = (direction, now)
+        delay = cfg.upscale_delay_s if direction > 0 else cfg.downscale_delay_s
+        if now - self.streak[1] < delay:
+            return None
+        self.streak = None
+        held = f"; wanted for {delay:g}s"
+        return Want(want.size, want.load, want.reason + held)
+
+
+class Autoscaler:
+    """Applies an :class:`AutoscalePolicy` to a running cluster, on a thread of its own."""
+
+    def __init__(self, orchestrator: Orchestrator, config: AutoscalingConfig) -> None:
+        self.o = orchestrator
+        self.config = config
+        self.policy = AutoscalePolicy(config)
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.run, name="raydp-autoscaler", daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        stop = self.o.owned.stop
+        while not stop.wait(self.config.interval_s):
+            try:
+                self.step(time.monotonic())
+            except Exception:  # a missed reading (the coordinator restarting) is retried next time
+                logger.exception("autoscaler: this round failed; trying again in %gs", self.config.interval_s)
+
+    def step(self, now: float) -> None:
+        """Read the load, decide, and make the change (blocking until it is done)."""
+        state = self.o.rt.coordinator_state()
+        ongoing = sum(sum(state.counts[r]) for r in range(min(state.routable, len(state.counts))))
+        current = len(self.o.table)
+        self.policy.observe(now, ongoing)
+        want = self.policy.decide(now, current)
+        if want is None:
+            self.o.rt.record_autoscale(AutoscaleDecision(current, current, "", time.time()))
+            return
+        logger.warning("autoscaler: %d -> %d ranks: %s", current, want.size, want.reason)
+        self.o.rt.record_autoscale(AutoscaleDecision(current, want.size, want.reason, time.time()))
+        try:
+            self.o.scale(want.size, self.config.drain_timeout_s)
+        except RaydpError as exc:
+            logger.error("autoscaler: scaling to %d ranks failed, serving on with %d: %s", want.size, current, exc)
+        self.o.rt.record_autoscale(AutoscaleDecision(len(self.o.table), want.size, want.reason, time.time()))
