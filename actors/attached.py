@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from raydp.backend import APIServerGroup, DeathListener, RestartListener, ScaleListener
+from raydp.backend import APIServerGroup, DeathListener, MovedListener, RestartListener, ScaleListener
 from raydp.config import RaydpConfig
 from raydp.errors import ConfigError, CoordinatorDeadError, DeathCause
 from raydp.names import NAMESPACE, coordinator_name
@@ -74,6 +74,9 @@ class AttachedBackend:
 
     def on_restart(self, listener: RestartListener) -> None:
         """Never called: the clients hear of restarted ranks from the coordinator."""
+
+    def on_coordinator_moved(self, listener: MovedListener) -> None:
+        """Never called: the clients ask an engine where a silent coordinator went."""
 
     def coordinator_state(self) -> CoordinatorStatus:
         state: CoordinatorStatus = ray.get(find_coordinator(self.name).state.remote(), timeout=CALL_TIMEOUT_S)

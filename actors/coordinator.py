@@ -47,7 +47,8 @@ class CoordinatorActor:
     their own, and rebuilds loads and the wave from the engines' reports
     (:mod:`raydp.coordinator.resync`). Meanwhile dense ranks keep serving on
     the clients' last snapshot, and lockstep ranks keep stepping the wave
-    they are in.
+    they are in. If its node died, the successor (``rebind=False``) binds new
+    addresses on a live node, and the engines and clients are told to follow.
     """
 
     def __init__(
@@ -60,6 +61,7 @@ class CoordinatorActor:
         cluster_name: str,
         ipc_prefix: str = "",
         successor_of: tuple[CoordinatorEndpoints, Restored] | None = None,
+        rebind: bool = True,
     ) -> None:
         configure_component_logging(f"{cluster_name} coordinator")
         state = CoordinatorState(engine_count, stats_interval_s, heartbeat_interval_s)
@@ -71,7 +73,7 @@ class CoordinatorActor:
             transport=transport,
             node_id=ray.get_runtime_context().get_node_id(),
             ipc_prefix=f"{ipc_prefix or cluster_name}-coordinator",
-            rebind=successor_of[0] if successor_of is not None else None,
+            rebind=successor_of[0] if successor_of is not None and rebind else None,
         )
         self._cluster: ClusterEndpoints | None = None
         self._info = ClusterInfo()

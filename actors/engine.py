@@ -14,6 +14,7 @@ from raydp.actors.workers import RayExecutor
 from raydp.config import RaydpConfig
 from raydp.engine.host import EngineHost, preload
 from raydp.processes import set_process_title
+from raydp.wire.endpoints import CoordinatorEndpoints
 from raydp.wire.security import CurveKeys
 
 
@@ -28,6 +29,8 @@ class EngineCoreActor:
     * ``dp_master(dp_size=None)`` -> ``"ip:port"`` for the gloo rendezvous (asked of rank 0;
       with ``dp_size``, a new one for the DP group a scale change forms);
     * ``counters()`` -> requests ``added``, ``finished`` and ``aborted`` (a scale-down drains on them);
+    * ``follow_coordinator(endpoints)`` -> whether the running loop will reconnect to a coordinator
+      that moved to another node;
     * ``run(handshake_addresses)``: the handshake, then the
       engine loop until Shutdown;
     * ``shutdown()`` wakes and stops the loop from another thread; never blocks.
@@ -85,6 +88,10 @@ class EngineCoreActor:
 
     def counters(self) -> dict[str, int]:
         return self.host.counters()
+
+    def follow_coordinator(self, endpoints: CoordinatorEndpoints) -> bool:
+        """The coordinator moved to a live node: reconnect to it (False if this rank's loop is not running)."""
+        return self.host.follow_coordinator(endpoints)
 
     def run(self, handshake_addresses: list[str]) -> None:
         # Ray titles the process after each call it runs; run() is the long one.

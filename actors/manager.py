@@ -21,7 +21,7 @@ from ray.util.placement_group import PlacementGroup
 
 from raydp.actors.owned import Owned
 from raydp.actors.runtime import RayRuntime
-from raydp.backend import APIServerGroup, DeathListener, RestartListener, ScaleListener
+from raydp.backend import APIServerGroup, DeathListener, MovedListener, RestartListener, ScaleListener
 from raydp.config import RaydpConfig
 from raydp.errors import ComponentDeadError, RaydpError, StartupError
 from raydp.orchestration.core import Orchestrator, weak_report
@@ -137,6 +137,10 @@ class ActorManager:
     def on_restart(self, listener: RestartListener) -> None:
         """Called with the new endpoint once a dead rank has been restarted and rejoined."""
         self.orchestrator.reports.on_restart(listener)
+
+    def on_coordinator_moved(self, listener: MovedListener) -> None:
+        """Called with the cluster's endpoints once its coordinator restarted on another node."""
+        self.orchestrator.reports.on_coordinator_moved(listener)
 
     def on_scale(self, listener: ScaleListener) -> None:
         """Called with ``(endpoints, size, drain_timeout_s)`` at each step of a scale change."""

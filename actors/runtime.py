@@ -202,13 +202,17 @@ class RayRuntime:
     # ---- the coordinator ----------------------------------------------------------------
 
     def start_coordinator(
-        self, size: int, successor_of: tuple[CoordinatorEndpoints, Restored] | None
+        self, size: int, successor_of: tuple[CoordinatorEndpoints, Restored] | None, moved: bool = False
     ) -> CoordinatorEndpoints:
         cfg = self.config
         # Pinned to rank 0's node (it needs no CPU, so it always fits there): a soft affinity
         # let Ray's spreading put it on another node, whose loss then took the coordinator with
-        # it even though rank 0 lived on. A successor goes where its addresses are.
-        node = successor_of[0].node_id if successor_of is not None else self.table[0].node_id
+        # it even though rank 0 lived on. A successor goes where its addresses are, or, when
+        # their node died, to the node supervising the cluster (alive while anything restarts).
+        if moved:
+            node = self.driver_node_id
+        else:
+            node = successor_of[0].node_id if successor_of is not None else self.table[0].node_id
 
         def create() -> Any:
             return (
@@ -227,6 +231,7 @@ class RayRuntime:
                     cfg.name,
                     self.ipc_prefix,
                     successor_of,
+                    not moved,
                 )
             )
 
@@ -238,6 +243,17 @@ class RayRuntime:
         self.owned.run_refs.append(ref)
         self.watch_queue.put((ref, -1))
         return endpoints
+
+    def follow_coordinator(self, records: Sequence[RankRecord], endpoints: CoordinatorEndpoints) -> list[int]:
+        calls = {r.rank: r.handle.follow_coordinator.remote(endpoints) for r in records if r.handle is not None}
+        missed = []
+        for rank, ref in calls.items():
+            try:
+                if not ray.get(ref, timeout=HAND_TIMEOUT_S):
+                    missed.append(rank)
+            except ray.exceptions.RayError:  # dead or restarting: its restart joins the new coordinator
+                missed.append(rank)
+        return missed
 
     def kill_coordinator(self) -> None:
         kill_and_wait(self.owned.coordinator)

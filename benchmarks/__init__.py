@@ -56,8 +56,10 @@ starts) is the LLM-level anchor: raydp with vLLM engines at DP=2 against
 vLLM's own ``--data-parallel-size 2`` server, same checkpoint and streamed
 workload, plus a killed engine under load.
 
-``gang`` (:mod:`~benchmarks.gang`, opt-in) times a lockstep gang's restart
-after one rank's death.
+``autoscale`` (:mod:`~benchmarks.autoscale`, opt-in) runs a step load against an
+autoscaled cluster, a fixed minimum and a fixed maximum. ``gang``
+(:mod:`~benchmarks.gang`, opt-in) times a lockstep gang's restart after one
+rank's death.
 
 It prints the environment, the exact command and markdown tables, and exits
 0 when every measurement ran (1 if one failed; the tables say which).
@@ -73,6 +75,7 @@ Modules:
 - ``routing``: routing under skew;
 - ``faults``: the failure tables (``faults``, ``faults-extra``);
 - ``gang``: a lockstep gang's restart;
+- ``autoscale``: autoscaling under a step load, against a fixed minimum and a fixed maximum (opt-in, ``mp`` backend);
 - ``vllm_dp``: vLLM engines against vLLM's own data-parallel server (section ``vllm``);
 - ``sections``: each section's run, table and JSON, by name;
 - ``report``: the environment, the printed report, the JSON;

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from benchmarks import coordinator, gang, lockstep, routing, scale, workers
+from benchmarks import autoscale, coordinator, gang, lockstep, routing, scale, workers
 from benchmarks.common import FULL, QUICK, Sizes, log
 from benchmarks.faults import dense, extra
 from benchmarks.faults.table import FaultRow, faults_failed, faults_table
@@ -152,6 +152,17 @@ SECTIONS: tuple[Section[Any], ...] = (
         table=lambda results, quick: routing.routing_table(results, _routing_sizes(quick)),
         failed=routing.routing_failed,
         to_json=_rows,
+    ),
+    Section[list[autoscale.AutoscaleResult]](
+        "autoscale",
+        run=lambda quick: autoscale.autoscale_benchmark(autoscale.STEP_QUICK if quick else autoscale.STEP_FULL),
+        table=lambda results, quick: autoscale.autoscale_table(
+            results, autoscale.STEP_QUICK if quick else autoscale.STEP_FULL
+        ),
+        failed=autoscale.autoscale_failed,
+        to_json=_rows,
+        needs_ray=False,
+        opt_in=True,
     ),
     Section[list[FaultRow]](
         "faults",

@@ -37,6 +37,7 @@ from raydp.wire.transport import IpcDir
 
 DeathListener = Callable[[ComponentDeadError], None]
 RestartListener = Callable[[EngineEndpoint], None]
+MovedListener = Callable[[ClusterEndpoints], None]  # the coordinator moved: the cluster's new endpoints
 logger = logging.getLogger("raydp.deaths")
 
 
@@ -73,6 +74,10 @@ class Backend(Protocol):
 
     def on_restart(self, listener: RestartListener) -> None:
         """Call ``listener`` with the new endpoint once a dead rank has rejoined."""
+        ...
+
+    def on_coordinator_moved(self, listener: MovedListener) -> None:
+        """Call ``listener`` with the cluster's endpoints once its coordinator restarted on another node."""
         ...
 
     def coordinator_state(self) -> CoordinatorStatus:
@@ -152,6 +157,7 @@ class DeathReports:
         self.deaths: list[ComponentDeadError] = []
         self._listeners: list[DeathListener] = []
         self._restart_listeners: list[RestartListener] = []
+        self._moved_listeners: list[MovedListener] = []
         self.coordinator: CoordinatorClient | None = None  # set once the coordinator serves
         self._lock = threading.Lock()
         # What the coordinator also tallies, kept here for a restarted one (its state died with it).
@@ -164,6 +170,20 @@ class DeathReports:
 
     def on_restart(self, listener: RestartListener) -> None:
         self._restart_listeners.append(listener)
+
+    def on_coordinator_moved(self, listener: MovedListener) -> None:
+        self._moved_listeners.append(listener)
+
+    def coordinator_moved(self, endpoints: ClusterEndpoints) -> None:
+        """The coordinator restarted on another node: every listener follows it to ``endpoints``."""
+        logger.warning(
+            "the coordinator of cluster %r moved to node %s", endpoints.name, endpoints.coordinator.node_id[:12]
+        )
+        for listener in list(self._moved_listeners):
+            try:
+                listener(endpoints)
+            except Exception:
+                logger.exception("coordinator-moved listener failed")
 
     def died(self, err: ComponentDeadError) -> None:
         """Record ``err``; the coordinator hears of a dead rank before the local listeners do."""

@@ -8,6 +8,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from raydp.backend import APIServerGroup, Backend
 from raydp.config import RaydpConfig
 from raydp.errors import (
@@ -71,6 +73,7 @@ class Cluster:
         weakref.finalize(self, _close_all, self._clients)
         manager.on_death(self._on_death)
         manager.on_restart(self._on_restart)
+        manager.on_coordinator_moved(self._on_coordinator_moved)
         manager.on_scale(self._on_scale)
 
     @property
@@ -216,6 +219,13 @@ class Cluster:
             clients = self._live_clients()
         for client in clients:
             _tell(client.revive, endpoint)
+
+    def _on_coordinator_moved(self, endpoints: ClusterEndpoints) -> None:
+        with self._lock:
+            self.endpoints = msgspec.structs.replace(self.endpoints, coordinator=endpoints.coordinator)
+            clients = self._live_clients()
+        for client in clients:
+            _tell(lambda c: c.follow_coordinator(endpoints.coordinator), client)
 
     def scale(self, dp_size: int, *, drain_timeout_s: float = 30.0) -> None:
         """Grow or shrink the running cluster to ``dp_size`` ranks; returns once the change is done.

@@ -82,6 +82,13 @@ DENSE_ROWS = (
         "its ranks die 'node died'; re-placed on a node that joins (or has room) and restarted",
     ),
 )
+COORDINATOR_NODE_ROW = Row(
+    "remove the coordinator's node",
+    "coordinator-node-remove",
+    "it and rank 0 die 'node died'; a successor starts on a live node at new addresses, the engines are "
+    "told over Ray, this process's clients at once and the API servers' once they ask an engine; rank 0 "
+    "is re-placed",
+)
 WORKER_ROW = Row("kill worker (SIGKILL)", "worker-sigkill", "its rank fails (typed) and restarts with new workers")
 GANG_ROW = Row(
     "kill lockstep rank (SIGKILL)",
@@ -104,6 +111,7 @@ def run_rows(trials: int) -> list[FaultRow]:
             servers = cluster.serve_api(2, settings=ServerSettings(max_restarts=1000))
             for row in DENSE_ROWS:
                 rows.append(measure_row(cluster, local, servers, row, trials))
+        rows.append(coordinator_node_row(local, trials, restarts))
         with raydp.launch(
             name="fbtp",
             dp_size=2,
@@ -127,6 +135,39 @@ def run_rows(trials: int) -> list[FaultRow]:
     finally:
         local.shutdown()
     return rows
+
+
+def coordinator_node_row(local: Any, trials: int, restarts: dict[str, Any]) -> FaultRow:
+    """A fresh cluster per trial, rank 0 and the coordinator on a worker node, which is removed."""
+    import raydp
+    from raydp.serve.settings import ServerSettings
+
+    measured: list[FaultRow] = []
+    for trial in range(trials):
+        worker = local.worker_nodes()[0].node_id
+        with raydp.launch(
+            name=f"fbcoord{trial}",
+            dp_size=4,
+            dp_size_local=2,
+            master_node_id=worker,
+            engine_kwargs={"step_delay_s": 0.005},
+            **restarts,
+        ) as cluster:
+            servers = cluster.serve_api(2, settings=ServerSettings(max_restarts=1000))
+            measured.append(measure_row(cluster, local, servers, COORDINATOR_NODE_ROW, 1))
+        if measured[-1].error:
+            break
+    first = measured[0]
+    return dataclasses.replace(
+        first,
+        detect_s=[d for m in measured for d in m.detect_s],
+        back_s=[b for m in measured for b in m.back_s],
+        requests=sum(m.requests for m in measured),
+        lost=sum(m.lost for m in measured),
+        typed=sum(m.typed for m in measured),
+        bad=sum(m.bad for m in measured),
+        error=next((m.error for m in measured if m.error), ""),
+    )
 
 
 def measure_row(cluster: Any, local: Any, servers: Any, row: Row, trials: int, gang: bool = False) -> FaultRow:

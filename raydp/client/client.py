@@ -44,7 +44,7 @@ from raydp.errors import (
 )
 from raydp.wire.codec import encode
 from raydp.wire.control import StatsSnapshot
-from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.protocol import MAX_TOKEN_ID, Request, UtilityCall
 from raydp.wire.sampling import Sampling
 from raydp.wire.transport import SocketOptions
@@ -194,6 +194,10 @@ class Client:
     def mark_dead(self, error: EngineDeadError) -> None:
         """Fail (or retry elsewhere) the requests on a dead rank; stop routing to it."""
         self._turns.run(lambda: self._router.mark_dead(error), allow_closed=True)
+
+    def follow_coordinator(self, coord: CoordinatorEndpoints) -> None:
+        """The coordinator restarted on another node: reconnect to it there."""
+        self._turns.run(lambda: self._turns.follow_coordinator(coord), allow_closed=True)
 
     def revive(self, endpoint: EngineEndpoint) -> None:
         """A restarted rank is back at ``endpoint``: reconnect and route to it again."""

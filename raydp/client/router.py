@@ -34,7 +34,7 @@ from raydp.errors import (
 from raydp.wire.codec import encode
 from raydp.wire.control import FirstRequest, StatsSnapshot, snapshot_decoder
 from raydp.wire.dropped import DropLog
-from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.protocol import Abort, Output, RequestBatch, RequestType, output_decoder
 
 logger = logging.getLogger("raydp.client.client")
@@ -239,6 +239,18 @@ class RequestRouter:
             future.set_exception(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
             return
         self.calls.add(call_id, rank, method, future)
+
+    def move_coordinator(self, coord: CoordinatorEndpoints) -> bool:
+        """Follow a coordinator that moved to another node; whether it had (False: already there)."""
+        if coord == self.endpoints.coordinator:
+            return False
+        logger.warning(
+            "client: the coordinator of cluster %r moved to node %s", self.endpoints.name, coord.node_id[:12]
+        )
+        self.endpoints = msgspec.structs.replace(self.endpoints, coordinator=coord)
+        self.io.move_coordinator(coord)
+        self.last_heard = time.monotonic()
+        return True
 
     def mark_dead(self, error: EngineDeadError) -> None:
         self.dead[error.rank] = error

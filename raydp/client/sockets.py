@@ -21,7 +21,7 @@ from typing import Any
 import zmq
 
 from raydp.wire.codec import encode
-from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
+from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.polling import Doorbell, EdgePoller, has_input
 from raydp.wire.protocol import RequestType
 from raydp.wire.transport import SocketOptions, input_options, make_socket, pick_address, send_two
@@ -44,18 +44,19 @@ class ClientSockets:
             raise
 
     def _connect(self, endpoints: ClusterEndpoints) -> None:
-        node_id, opts = self.node_id, self.opts
         self.engines = [self._engine_socket(ep) for ep in endpoints.engines]
-        coord = endpoints.coordinator
-        same = coord.node_id == node_id
-        self.stats = make_socket(self.ctx, zmq.SUB, opts)
-        self.stats.setsockopt(zmq.SUBSCRIBE, b"")
-        self.stats.connect(pick_address(coord.publish, same_node=same))
-        self.collect = make_socket(self.ctx, zmq.PUSH, opts)
-        self.collect.connect(pick_address(coord.collect, same_node=same))
+        self._connect_coordinator(endpoints.coordinator)
         self.bell = Doorbell()
         self.reader_bell = Doorbell()  # wakes a caller polling for its own answer (see ClientTurns.read_for)
         self._rebuild_poll_set()
+
+    def _connect_coordinator(self, coord: CoordinatorEndpoints) -> None:
+        same = coord.node_id == self.node_id
+        self.stats = make_socket(self.ctx, zmq.SUB, self.opts)
+        self.stats.setsockopt(zmq.SUBSCRIBE, b"")
+        self.stats.connect(pick_address(coord.publish, same_node=same))
+        self.collect = make_socket(self.ctx, zmq.PUSH, self.opts)
+        self.collect.connect(pick_address(coord.collect, same_node=same))
 
     def _rebuild_poll_set(self) -> None:
         """Fresh poll sets: the IO thread picks them up at its next turn (it may be polling an old one)."""
@@ -134,6 +135,13 @@ class ClientSockets:
         except zmq.Again:
             return False
         return True
+
+    def move_coordinator(self, coord: CoordinatorEndpoints) -> None:
+        """New sockets to a coordinator that moved (the old ones go); the poll sets are rebuilt."""
+        self.stats.close(linger=0)
+        self.collect.close(linger=0)
+        self._connect_coordinator(coord)
+        self._rebuild_poll_set()
 
     def to_coordinator(self, msg: Any) -> None:
         try:

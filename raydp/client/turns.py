@@ -25,25 +25,35 @@ holds it owns the sockets and every table (:mod:`raydp.client.router`).
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Collection
+from concurrent.futures import Future
 from typing import Any
 
+import msgspec
 import zmq
 
 from raydp.client.requests import Submission
 from raydp.client.router import RequestRouter
 from raydp.client.sockets import ClientSockets
 from raydp.errors import ClusterClosedError, CoordinatorDeadError, DeathCause, RaydpError
+from raydp.wire.codec import encode
+from raydp.wire.endpoints import CoordinatorEndpoints
+from raydp.wire.protocol import COORDINATOR_UTILITY, UtilityCall
 
 logger = logging.getLogger("raydp.client.client")
 # Up to this many of its requests in flight, a client sends from the caller's thread.
 INLINE_MAX_IN_FLIGHT = 4
 RECV_BUDGET = 256  # output batches taken from one engine per turn under the lock
 IDLE_WAIT_MS = 100  # the IO thread's longest wait: it checks the coordinator's silence, and in-flight work
-SILENCE_HEARTBEATS, SILENCE_MIN_S = 5, 5.0  # when a silent coordinator counts as dead
+# When a silent coordinator counts as dead: long enough for one whose node died to start on
+# another node and be found there (PROBE_HEARTBEATS), short enough to fail what waits on it.
+SILENCE_HEARTBEATS, SILENCE_MIN_S = 8, 8.0
+PROBE_HEARTBEATS = 1.5  # when a client that follows the coordinator asks an engine whether it moved
+_probe_ids = itertools.count(1 << 60)  # apart from the client's own utility call ids
 Command = Callable[[], None]
 
 
@@ -63,6 +73,8 @@ class ClientTurns:
         router.tell_reader = self.tell_reader
         self._follow_liveness = follow_liveness
         self._silence_limit = max(SILENCE_MIN_S, SILENCE_HEARTBEATS * heartbeat_interval_s)
+        self._heartbeat_s = heartbeat_interval_s
+        self._last_probe = 0.0
         # Whoever holds it owns the sockets and every table. Re-entrant: a listener
         # or a future's callback, run under it, may call back into the client.
         self.lock = threading.RLock()
@@ -217,6 +229,7 @@ class ClientTurns:
                         self._io_waiting = self._rung = False
                     if self._closed:
                         break
+                    self._probe_coordinator()
                     if self._coordinator_silent():
                         reason = self._fatal
                         break
@@ -271,6 +284,43 @@ class ClientTurns:
             command(*args)
         except Exception:
             logger.exception("client command failed")
+
+    def follow_coordinator(self, coord: CoordinatorEndpoints) -> None:
+        """Under the lock: reconnect to a coordinator that moved; its new stats socket is read at once."""
+        if self.router.move_coordinator(coord):
+            self._backlogged.add(self.io.stats)
+
+    def _probe_coordinator(self) -> None:
+        """Silent for a while: ask every engine not known dead (once a heartbeat) whether the coordinator moved.
+
+        The ranks beside it may have died with it, unannounced. An answer comes back on the
+        engine's socket, as any utility call's, and the first that names a new place is followed."""
+        now = time.monotonic()
+        if not self._follow_liveness or now - self.router.last_heard < PROBE_HEARTBEATS * self._heartbeat_s:
+            return
+        if now - self._last_probe < self._heartbeat_s:
+            return
+        self._last_probe = now
+        for ep in self.router.endpoints.engines:
+            if ep.rank in self.router.dead:
+                continue
+            call_id = next(_probe_ids)
+            future: Future[Any] = Future()
+            future.add_done_callback(self._on_probe_answer)
+            body = encode(UtilityCall(call_id, COORDINATOR_UTILITY, []))
+            self.router.call(ep.rank, call_id, COORDINATOR_UTILITY, future, body)
+
+    def _on_probe_answer(self, future: Future[Any]) -> None:
+        """On the IO thread (the answer is read there): follow the coordinator if the engine knows it moved."""
+        if future.exception() is not None or future.result() is None:
+            return
+        try:
+            coord = msgspec.convert(future.result(), CoordinatorEndpoints)
+        except msgspec.ValidationError:
+            logger.warning("client: an engine named the coordinator in a shape not understood: %r", future.result())
+            return
+        with self.lock:
+            self.follow_coordinator(coord)
 
     def _coordinator_silent(self) -> bool:
         """A client that hears of deaths only from the coordinator cannot trust a silent one."""

@@ -27,6 +27,7 @@ from raydp.engine.waves import EngineWaves
 from raydp.errors import ConfigError
 from raydp.logs import configure_component_logging
 from raydp.wire.control import Regroup
+from raydp.wire.endpoints import CoordinatorEndpoints
 from raydp.wire.handshake import engine_handshake
 from raydp.wire.protocol import Init, Ready
 from raydp.wire.security import CurveKeys, guard
@@ -232,7 +233,8 @@ class EngineHost:
             broadcast = make_socket(self.ctx, zmq.SUB, opts)
             stack.callback(broadcast.close, 0)
             broadcast.connect(init.addresses.coordinator_broadcast)
-            sockets = EngineSockets(self.ctx, inputs, collect, broadcast, self.rank)
+            at = (init.addresses.coordinator_collect, init.addresses.coordinator_broadcast)
+            sockets = EngineSockets(self.ctx, inputs, collect, broadcast, self.rank, at)
             stack.callback(sockets.close)
             stack.callback(self._forget_loop)  # first: nobody rings the sockets while they close
             loop = self._make_loop(init, sockets)
@@ -279,6 +281,15 @@ class EngineHost:
                 return
             self._loop.stop()
         self._ring()
+
+    def follow_coordinator(self, endpoints: CoordinatorEndpoints) -> bool:
+        """The coordinator moved to another node (its old one died): reconnect to it. From any thread;
+        False if the loop is not running (a rank joining later is told the new addresses in its INIT)."""
+        with self._lock:
+            if self._loop is None:
+                return False
+            self._loop.sockets.follow_coordinator(endpoints, self.node_id)
+            return True
 
     def _ring(self) -> None:
         """Wake the loop if it waits for input."""

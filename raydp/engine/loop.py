@@ -24,6 +24,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+import msgspec
 import zmq
 
 from raydp.engine.core import EngineCore
@@ -36,6 +37,7 @@ from raydp.wire.codec import encode
 from raydp.wire.control import EngineReport, EngineStats, Resync, Shutdown, engine_broadcast_decoder
 from raydp.wire.dropped import DropLog, identity_sender
 from raydp.wire.protocol import (
+    COORDINATOR_UTILITY,
     Abort,
     Output,
     OutputBatch,
@@ -95,6 +97,9 @@ class EngineLoop:
             while not self._stopping:
                 if self._failure is not None:
                     raise self._failure
+                if self.sockets.apply_move():  # the coordinator moved: tell the new one the load at once
+                    self._last_load = (-1, -1, -1)
+                    self._publish_load(force=True)
                 if self._outbox.behind:
                     self._outbox.flush()
                 took = self._poll_inputs(block=not self._outbox.behind and not stepping)
@@ -217,6 +222,9 @@ class EngineLoop:
         try:
             if call.method == BUILTIN_COUNTERS:
                 value: Any = self._counters(*call.args)
+            elif call.method == COORDINATOR_UTILITY:
+                moved = self.sockets.coordinator
+                value = msgspec.to_builtins(moved) if moved is not None else None
             elif call.method == BUILTIN_WORKERS:
                 value = self.workers.collective_rpc(WORKER_DESCRIBE) if self.workers is not None else []
             elif call.method.startswith("_") or call.method in ENGINE_PROTOCOL:

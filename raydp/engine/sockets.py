@@ -17,6 +17,7 @@ more system calls than the request being waited for.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -25,8 +26,9 @@ import zmq
 
 from raydp.wire.codec import encode
 from raydp.wire.control import BROADCAST_TOPIC, presence_topic
+from raydp.wire.endpoints import CoordinatorEndpoints
 from raydp.wire.polling import Doorbell, EdgePoller, has_input
-from raydp.wire.transport import send_two
+from raydp.wire.transport import pick_address, send_two
 
 logger = logging.getLogger("raydp.engine.core")
 
@@ -41,8 +43,12 @@ class EngineSockets:
         collect: zmq.Socket[bytes],
         broadcast: zmq.Socket[bytes],
         rank: int,
+        coordinator_at: tuple[str, str] = ("", ""),
     ) -> None:
         self.ctx, self.inputs, self.collect, self.broadcast = ctx, tuple(inputs), collect, broadcast
+        self._coordinator_at = coordinator_at  # where collect and broadcast are connected
+        self.coordinator: CoordinatorEndpoints | None = None  # known once the coordinator moved
+        self._moving: tuple[CoordinatorEndpoints, str] | None = None
         broadcast.setsockopt(zmq.SUBSCRIBE, BROADCAST_TOPIC)
         broadcast.setsockopt(zmq.SUBSCRIBE, presence_topic(rank))
         self.bell = Doorbell()
@@ -51,6 +57,28 @@ class EngineSockets:
         # Sent on, left with input over a budget, or never read: their FDs may not signal what
         # waits (an edge-triggered FD signals only what arrives after a read found nothing).
         self._recheck: set[zmq.Socket[bytes]] = set(self._order)
+
+    def follow_coordinator(self, endpoints: CoordinatorEndpoints, node_id: str) -> None:
+        """From any thread: the coordinator moved to another node; the loop reconnects at its next turn."""
+        self._moving = (endpoints, node_id)
+        self.ring()
+
+    def apply_move(self) -> bool:
+        """On the loop's thread: reconnect to a coordinator that moved, if one did; whether one did."""
+        moving, self._moving = self._moving, None
+        if moving is None:
+            return False
+        endpoints, node_id = moving
+        same = endpoints.node_id == node_id
+        new = (pick_address(endpoints.collect, same_node=same), pick_address(endpoints.broadcast, same_node=same))
+        for sock, old, address in zip((self.collect, self.broadcast), self._coordinator_at, new, strict=True):
+            if old:
+                with contextlib.suppress(zmq.ZMQError):  # its endpoint may never have connected
+                    sock.disconnect(old)
+            sock.connect(address)
+        self._coordinator_at, self.coordinator = new, endpoints
+        self._recheck.add(self.broadcast)
+        return True
 
     def ring(self) -> None:
         """Wake the loop from another thread (it then checks why); does nothing once closed."""

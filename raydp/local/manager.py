@@ -19,7 +19,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 
-from raydp.backend import APIServerGroup, DeathListener, RestartListener, ScaleListener
+from raydp.backend import APIServerGroup, DeathListener, MovedListener, RestartListener, ScaleListener
 from raydp.config import RaydpConfig
 from raydp.errors import ComponentDeadError, ConfigError
 from raydp.local.children import LOCAL_NODE
@@ -79,6 +79,9 @@ class ProcessManager:
 
     def on_restart(self, listener: RestartListener) -> None:
         self.orchestrator.reports.on_restart(listener)
+
+    def on_coordinator_moved(self, listener: MovedListener) -> None:
+        """Never called: this backend's coordinator is not restarted."""
 
     def on_scale(self, listener: ScaleListener) -> None:
         self.orchestrator.scale_listeners.append(listener)

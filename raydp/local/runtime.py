@@ -234,7 +234,7 @@ class ProcessRuntime:
     # ---- the coordinator --------------------------------------------------------------------
 
     def start_coordinator(
-        self, size: int, successor_of: tuple[CoordinatorEndpoints, Restored] | None
+        self, size: int, successor_of: tuple[CoordinatorEndpoints, Restored] | None, moved: bool = False
     ) -> CoordinatorEndpoints:
         if successor_of is not None:
             raise StartupError("backend='mp' does not restart its coordinator")
@@ -246,6 +246,10 @@ class ProcessRuntime:
             raise StartupError(f"the coordinator did not start ({describe_exit(proc.process.exitcode)})")
         endpoints: CoordinatorEndpoints = recv(parent, CoordinatorEndpoints)
         return endpoints
+
+    def follow_coordinator(self, records: Sequence[RankRecord], endpoints: CoordinatorEndpoints) -> list[int]:
+        """Never asked: this backend's coordinator is not restarted."""
+        return [r.rank for r in records]
 
     def kill_coordinator(self) -> None:
         if self.coordinator is not None:

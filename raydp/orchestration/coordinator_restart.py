@@ -8,10 +8,14 @@ reconnects on its own and messages sent meanwhile wait in their queues. It
 gets what only the orchestrator knows (:class:`~raydp.coordinator.resync.Restored`)
 and relearns loads and the wave from the engines (:mod:`raydp.coordinator.resync`).
 
-A coordinator whose node died cannot come back at its addresses, and is not
-restarted (its node is rank 0's, so that rank is being re-placed too). Neither
-is one past ``coordinator_max_restarts``. Then the cluster reports it dead for
-good: lockstep ranks stop, dense ranks keep serving on their last snapshot.
+A coordinator whose node died cannot come back at its addresses: its
+successor binds new ones on a live node (the one supervising the cluster),
+every running engine is told over the runtime to reconnect to it, this
+process's clients follow through :meth:`~raydp.backend.DeathReports.coordinator_moved`,
+and clients elsewhere (API servers, notebooks), hearing nothing from the old
+addresses, ask an engine where it went. A coordinator past
+``coordinator_max_restarts`` is dead for good: lockstep ranks stop, dense
+ranks keep serving on their last snapshot.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import logging
 import time
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from raydp.coordinator.resync import Restored
 from raydp.errors import CoordinatorDeadError, DeathCause
@@ -40,13 +46,7 @@ class CoordinatorRestarts:
     def on_death(self, cause: DeathCause, detail: str) -> None:
         o = self.o
         coord = o.coordinator_endpoints
-        restarting = (
-            self.left > 0
-            and cause is not DeathCause.NODE_DIED
-            and coord is not None
-            and o.endpoints is not None
-            and not o.closing()
-        )
+        restarting = self.left > 0 and coord is not None and o.endpoints is not None and not o.closing()
         node = coord.node_id if coord is not None else None
         o.reports.died(CoordinatorDeadError(f"of cluster {o.config.name!r}", node, cause, detail, restarting))
         if not restarting:
@@ -54,9 +54,9 @@ class CoordinatorRestarts:
                 o.kill_ranks(except_rank=-1)
             return
         self.left -= 1
-        o.in_background("raydp-coordinator-restart", self.restart)
+        o.in_background("raydp-coordinator-restart", self.restart, cause is DeathCause.NODE_DIED)
 
-    def restart(self) -> None:
+    def restart(self, moved: bool = False) -> None:
         o, started = self.o, time.monotonic()
         try:
             o.rt.kill_coordinator()  # it may be wedged rather than dead; its name must be free
@@ -64,8 +64,10 @@ class CoordinatorRestarts:
             with o.owned.lock:
                 if o.owned.released:
                     return
-                new = o.rt.start_coordinator(len(o.table), (old, restored))
-            if new != old:
+                new = o.rt.start_coordinator(len(o.table), (old, restored), moved)
+            if moved:
+                self.follow(new, restored)
+            elif new != old:
                 raise RuntimeError(f"the successor bound {new}, not its predecessor's {old}")
             live = restored.engine_count - len(restored.dead)
             if not o.rt.wait_subscribed(live, None, []):
@@ -83,7 +85,39 @@ class CoordinatorRestarts:
                 self.left = 0
             o.report(-1, DeathCause.INIT_FAILED, f"restart failed: {exc!r}")
             return
-        logger.warning("coordinator of cluster %r restarted in %.2fs", o.config.name, time.monotonic() - started)
+        where = f" on node {o.coordinator_endpoints.node_id[:12]}" if moved and o.coordinator_endpoints else ""
+        logger.warning(
+            "coordinator of cluster %r restarted%s in %.2fs", o.config.name, where, time.monotonic() - started
+        )
+
+    def follow(self, new: CoordinatorEndpoints, restored: Restored) -> None:
+        """The successor is elsewhere: the orchestrator, the engines and this process's clients follow it."""
+        o = self.o
+        assert o.endpoints is not None
+        o.coordinator_endpoints = new
+        o.endpoints = msgspec.structs.replace(o.endpoints, coordinator=new)
+        old_control, o.reports.coordinator = o.reports.coordinator, o.control(new)
+        o.owned.closers.append(o.reports.coordinator.close)
+        if old_control is not None:
+            old_control.close()
+        self.tell_what_changed(restored)
+        missed = o.rt.follow_coordinator(list(o.table), new)
+        if missed:  # a rank restarting meanwhile joins the new coordinator itself (see DenseRestarts)
+            logger.info("ranks %s were not running to follow the coordinator", missed)
+        o.reports.coordinator_moved(o.endpoints)
+
+    def tell_what_changed(self, restored: Restored) -> None:
+        """Deaths and restarts reported while the successor started went to its dead predecessor's
+        addresses: tell the successor (ranks of the lost node die and restart at the same time)."""
+        o, control = self.o, self.o.reports.coordinator
+        assert o.endpoints is not None and control is not None
+        with o.report_lock:
+            dead = dict(o.reports.dead)
+        for ep in o.endpoints.engines:
+            if ep.rank in dead and ep.rank not in restored.dead:
+                control.engine_dead(ep.rank, dead[ep.rank])
+            elif ep.rank in restored.dead and ep.rank not in dead:
+                control.engine_revived(ep.rank, list(ep.input_addresses), ep.node_id)
 
     def restored(self) -> tuple[CoordinatorEndpoints, Restored]:
         """What only the orchestrator knows: the ranks, which are dead, their addresses and tallies."""

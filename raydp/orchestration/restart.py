@@ -64,7 +64,10 @@ class DenseRestarts:
                 if o.owned.released:
                     return
                 o.rt.spawn_engines([record], [record.devices], successors=True)
+            coordinator = o.coordinator_endpoints  # what the rank's INIT names
             result = o.rt.join([record], o.init_for)
+            if o.coordinator_endpoints != coordinator and o.coordinator_endpoints is not None:
+                o.rt.follow_coordinator([record], o.coordinator_endpoints)  # it moved meanwhile
             try:
                 o.rt.wait_subscribed(len(o.table), rank, [record])
             except CoordinatorUnavailableError:

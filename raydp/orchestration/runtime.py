@@ -109,9 +109,14 @@ class Runtime(Protocol):
     # ---- the coordinator ----------------------------------------------------------------
 
     def start_coordinator(
-        self, size: int, successor_of: tuple[CoordinatorEndpoints, Restored] | None
+        self, size: int, successor_of: tuple[CoordinatorEndpoints, Restored] | None, moved: bool = False
     ) -> CoordinatorEndpoints:
-        """Start the coordinator (a successor binds its predecessor's addresses) and watch it."""
+        """Start the coordinator and watch it. A successor binds its predecessor's addresses on their
+        node, or (``moved``: that node died) new ones on a live node."""
+        ...
+
+    def follow_coordinator(self, records: Sequence[RankRecord], endpoints: CoordinatorEndpoints) -> list[int]:
+        """Tell the ranks' engines that the coordinator moved; returns the ranks that could not be told."""
         ...
 
     def kill_coordinator(self) -> None: ...

@@ -35,6 +35,9 @@ namespace, 3 namespace hosts of 1 logical GPU, Ray's health check at 500 ms /
 must be reported dead ("node died") and serve again from the spare host, and
 a fresh namespace host is started so the next partition finds capacity.
 ``node-remove`` is left out there (the partition is that mode's node loss).
+Locally rank 0, and the coordinator with it, start on the worker node, so the
+first ``node-remove`` takes the coordinator's node: its successor starts on a
+live node and every client (the driver's, the API servers') follows it there.
 After ``close()`` no process it started, namespace or link may be left either.
 """
 
@@ -130,8 +133,10 @@ def soak(seed: int, minutes: float, hosts: str = "local") -> Summary:
     exit_on_sigterm()  # again: ray.init put its own (aborting) SIGTERM handler in place
     name = f"chaos{seed}"
     try:
-        # The netns head holds no GPU: rank 0 (and the coordinator beside it) go to the first namespace host.
-        master = {} if hosts == "local" else {"master_node_id": local.first_host()}
+        # Rank 0 and the coordinator beside it go to a node a fault may take away: locally the worker
+        # node (node-remove), which moves the coordinator to the head; the netns head holds no GPU.
+        first = local.worker_nodes()[0].node_id if hosts == "local" else local.first_host()
+        master = {"master_node_id": first}
         cluster = raydp.launch(
             name=name,
             engine=ENGINE,

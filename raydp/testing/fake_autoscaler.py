@@ -117,6 +117,24 @@ def start(
     return procs, address
 
 
+def stop(procs: Processes, timeout_s: float = 30.0) -> list[int]:
+    """End the fake cluster: its autoscaler may start a node while the others go, so kill until
+    none is left (bounded); returns what is still alive (nothing, normally)."""
+    import os
+    import signal
+
+    procs.stop()
+    deadline = time.monotonic() + timeout_s
+    while (alive := procs.alive()) and time.monotonic() < deadline:
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    return procs.alive()
+
+
 def wait_for_head(address: str, timeout_s: float = 60.0) -> None:
     """Until the head's GCS answers at ``address``."""
     import socket

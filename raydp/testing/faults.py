@@ -23,6 +23,7 @@ all back, the API server respawned and answering).
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import os
@@ -129,6 +130,8 @@ class Injector:
             return self.kill_api_server(api_index)
         if kind == "node-remove":
             return self.remove_node()
+        if kind == "coordinator-node-remove":  # a cluster launched with rank 0 on a worker node
+            return dataclasses.replace(self.remove_node(), kind=kind)
         if kind == "partition":
             return self.partition_host(rank)
         raise ValueError(f"kind={kind!r}: not one of {(*KINDS, 'partition')}")
@@ -179,7 +182,8 @@ class Injector:
         return fault
 
     def remove_node(self) -> Fault:
-        """Remove a worker node holding ranks, never the head (the coordinator lives beside rank 0)."""
+        """Remove a worker node holding ranks (never the head: the driver runs there); the coordinator too if
+        it is there, beside rank 0."""
         by_node: dict[str, list[int]] = {}
         for ep in self.cluster.endpoints.engines:
             by_node.setdefault(ep.node_id, []).append(ep.rank)

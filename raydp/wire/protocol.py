@@ -65,6 +65,12 @@ class Abort(WireMessage):
     request_ids: list[str]
 
 
+# The utility every engine loop answers with where the coordinator is, once it moved to another
+# node (msgpack builtins of a CoordinatorEndpoints; None before): clients that hear nothing from
+# their coordinator ask an engine.
+COORDINATOR_UTILITY = "raydp_coordinator"
+
+
 class UtilityCall(WireMessage):
     """Call a method of the user's engine by name; arguments must be msgpack-native."""
 

@@ -34,8 +34,8 @@ def test_a_load_step_adds_ranks_on_new_nodes_and_they_go_when_it_falls() -> None
             assert out.returncode == 0 and lines, out.stderr[-4000:] + procs.log_tail("head.log")
             seen = json.loads(lines[-1].removeprefix("RESULT "))
         finally:
-            procs.stop()
-        assert procs.alive() == [], "the fake cluster's processes are gone"
+            left = fake_autoscaler.stop(procs)
+        assert left == [], "the fake cluster's processes are gone"
     print(f"\nautoscaler on the fake multi-node Ray: {seen}")
     assert len(seen["nodes_at_start"]) == 1
     assert seen["grew"], seen

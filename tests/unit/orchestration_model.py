@@ -136,8 +136,11 @@ class ModelRuntime:
         self.masters += 1
         return f"m{self.masters}"
 
-    def start_coordinator(self, size: int, successor_of: Any) -> CoordinatorEndpoints:
+    def start_coordinator(self, size: int, successor_of: Any, moved: bool = False) -> CoordinatorEndpoints:
         return COORDINATOR
+
+    def follow_coordinator(self, records: Sequence[RankRecord], endpoints: CoordinatorEndpoints) -> list[int]:
+        return []
 
     def kill_coordinator(self) -> None:
         pass
