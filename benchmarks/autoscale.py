@@ -37,10 +37,10 @@ SCALING = {
     "min_dp_size": 1,
     "max_dp_size": MAX_DP,
     "target_ongoing_requests": 1.5,
-    "upscale_delay_s": 0.3,
-    "downscale_delay_s": 5.0,
-    "look_back_s": 1.0,
-    "interval_s": 0.1,
+    "upscale_delay_s": 0.1,
+    "downscale_delay_s": 3.0,
+    "look_back_s": 0.5,
+    "interval_s": 0.05,
     "drain_timeout_s": 10.0,
 }
 
@@ -71,7 +71,7 @@ class Step:
         return out
 
 
-STEP_FULL = Step(low=8.0, high=48.0, before=20.0, during=60.0, after=40.0)
+STEP_FULL = Step(low=8.0, high=48.0, before=40.0, during=40.0, after=40.0)
 STEP_QUICK = Step(low=8.0, high=48.0, before=3.0, during=8.0, after=8.0)
 
 

@@ -41,6 +41,12 @@ def test_the_wheel_holds_only_raydp_under_its_own_distribution_name(wheel: Path)
         "raydp/cli/__init__.py",
     ):
         assert module in names
+    # Every package of the checkout ships (setuptools' list is explicit: a new one must be added there).
+    checkout = ROOT / "raydp"
+    packages = {p.parent.relative_to(ROOT) for p in checkout.glob("**/__init__.py")}
+    packages |= {Path("raydp") / link.name for link in checkout.iterdir() if link.is_symlink()}
+    missing = sorted(str(p) for p in packages if f"{p.as_posix()}/__init__.py" not in names)
+    assert not missing, f"packages left out of the wheel: {missing}"
 
 
 @pytest.mark.timeout(300)
