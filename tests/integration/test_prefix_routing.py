@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -36,19 +37,36 @@ def cluster() -> Iterator[raydp.Cluster]:
 
 
 def connections_to_each_server(address: tuple[str, int]) -> dict[int, http.client.HTTPConnection]:
-    """A kept-alive connection to each API server process (the kernel spreads new connections over them)."""
+    """A kept-alive connection to each API server process.
+
+    The processes share one listening socket and the kernel hands a new connection to whichever
+    accepts first: one process that has just started, or is busy, may get none for a while. So
+    connections are opened 8 at a time, from threads, until both have answered (bounded in time).
+    """
     found: dict[int, http.client.HTTPConnection] = {}
-    for _ in range(200):
+    lock = threading.Lock()
+
+    def one() -> None:
         conn = http.client.HTTPConnection(*address, timeout=30)
         conn.request("GET", "/health")
         index = json.loads(conn.getresponse().read())["client_index"]
-        if index in found:
-            conn.close()
-        else:
-            found[index] = conn
-        if len(found) == 2:
-            return found
-    raise AssertionError(f"reached only API servers {sorted(found)} in 200 connections")
+        with lock:
+            if index in found:
+                conn.close()
+            else:
+                found[index] = conn
+
+    deadline = time.monotonic() + 60
+    while len(found) < 2 and time.monotonic() < deadline:
+        batch = [threading.Thread(target=one) for _ in range(8)]
+        for t in batch:
+            t.start()
+        for t in batch:
+            t.join(timeout=30)
+        if len(found) < 2:
+            time.sleep(0.1)
+    assert len(found) == 2, f"reached only API servers {sorted(found)} in 60 s"
+    return found
 
 
 def complete(conn: http.client.HTTPConnection, prompt: list[int], max_tokens: int = 4) -> dict[str, Any]:
