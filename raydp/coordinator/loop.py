@@ -261,22 +261,7 @@ class CoordinatorLoop:
         """Wave, running flag, counts and counters, for operators and tests (any thread)."""
         s = self.state
         with self._state_lock, self._subscribed_changed:
-            return CoordinatorStatus(
-                wave=s.wave,
-                running=s.running,
-                dp_size=s.engine_count,
-                routable=s.size,
-                hold=s.hold_phase(),
-                counts=[list(c) for c in s.counts],
-                work=list(s.work),
-                dead=dict(s.dead),
-                deaths=list(s.deaths),
-                restarts=list(s.restarts),
-                dropped=self.dropped + s.rejected,
-                broadcasts=self.broadcasts,
-                subscribed=sorted(self.subscribed),
-                resynced=s.resync is None or s.resync.done,  # a successor heard every live rank
-            )
+            return s.status(dropped=self.dropped, broadcasts=self.broadcasts, subscribed=self.subscribed)
 
     def wait_for_rank(self, rank: int, timeout_s: float) -> bool:
         """Block until engine ``rank`` has subscribed (a restarted one, whatever its peers do)."""

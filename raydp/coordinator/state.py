@@ -15,6 +15,7 @@ clients route to; a lockstep change also holds the gang
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from raydp.coordinator.hold import GangHold
@@ -39,6 +40,7 @@ from raydp.wire.control import (
     ToEngines,
     WaveComplete,
 )
+from raydp.wire.records import CoordinatorStatus
 
 logger = logging.getLogger("raydp.coordinator")
 # Tuples, not ``A | B``: that expression builds a union object on every message.
@@ -192,6 +194,25 @@ class CoordinatorState:
             self.running = True
             self._last_wave_broadcast = float("-inf")  # due_broadcasts starts the wave right away
         return hold.release()
+
+    def status(self, *, dropped: int = 0, broadcasts: int = 0, subscribed: Iterable[int] = ()) -> CoordinatorStatus:
+        """This state as the coordinator describes it; the loop adds its socket counters and subscribers."""
+        return CoordinatorStatus(
+            wave=self.wave,
+            running=self.running,
+            dp_size=self.engine_count,
+            routable=self.size,
+            hold=self.hold_phase(),
+            counts=[list(c) for c in self.counts],
+            work=list(self.work),
+            dead=dict(self.dead),
+            deaths=list(self.deaths),
+            restarts=list(self.restarts),
+            dropped=dropped + self.rejected,
+            broadcasts=broadcasts,
+            subscribed=sorted(subscribed),
+            resynced=self.resync is None or self.resync.done,  # a successor heard every live rank
+        )
 
     def hold_phase(self) -> str | None:
         return self.hold.phase() if self.hold is not None else None

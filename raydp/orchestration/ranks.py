@@ -77,18 +77,8 @@ class RankTable:
     def ranks(self) -> list[int]:
         return list(range(len(self._records)))
 
-    def nodes(self) -> set[str]:
-        return {r.node_id for r in self._records}
-
     def handles(self) -> list[Any]:
         return [r.handle for r in self._records]
 
     def capacity(self, ranks: Iterable[int]) -> int:
         return sum(self._records[r].capacity for r in ranks if r < len(self._records))
-
-    def rank_of_run(self, run_ref: Any) -> int | None:
-        """The rank watched by ``run_ref``, or None (a retired or superseded rank's)."""
-        for record in self._records:
-            if record.run_ref is run_ref or record.run_ref == run_ref:
-                return record.rank
-        return None

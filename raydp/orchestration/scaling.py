@@ -20,7 +20,7 @@ deaths), clients drop them (what is still on them fails with
 :class:`~raydp.errors.ScaleDownError`), and their engines and placements go.
 
 Lockstep: before the DP group changes the gang is held at a wave boundary
-(:class:`GangHold`, :mod:`raydp.coordinator.hold`), a new rendezvous opens,
+(:class:`HoldSteps`, :mod:`raydp.coordinator.hold`), a new rendezvous opens,
 every rank re-forms the group at the new size, and the hold is released;
 requests that arrive meanwhile wait in the engines and run after it.
 """
@@ -57,7 +57,7 @@ class CoordinatorControl(Protocol):
     def engine_revived(self, rank: int, input_addresses: list[str], node_id: str = "") -> None: ...
 
 
-class GangHold:
+class HoldSteps:
     """The launcher's side of holding a lockstep gang while its DP group re-forms at a new size."""
 
     def __init__(self, coordinator: CoordinatorControl, gang: int) -> None:
@@ -101,7 +101,7 @@ class ScaleChange:
         self.target = dp_size
         self.drain_timeout_s = drain_timeout_s
         self.new: list[RankRecord] = []
-        self.gang: GangHold | None = None
+        self.gang: HoldSteps | None = None
         self.joined: HandshakeResult | None = None
 
     def run(self) -> ClusterEndpoints:
@@ -277,9 +277,9 @@ class ScaleChange:
         )
 
     def hold_gang(self) -> None:
-        self.gang = GangHold(self.coordinator, self.before)
+        self.gang = HoldSteps(self.coordinator, self.before)
         self.gang.hold()
-        self.wait_state(GangHold.frozen, "the lockstep gang to be frozen")
+        self.wait_state(HoldSteps.frozen, "the lockstep gang to be frozen")
 
     def regroup_gang(self) -> None:
         o = self.o
@@ -288,11 +288,11 @@ class ScaleChange:
         state = o.rt.coordinator_state()
         o.wave, o.dp_master = state.wave, master
         self.gang.regroup(self.target, master)
-        self.wait_state(GangHold.regrouping, "the coordinator to start the regroup")
+        self.wait_state(HoldSteps.regrouping, "the coordinator to start the regroup")
 
     def release_gang(self) -> None:
         assert self.gang is not None
-        self.wait_state(GangHold.regrouped, "the lockstep gang to be regrouped")
+        self.wait_state(HoldSteps.regrouped, "the lockstep gang to be regrouped")
         self.gang.release()
 
     def wait_state(self, done: Callable[[State], bool], what: str) -> None:

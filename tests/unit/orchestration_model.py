@@ -159,23 +159,8 @@ class ModelRuntime:
 
 
 def status_of(s: CoordinatorState) -> CoordinatorStatus:
-    """What the coordinator's ``describe`` says of state ``s``."""
-    return CoordinatorStatus(
-        wave=s.wave,
-        running=s.running,
-        dp_size=s.engine_count,
-        routable=s.size,
-        hold=s.hold_phase(),
-        counts=[list(c) for c in s.counts],
-        work=list(s.work),
-        dead=dict(s.dead),
-        deaths=list(s.deaths),
-        restarts=list(s.restarts),
-        dropped=0,
-        broadcasts=0,
-        subscribed=[],
-        resynced=True,
-    )
+    """What the coordinator's ``describe`` says of state ``s`` (no sockets: no counters, no subscribers)."""
+    return s.status()
 
 
 def started(n: int, runtime: ModelRuntime, coordinator: ModelCoordinator, *, lockstep: bool = False) -> Orchestrator:

@@ -11,7 +11,7 @@ Two stateful models, both over the real pure logic:
 * :class:`HoldSystem`: lockstep ranks (:class:`~raydp.engine.lockstep.LockstepRank`
   over :class:`~raydp.engine.waves.EngineWaves`), the coordinator and clients on
   FIFO channels (as in ``test_waves_stateful.py``), with the launcher's real
-  :class:`~raydp.orchestration.scaling.GangHold` holding, regrouping and releasing
+  :class:`~raydp.orchestration.scaling.HoldSteps` holding, regrouping and releasing
   the gang at a random moment.
 """
 
@@ -42,7 +42,7 @@ from raydp.coordinator.state import CoordinatorState
 from raydp.engine.lockstep import LockstepRank
 from raydp.engine.waves import EngineWaves
 from raydp.errors import ConfigError
-from raydp.orchestration.scaling import GangHold, ScaleChange
+from raydp.orchestration.scaling import HoldSteps, ScaleChange
 from raydp.wire.codec import encode
 from raydp.wire.control import (
     EngineDead,
@@ -412,7 +412,7 @@ class HoldSystem(RuleBasedStateMachine):
         self.next_id = 0
         self.epoch = 0
         self.launcher = "idle"  # idle | holding | regrouping
-        self.hold: GangHold | None = None
+        self.hold: HoldSteps | None = None
         self.seen_rank_waves: list[int] = []
         self.groups: dict[str, dict[int, dict[int, Flags]]] = {}  # master -> its rounds
 
@@ -595,18 +595,18 @@ class HoldSystem(RuleBasedStateMachine):
 
     def _launcher_can_act(self) -> bool:
         state = status_of(self.coord)
-        return (self.launcher == "holding" and GangHold.frozen(state)) or (
-            self.launcher == "regrouping" and GangHold.regrouped(state)
+        return (self.launcher == "holding" and HoldSteps.frozen(state)) or (
+            self.launcher == "regrouping" and HoldSteps.regrouped(state)
         )
 
     def _launcher_acts(self) -> None:
         state = status_of(self.coord)
         assert self.hold is not None
-        if self.launcher == "holding" and GangHold.frozen(state):
+        if self.launcher == "holding" and HoldSteps.frozen(state):
             self._check_frozen()
             self.hold.regroup(len(self.ranks), f"m{self.epoch}")
             self.launcher = "regrouping"
-        elif self.launcher == "regrouping" and GangHold.regrouped(state):
+        elif self.launcher == "regrouping" and HoldSteps.regrouped(state):
             assert all(
                 rk.lockstep.collective is not None and rk.lockstep.collective.master == f"m{self.epoch}"
                 for rk in self.ranks
@@ -625,7 +625,7 @@ class HoldSystem(RuleBasedStateMachine):
     def launcher_holds(self) -> None:
         self.epoch += 1
         control = ModelCoordinator(lambda body: self._push(("l2coord",), body))
-        self.hold = GangHold(control, len(self.ranks))
+        self.hold = HoldSteps(control, len(self.ranks))
         self.hold.hold()
         self.launcher = "holding"
 
