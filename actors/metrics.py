@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from ray.util.metrics import Counter, Gauge
 
+from raydp.wire.blocks import hit_rate
 from raydp.wire.records import AutoscaleDecision, CoordinatorStatus
 
 logger = logging.getLogger("raydp.metrics")
@@ -34,6 +35,11 @@ class CoordinatorMetrics:
         self.deaths = Gauge("raydp_rank_deaths", "deaths of the rank since launch", TAGS)
         self.restarts = Gauge("raydp_rank_restarts", "restarts of the rank since launch", TAGS)
         self.dead = Gauge("raydp_rank_dead", "1 while the rank is dead", TAGS)
+        self.hit_rate = Gauge(
+            "raydp_rank_prefix_cache_hit_rate",
+            "prompt tokens found in the rank's prefix cache, of those looked up",
+            TAGS,
+        )
         self.wave = Gauge("raydp_wave", "the cluster's current request wave", ("cluster",))
         self.desired = Gauge("raydp_autoscale_desired_ranks", "the size the autoscaler wants", ("cluster",))
         self.current = Gauge("raydp_autoscale_current_ranks", "the size the autoscaler found", ("cluster",))
@@ -48,6 +54,9 @@ class CoordinatorMetrics:
             self.dead.set(1 if rank in state.dead else 0, tags)
             if rank < len(state.work) and state.work[rank] >= 0:
                 self.work.set(state.work[rank], tags)
+            rate = hit_rate(*state.prefix_cache[rank]) if rank < len(state.prefix_cache) else None
+            if rate is not None:
+                self.hit_rate.set(rate, tags)
         self.wave.set(state.wave, {"cluster": self.cluster})
 
     def export_autoscale(self, decision: AutoscaleDecision) -> None:

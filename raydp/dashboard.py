@@ -125,6 +125,12 @@ PANELS: Final[tuple[Panel, ...]] = (
         "tokens the rank has left to generate (engines that report work())",
     ),
     Panel(
+        "Prefix-cache hit rate per rank",
+        "percentunit",
+        (_per_rank("raydp_rank_prefix_cache_hit_rate"),),
+        "prompt tokens found in the rank's prefix cache, of those looked up (engines that report their cache)",
+    ),
+    Panel(
         "Deaths and restarts per rank",
         "short",
         (
@@ -159,6 +165,8 @@ LEFT_OUT: Final[dict[str, str]] = {
     "raydp_rank_running": "as raydp_rank_waiting",
     "raydp_rank_work": "as raydp_rank_waiting",
     "raydp_rank_dead": "as raydp_rank_waiting",
+    "raydp_rank_prefix_cache_hit_rate": "as raydp_rank_waiting",
+    "raydp_router_cached_blocks": "what one API server process knows of the ranks' caches: for debugging its routing",
     "raydp_rank_deaths": "deaths each API server saw; ray_raydp_rank_deaths counts them once per cluster",
 }
 

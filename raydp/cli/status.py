@@ -20,6 +20,7 @@ from raydp.actors.attached import cluster_status, running_clusters
 from raydp.actors.connection import connected
 from raydp.names import NAMESPACE, coordinator_name
 from raydp.placement.report import render_table
+from raydp.wire.blocks import hit_rate
 from raydp.wire.records import ClusterStatus
 
 EXIT_NOT_FOUND = 1
@@ -76,6 +77,7 @@ def report(status: ClusterStatus) -> dict[str, Any]:
                 "waiting": waiting,
                 "running": running,
                 "work": state.work[r] if r < len(state.work) and state.work[r] >= 0 else None,
+                "prefix_cache_hit_rate": _hit_rate(state.prefix_cache, r),
                 "deaths": state.deaths[r],
                 "restarts": state.restarts[r],
                 "state": f"dead ({state.dead[r]})" if r in state.dead else "serving",
@@ -96,6 +98,14 @@ def report(status: ClusterStatus) -> dict[str, Any]:
     }
 
 
+def _hit_rate(counts: list[list[int]], rank: int) -> float | None:
+    """The rank's prefix-cache hit rate (prompt tokens found cached), None where unknown."""
+    if rank >= len(counts):
+        return None
+    rate = hit_rate(*counts[rank])
+    return None if rate is None else round(rate, 4)
+
+
 def format_report(report: dict[str, Any]) -> str:
     mode = "lockstep" if report["lockstep"] else "dense"
     wave = f"wave {report['wave']} ({'running' if report['running'] else 'paused'})"
@@ -103,10 +113,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"cluster {report['name']}: {report['dp_size']} ranks, {mode}, {wave}, "
         f"engine {report['engine']}, capacity {report['capacity']}"
     ]
-    rows = [["rank", "node", "devices", "waiting", "running", "work", "deaths", "restarts", "state"]]
+    rows = [["rank", "node", "devices", "waiting", "running", "work", "cache hits", "deaths", "restarts", "state"]]
     for r in report["ranks"]:
         devices = f"{report['accelerator']} {','.join(r['devices'])}" if r["devices"] else "-"
         work = "-" if r.get("work") is None else str(r["work"])
+        hits = "-" if r.get("prefix_cache_hit_rate") is None else f"{100 * r['prefix_cache_hit_rate']:.0f}%"
         rows.append(
             [
                 str(r["rank"]),
@@ -115,6 +126,7 @@ def format_report(report: dict[str, Any]) -> str:
                 str(r["waiting"]),
                 str(r["running"]),
                 work,
+                hits,
                 str(r["deaths"]),
                 str(r["restarts"]),
                 r["state"],

@@ -18,7 +18,10 @@ its prompt prefix's order of preference (:mod:`raydp.client.prefix`) whose
 score is within ``prefix_load_margin`` of the least-loaded rank's; past that
 margin load wins, as in SGLang's cache-aware policy, and the overflow of a hot
 prefix goes to its next preferred rank, so that it warms one more cache rather
-than all of them.
+than all of them. Where engines report what their caches hold
+(:mod:`raydp.client.cache_index`), the ranks holding the longest cached prefix
+of the prompt come first in that order: a hot prefix's overflow rank, or a
+rank that served the same conversation's earlier turns, is known to hold it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import random
 from collections.abc import Collection, Sequence
 from typing import Literal, get_args
 
+from raydp.client.cache_index import CacheIndex
 from raydp.client.prefix import DEFAULT_PREFIX_TOKENS, preference, prefix_key
 from raydp.errors import ConfigError
 from raydp.wire.control import StatsSnapshot
@@ -87,6 +91,7 @@ class LoadBalancer:
         self._in_flight = [0] * engine_count
         self.wave = 0
         self.running = False
+        self.cache = CacheIndex()
 
     def resize(self, engine_count: int, size: int) -> None:
         """``engine_count`` ranks exist; route to the first ``size`` (the others drain, then go)."""
@@ -102,6 +107,7 @@ class LoadBalancer:
         self._since_work = fit(self._since_work)
         self._in_flight = fit(self._in_flight)
         self.engine_count, self.size = engine_count, size
+        self.cache.truncate(engine_count)
         self.eligible = tuple(r for r in range(size) if self._chosen is None or r in self._chosen)
 
     def in_flight(self, rank: int) -> int:
@@ -129,6 +135,9 @@ class LoadBalancer:
             return least
         bound = self.score(least) + self.prefix_load_margin
         order = preference(prefix_key(prompt, self.prefix_tokens), live)
+        holders, _ = self.cache.longest(prompt, live)
+        if holders:
+            order = [r for r in order if r in holders] + [r for r in order if r not in holders]
         return next(rank for rank in order if self.score(rank) <= bound)
 
     def score(self, rank: int) -> int:
@@ -156,8 +165,12 @@ class LoadBalancer:
     def on_finished(self, rank: int) -> None:
         self._in_flight[rank] = max(0, self._in_flight[rank] - 1)
 
-    def on_snapshot(self, snap: StatsSnapshot) -> None:
-        """Adopt the coordinator's latest view (one publisher: snapshots arrive in order)."""
+    def on_snapshot(self, snap: StatsSnapshot) -> list[int]:
+        """Adopt the coordinator's latest view (one publisher: snapshots arrive in order).
+
+        Returns the ranks whose cache pictures this client fell behind on (it
+        missed a snapshot): the coordinator is to publish them whole.
+        """
         self.wave, self.running = snap.wave, snap.running
         for rank, (waiting, running) in enumerate(snap.counts[: self.engine_count]):
             self._snapshot_scores[rank] = WAITING_WEIGHT * waiting + running
@@ -166,6 +179,10 @@ class LoadBalancer:
         self._snapshot_work = (list(works[: self.engine_count]) + [0] * self.engine_count)[: self.engine_count]
         self._since_snapshot = [0] * self.engine_count
         self._since_work = [0] * self.engine_count
+        for change in snap.cache:
+            if change.rank < self.engine_count:
+                self.cache.apply(change)
+        return [rank for rank in self.cache.behind(snap.cache_versions) if rank < self.engine_count]
 
     def note_first_request(self) -> bool:
         """True when this send starts a wave (the coordinator must be told)."""

@@ -187,6 +187,11 @@ class Client:
             )
         return self.migration_limit if migratable else 0
 
+    def cached_blocks(self) -> list[int]:
+        """Per rank, the prefix-cache blocks this client knows the rank holds (what ``prefix`` routes on)."""
+        cache = self._router.balancer.cache
+        return [cache.blocks(rank) for rank in range(self._router.balancer.engine_count)]
+
     def snapshot(self) -> StatsSnapshot | None:
         """The latest (counts, wave, running) published by the coordinator."""
         return self._router.last_snapshot

@@ -32,7 +32,7 @@ from raydp.errors import (
     ScaleDownError,
 )
 from raydp.wire.codec import encode
-from raydp.wire.control import FirstRequest, StatsSnapshot, snapshot_decoder
+from raydp.wire.control import CacheWanted, FirstRequest, StatsSnapshot, snapshot_decoder
 from raydp.wire.dropped import DropLog
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.protocol import Abort, Output, RequestBatch, RequestType, output_decoder
@@ -69,6 +69,7 @@ class RequestRouter:
         # a rank still sends for an aborted or moved submission can never be taken
         # for the answer to a later one under the same id.
         self._seqs = itertools.count(1)
+        self._cache_asked: dict[int, float] = {}  # rank -> when this client last asked for its whole picture
         self.migrations = 0  # streams moved to another rank after their rank died (exported by API servers)
 
     def sender(self, sock: zmq.Socket[bytes]) -> str:
@@ -94,12 +95,20 @@ class RequestRouter:
                     self.rescale(engines, size, None)
             except Exception:  # a bad notice must not take the IO thread down
                 logger.exception("client: could not follow the coordinator's scale notice")
-        self.balancer.on_snapshot(snap)
+        self._ask_for_pictures(self.balancer.on_snapshot(snap))
         if self.follow_liveness:
             try:
                 self._apply_liveness(snap)
             except Exception:  # a bad notice must not take the IO thread down
                 logger.exception("client: could not apply the coordinator's liveness notice")
+
+    def _ask_for_pictures(self, ranks: list[int]) -> None:
+        """Ask for the whole cache pictures this client fell behind on, each at most once a second."""
+        now = time.monotonic()
+        for rank in ranks:
+            if now - self._cache_asked.get(rank, float("-inf")) >= 1.0:
+                self._cache_asked[rank] = now
+                self.io.to_coordinator(CacheWanted(rank=rank))
 
     def _apply_liveness(self, snap: StatsSnapshot) -> None:
         """Deaths and restarts as the coordinator publishes them (snapshots arrive in order)."""

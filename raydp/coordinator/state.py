@@ -9,7 +9,9 @@ what to repeat to engines (PUB/SUB may drop a message).
 
 Scaling (``ScaleEngines``) changes how many ranks it tracks and how many
 clients route to; a lockstep change also holds the gang
-(:mod:`raydp.coordinator.hold`) while its DP group is re-formed.
+(:mod:`raydp.coordinator.hold`) while its DP group is re-formed. What each
+rank's prefix cache holds is kept in :mod:`raydp.coordinator.cache` and
+published with the snapshots.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from raydp.coordinator.cache import CachePictures
 from raydp.coordinator.hold import GangHold
 from raydp.coordinator.resync import WITHHOLD_S, Restored, ResyncTracker
 from raydp.wire.control import (
+    CacheReport,
+    CacheWanted,
     EngineDead,
     EngineReport,
     EngineRevived,
@@ -69,6 +74,7 @@ class CoordinatorState:
     nodes: dict[int, str] = field(default_factory=dict)  # node of each rank in ``moved``
     hold: GangHold | None = None
     resync: ResyncTracker | None = None  # a restarted coordinator relearning the engines' state
+    cache: CachePictures = field(default_factory=lambda: CachePictures(0))
     _last_publish: float = float("-inf")
     _last_wave_broadcast: float = float("-inf")
     _last_hold_broadcast: float = float("-inf")
@@ -86,6 +92,7 @@ class CoordinatorState:
         self.work = (self.work + [-1] * n)[:n]
         self.deaths = (self.deaths + [0] * n)[:n]
         self.restarts = (self.restarts + [0] * n)[:n]
+        self.cache.resize(n)
         for table in (self.dead, self.moved, self.nodes):
             for rank in [r for r in table if r >= n]:  # a removed rank's notices go with it
                 del table[rank]
@@ -114,6 +121,9 @@ class CoordinatorState:
             return None
         if isinstance(msg, EngineReport):
             return self._on_report(msg)
+        if isinstance(msg, (CacheReport, CacheWanted)):
+            self._on_cache(msg)
+            return None
         if isinstance(msg, _STARTS) and self.hold is not None:
             return self._start_during_hold(self.hold, msg)
         if isinstance(msg, FirstRequest):
@@ -212,6 +222,7 @@ class CoordinatorState:
             broadcasts=broadcasts,
             subscribed=sorted(subscribed),
             resynced=self.resync is None or self.resync.done,  # a successor heard every live rank
+            prefix_cache=[list(h) for h in self.cache.hit_counts()],
         )
 
     def hold_phase(self) -> str | None:
@@ -244,6 +255,7 @@ class CoordinatorState:
             if msg.rank not in self.dead:  # the same death may be reported twice
                 self.deaths[msg.rank] += 1
             self.dead[msg.rank] = msg.cause
+            self.cache.forget(msg.rank)
             self.counts[msg.rank] = [0, 0]
             self.work[msg.rank] = min(self.work[msg.rank], 0)
         elif not msg.input_addresses or not all(a.startswith(("ipc://", "tcp://")) for a in msg.input_addresses):
@@ -280,6 +292,15 @@ class CoordinatorState:
         if self.counts[msg.rank] != new or self.work[msg.rank] != work:
             self.counts[msg.rank], self.work[msg.rank] = new, work
             self.changed = True
+
+    def _on_cache(self, msg: CacheReport | CacheWanted) -> None:
+        if self._bad_rank(msg.rank, msg):
+            return
+        if isinstance(msg, CacheWanted):
+            self.cache.want(msg.rank)
+        else:  # also from a rank reported dead: its replacement may speak before the launcher says so
+            self.cache.report(msg.rank, msg.events)
+        self.changed = True
 
     def _on_report(self, msg: EngineReport) -> StartDPWave | None:
         """A rank's whole state, for a restarted coordinator: its load, and its wave position.
@@ -369,6 +390,9 @@ class CoordinatorState:
             size=self.size,
             nodes=dict(self.nodes),
             work=list(self.work) if any(w >= 0 for w in self.work) else [],
+            cache=self.cache.changes(),
+            hits=self.cache.hit_counts(),
+            cache_versions=self.cache.versions(),
         )
 
     def next_deadline(self, now: float) -> float:

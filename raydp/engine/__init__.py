@@ -13,6 +13,7 @@ Modules:
 - ``host``: one rank in any process (build the engine, handshake, run the loop);
 - ``loop``: the per-rank step loop;
 - ``sockets``: its sockets and how it waits on them;
+- ``cache_report``: sending an engine's prefix-cache events to the coordinator;
 - ``outbox``: its non-blocking sends to clients;
 - ``waves``: lockstep wave bookkeeping;
 - ``lockstep``: a rank's waves, all-reduce, holds and regroups;

@@ -61,6 +61,12 @@ class EngineCore(Protocol):
     when this engine will run none (anything else, ``None`` included, means it
     does): ranks whose steps all-reduce step together, and then take the
     wave's all-reduce at agreed steps rather than whenever it arrives.
+    ``cache_events(full: bool) -> CacheEvents | None`` reports the engine's
+    prefix cache for ``balancer="prefix"``: the blocks stored and evicted
+    since the last call, named by :func:`raydp.wire.blocks.block_digest`, and
+    the prompt tokens looked up and found (None: nothing changed, or no
+    cache); with ``full``, everything it holds. See
+    :mod:`raydp.engine.cache_report`.
     """
 
     def add_request(self, request: Request) -> None: ...

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from raydp.engine.cache_report import CacheReporter
 from raydp.engine.core import EngineCore
 from raydp.engine.executor import WORKER_DESCRIBE, Executor
 from raydp.engine.lockstep import LockstepRank
@@ -56,7 +57,17 @@ BUILTIN_WORKERS = "raydp_workers"
 COUNTERS = ("added", "finished", "aborted")  # what it counts, per rank
 # The engine core's own methods: the loop drives these, a utility call may not.
 ENGINE_PROTOCOL = frozenset(
-    {"add_request", "abort", "step", "has_unfinished", "load", "execute_dummy_batch", "shutdown", "attach_dp_group"}
+    {
+        "add_request",
+        "abort",
+        "step",
+        "has_unfinished",
+        "load",
+        "execute_dummy_batch",
+        "shutdown",
+        "attach_dp_group",
+        "cache_events",
+    }
 )
 
 
@@ -86,6 +97,7 @@ class EngineLoop:
         self._outbox = Outbox(sockets, self._forget_client)
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._drops = DropLog(logger, f"rank {rank}")
+        self._cache = CacheReporter(engine, rank, self._to_coordinator, stats_interval_s)
 
     # ---- the loop ---------------------------------------------------------------
 
@@ -100,6 +112,7 @@ class EngineLoop:
                 if self.sockets.apply_move():  # the coordinator moved: tell the new one the load at once
                     self._last_load = (-1, -1, -1)
                     self._publish_load(force=True)
+                    self._cache.send_full()
                 if self._outbox.behind:
                     self._outbox.flush()
                 took = self._poll_inputs(block=not self._outbox.behind and not stepping)
@@ -291,6 +304,7 @@ class EngineLoop:
 
     def _publish_load(self, force: bool) -> None:
         now = time.monotonic()
+        self._cache.maybe_send(now)
         if not force and now - self._last_load_sent < self._stats_gap:
             return
         load = self._load()
@@ -317,6 +331,7 @@ class EngineLoop:
         self._to_coordinator(
             EngineReport(rank=self.rank, waiting=load[0], running=load[1], wave=wave, stepping=stepping, work=load[2])
         )
+        self._cache.send_full()
 
     def _to_coordinator(self, msg: Any) -> None:
         self.sockets.to_coordinator(msg)

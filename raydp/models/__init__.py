@@ -8,6 +8,7 @@ Modules:
 
 - ``reference``: the request bookkeeping the reference engines share (waiting and running
   requests, add and abort, token budgets, ``load()`` and ``work()``);
+- ``prefix_cache``: the reference engines' prefix cache (which blocks a rank would hold);
 - ``echo``: :class:`~raydp.models.echo.EchoEngine`, echoes each prompt back;
 - ``echo_workers``: the echo engine with device workers;
 - ``tiny_lm``: :class:`~raydp.models.tiny_lm.TinyLMEngine`, a torch LM on one device;
@@ -19,6 +20,7 @@ Modules:
   workers in raydp's device workers;
 - ``vllm_config``: its engine arguments and the process environment vLLM needs;
 - ``vllm_requests``: raydp requests into vLLM's, and outputs back;
+- ``vllm_cache``: vLLM's KV-cache events in raydp's block names;
 - ``vllm_executor``: a vLLM ``Executor`` over raydp's executor;
 - ``vllm_workers``: vLLM's workers inside raydp's device workers;
 - ``checkpoint``: a small Llama-architecture checkpoint with seeded random weights and a locally

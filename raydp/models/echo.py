@@ -25,7 +25,11 @@ class EchoEngine(ReferenceEngine[_Echo]):
     step sleep, to stand in for device time in tests and benchmarks. With
     ``collective=True`` every step and dummy batch all-reduces a tensor over
     the DP group, as an expert-parallel forward pass does: a rank missing from
-    a step would hang its peers.
+    a step would hang its peers. With ``prefix_cache_blocks`` it keeps a
+    prefix cache of that many blocks of ``block_size`` tokens
+    (:class:`~raydp.models.prefix_cache.BlockCache`: which blocks it would
+    hold, not KV state; see ``keep_prefix_cache``) and reports it through ``cache_events()``, as vLLM
+    engines do, for the tests of prefix-cache-aware routing.
     """
 
     engine_name: ClassVar[str] = "EchoEngine"
@@ -36,8 +40,11 @@ class EchoEngine(ReferenceEngine[_Echo]):
         max_running: int = 256,
         step_delay_s: float = 0.0,
         collective: bool = False,
+        prefix_cache_blocks: int = 0,
+        block_size: int = 16,
     ) -> None:
         super().__init__(max_running)
+        self.keep_prefix_cache(prefix_cache_blocks, block_size)
         self.context = context
         self.step_delay_s = step_delay_s
         self.collective = collective
@@ -105,6 +112,8 @@ class EchoEngine(ReferenceEngine[_Echo]):
             "collectives": self.collectives,
             "last_work_step": self.last_work_step,
             "dp_group_size": self._group_size(),
+            "cached_blocks": len(self.prefix_cache) if self.prefix_cache is not None else 0,
+            "prefix_hits": self.prefix_cache.hits if self.prefix_cache is not None else 0,
         }
 
     def _group_size(self) -> int:

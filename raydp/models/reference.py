@@ -6,7 +6,9 @@ then produces one token per step until its token budget is spent. What
 differs is how each computes a token, so that is all they write themselves:
 :class:`ReferenceEngine` keeps the waiting and running tables, adds and aborts
 requests, admits, counts each token against its budget and finishes the
-request with ``"length"``, and reports ``load()`` and ``work()``.
+request with ``"length"``, and reports ``load()`` and ``work()``. With a
+prefix cache (:meth:`ReferenceEngine.keep_prefix_cache`) it also reports which
+prompt blocks it would hold through ``cache_events()``, as vLLM engines do.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Generic, TypeVar
 
 from raydp.errors import ConfigError
+from raydp.models.prefix_cache import BlockCache
+from raydp.wire.blocks import CacheEvents
 from raydp.wire.protocol import Output, Request
 from raydp.wire.sampling import unsupported
 
@@ -52,6 +56,19 @@ class ReferenceEngine(ABC, Generic[S]):
         self.max_running = max_running
         self._waiting: OrderedDict[str, Request] = OrderedDict()
         self._running: dict[str, S] = {}
+        self.prefix_cache: BlockCache | None = None
+
+    def keep_prefix_cache(self, blocks: int, block_size: int) -> None:
+        """Keep a prefix cache of ``blocks`` blocks of ``block_size`` tokens (0 blocks: none).
+
+        Which blocks it would hold, not KV state: the engine computes as
+        before, and reports the blocks for prefix-cache-aware routing.
+        """
+        self.prefix_cache = BlockCache(blocks, block_size) if blocks else None
+
+    def cache_events(self, full: bool) -> CacheEvents | None:
+        """The prefix cache's stores and evictions since the last call (None without a cache)."""
+        return self.prefix_cache.events(full) if self.prefix_cache is not None else None
 
     @abstractmethod
     def _start(self, request: Request) -> S:
@@ -80,6 +97,8 @@ class ReferenceEngine(ABC, Generic[S]):
         """Move waiting requests, oldest first, into the free running slots."""
         while self._waiting and len(self._running) < self.max_running:
             rid, request = self._waiting.popitem(last=False)
+            if self.prefix_cache is not None:
+                self.prefix_cache.admit(request.prompt_token_ids)
             self._running[rid] = self._start(request)
 
     def _advance(self, rid: str, token: int) -> Output:

@@ -72,10 +72,13 @@ class TinyLMEngine(ReferenceEngine[_Sequence]):
         max_running: int = 32,
         seed: int = 0,
         step_delay_s: float = 0.0,
+        prefix_cache_blocks: int = 0,
+        block_size: int = 16,
     ) -> None:
         if step_delay_s < 0:
             raise ConfigError(f"step_delay_s={step_delay_s!r}: must be >= 0 (seconds added to each busy step)")
         super().__init__(max_running)
+        self.keep_prefix_cache(prefix_cache_blocks, block_size)  # which blocks it would hold: see ReferenceEngine
         self.step_delay_s = step_delay_s  # slows a stream down for tests that act in the middle of one
         torch.manual_seed(seed)
         torch.set_num_threads(int(os.environ.get("RAYDP_TORCH_THREADS", "1")))

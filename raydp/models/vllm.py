@@ -20,7 +20,10 @@ The mapping (:mod:`raydp.models.vllm_requests`):
 * aborts reach the scheduler; ``load()`` is the scheduler's waiting and
   running counts; ``work()`` the tokens still to generate; ``capacity()`` the
   KV-cache blocks, which the handshake sums over the ranks;
-* in lockstep mode, ``execute_dummy_batch`` runs vLLM's dummy batch.
+* in lockstep mode, ``execute_dummy_batch`` runs vLLM's dummy batch;
+* with prefix caching on (vLLM's default), ``cache_events()`` reports the
+  blocks its prefix cache stores and evicts, and its hit counts, for
+  prefix-cache-aware routing (:mod:`raydp.models.vllm_cache`).
 
 With ``tensor_parallel_size > 1``, :class:`VllmTPEngine` runs vLLM's workers in
 raydp's device workers, one per device bundle (see
@@ -39,7 +42,9 @@ from typing import Any, Final
 from raydp.engine.core import EngineContext
 from raydp.errors import ConfigError
 from raydp.models import vllm_config
+from raydp.models.vllm_cache import TeePublisher, VllmCacheEvents, events_config
 from raydp.models.vllm_requests import Tracked, finish_reason, sampling_params
+from raydp.wire.blocks import CacheEvents
 from raydp.wire.protocol import Output, Request
 
 SUPPORTED_VLLM: Final = (0, 32)  # major, minor: the EngineCore and InputProcessor interfaces this adapter uses
@@ -82,10 +87,11 @@ class VllmEngine:
             # Handed to EngineCore, not set as the config's backend: the config crosses to the
             # workers, and this class holds the rank's sockets.
             executor_cls = executor_class(context.executor, dist_ident(os.getpid(), context.rank))
-        args = vllm_config.engine_args(engine_kwargs, context.world_size, 1)
+        args = vllm_config.engine_args(events_config(engine_kwargs), context.world_size, 1)
         self.config = vllm_config.create_config(args)
         self.context = context
         self.core = _build_core(self.config, executor_cls)
+        self._cache = self._follow_cache()
         from vllm.v1.engine.input_processor import InputProcessor
 
         self._inputs = InputProcessor(self.config)
@@ -99,6 +105,10 @@ class VllmEngine:
     def capacity(self) -> int:
         """KV-cache blocks of this rank."""
         return int(self.config.cache_config.num_gpu_blocks or 0)
+
+    def cache_events(self, full: bool) -> CacheEvents | None:
+        """The prefix cache's stores and evictions since the last call, in raydp's block names."""
+        return self._cache.events(full) if self._cache is not None else None
 
     def add_request(self, request: Request) -> None:
         stops = list(request.sampling.stop) if request.sampling is not None else []
@@ -176,8 +186,20 @@ class VllmEngine:
 
     # ---- internals -----------------------------------------------------------------------
 
+    def _follow_cache(self) -> VllmCacheEvents | None:
+        """Take the scheduler's KV-cache events (in front of any publisher the user configured)."""
+        scheduler = self.core.scheduler
+        if not self.config.cache_config.enable_prefix_caching or not getattr(scheduler, "enable_kv_cache_events", 0):
+            return None
+        cache = VllmCacheEvents(int(self.config.cache_config.block_size))
+        scheduler.kv_event_publisher = TeePublisher(cache, scheduler.kv_event_publisher)
+        return cache
+
     def _output(self, out: Any) -> Output:
         tracked = self._tracked[out.request_id]
+        stats = getattr(out, "prefill_stats", None)
+        if stats is not None and self._cache is not None:
+            self._cache.count(int(stats.num_prompt_tokens), int(stats.num_local_cached_tokens))
         tracked.add(out.new_token_ids)
         reason = finish_reason(out.finish_reason)
         if reason is None and self._tokenizer is not None and tracked.hit_stop(self._tokenizer):

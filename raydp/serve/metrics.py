@@ -35,6 +35,7 @@ from prometheus_client.exposition import choose_encoder
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from raydp.client.client import Client
+from raydp.wire.blocks import hit_rate
 
 WATCH_INTERVAL_S = 0.5
 CLIENT_GONE = 499  # nginx's "client closed request": nobody received an answer
@@ -120,6 +121,18 @@ class _SnapshotCollector:
         running = GaugeMetricFamily("raydp_rank_running", "running requests per rank", labels=["rank"])
         work = GaugeMetricFamily("raydp_rank_work", "tokens left to generate per rank", labels=["rank"])
         dead = GaugeMetricFamily("raydp_rank_dead", "1 while the rank is reported dead", labels=["rank"])
+        hits = GaugeMetricFamily(
+            "raydp_rank_prefix_cache_hit_rate",
+            "prompt tokens found in the rank's prefix cache, of those looked up (engines that report a cache)",
+            labels=["rank"],
+        )
+        known = GaugeMetricFamily(
+            "raydp_router_cached_blocks",
+            "prefix-cache blocks this API server knows each rank holds (what the prefix balancer routes on)",
+            labels=["rank"],
+        )
+        for rank, blocks in enumerate(client.cached_blocks()):
+            known.add_metric([str(rank)], blocks)
         snap = client.snapshot()
         if snap is not None:
             for rank, (w, r) in enumerate(snap.counts):
@@ -129,11 +142,15 @@ class _SnapshotCollector:
             for rank, tokens in enumerate(snap.work):
                 if tokens >= 0:  # -1: the engine does not report work
                     work.add_metric([str(rank)], tokens)
+            for rank, (queried, found) in enumerate(snap.hits):
+                rate = hit_rate(queried, found)
+                if rate is not None:
+                    hits.add_metric([str(rank)], rate)
         moved = CounterMetricFamily(
             "raydp_stream_migrations", "streams moved to a live rank after theirs died mid-stream (--migration-limit)"
         )
         moved.add_metric([], client.migrations)
-        return [info, waiting, running, work, dead, moved]
+        return [info, waiting, running, work, dead, hits, known, moved]
 
 
 class RequestMetrics:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Final, Union
 
+from raydp.wire.blocks import CacheEvents
 from raydp.wire.codec import Decoder, PeerWave, RankCount, WireMessage
 
 # ---- engines and clients -> coordinator ---------------------------------------------
@@ -133,6 +134,19 @@ class EngineReport(WireMessage, tag=13):
     work: int = -1
 
 
+class CacheReport(WireMessage, tag=14):
+    """An engine's prefix-cache events (engines whose core has ``cache_events()``)."""
+
+    rank: int
+    events: CacheEvents
+
+
+class CacheWanted(WireMessage, tag=15):
+    """A client missed a change of ``rank``'s cache picture: publish the whole of it next."""
+
+    rank: int
+
+
 ToCoordinator = Union[
     EngineStats,
     WaveComplete,
@@ -147,9 +161,28 @@ ToCoordinator = Union[
     Regrouped,
     ReleaseCluster,
     EngineReport,
+    CacheReport,
+    CacheWanted,
 ]
 
 # ---- coordinator -> clients / engines ---------------------------------------------------
+
+
+class CacheChange(WireMessage):
+    """One change of a rank's cache picture, published to clients.
+
+    The coordinator numbers each rank's changes: this one turns version
+    ``base`` into ``version``; ``base == -1`` means ``stored`` is the whole
+    picture. A client whose version is not ``base`` missed one, and asks for
+    the whole picture (:class:`CacheWanted`).
+    """
+
+    rank: int
+    version: int
+    base: int
+    block_size: int
+    stored: list[int] = []
+    removed: list[int] = []
 
 
 class StatsSnapshot(WireMessage):
@@ -160,6 +193,11 @@ class StatsSnapshot(WireMessage):
     in any process follow it. ``size`` is how many ranks to route new requests
     to (-1: all of ``counts``); ``len(counts)`` is how many exist. ``work``:
     per rank, the tokens it has left to generate, when its engine says (else empty).
+    ``cache``: changes of the ranks' prefix-cache pictures since the last
+    snapshot; ``hits``: per rank, prompt tokens looked up in its prefix cache
+    and found there, and ``cache_versions`` the version of each rank's picture,
+    so a client that missed the last change knows (both empty while no
+    engine reports a cache).
     """
 
     counts: list[tuple[int, int]]
@@ -171,6 +209,9 @@ class StatsSnapshot(WireMessage):
     size: int = -1
     nodes: dict[int, str] = {}
     work: list[int] = []
+    cache: list[CacheChange] = []
+    hits: list[tuple[int, int]] = []
+    cache_versions: list[int] = []
 
 
 class StartDPWave(WireMessage, tag=1):

@@ -35,6 +35,8 @@ class CoordinatorStatus(msgspec.Struct, frozen=True):
     broadcasts: int
     subscribed: list[int]  # ranks whose engines subscribed
     resynced: bool  # a restarted coordinator has heard every live rank again
+    # per rank: [prompt tokens looked up in its prefix cache, tokens found]; empty when no engine reports one
+    prefix_cache: list[list[int]] = []
 
 
 class APIServerRecord(msgspec.Struct, frozen=True):

@@ -101,7 +101,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, st
             "2",
             "--autoscale",  # a size the load never moves, so that the autoscaler's gauges exist
             "2:2",
-            env={k: env[k] for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")},
+            env={
+                **{k: env[k] for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")},
+                # Engines that report a prefix cache (blocks of 2 tokens: the load's prompts fill some), so
+                # that the hit-rate panel has data.
+                "RAYDP_ENGINE_KWARGS": json.dumps({"prefix_cache_blocks": 64, "block_size": 2}),
+            },
         ) as served:
             config = workdir / "prometheus.yml"
             config.write_text(

@@ -31,13 +31,18 @@ def status(*args: str, address: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.timeout(240)
 def test_status_shows_ranks_devices_load_restarts_and_api_servers(two_nodes: Any) -> None:
-    with raydp.launch(name="stat", dp_size=3, max_restarts=1, progress=False) as cluster:
+    engine = {"prefix_cache_blocks": 64, "block_size": 16}  # echo engines that report a prefix cache
+    with raydp.launch(name="stat", dp_size=3, max_restarts=1, progress=False, engine_kwargs=engine) as cluster:
         client = cluster.client()
+        for _ in range(2):  # 32 tokens looked up twice on rank 0: found the second time
+            client.generate(list(range(32)), max_tokens=1, rank=0)
         servers = cluster.serve_api(2, port=0)
         ray.kill(cluster._manager.engines[2], no_restart=True)
         assert wait_until(lambda: _serves(client, 2), timeout=60), "rank 2 came back"
         # The launcher's own clients follow a restart at once; the coordinator hears of it over a socket.
         assert wait_until(lambda: cluster.coordinator_state().restarts == [0, 0, 1], timeout=10)
+        assert wait_until(lambda: cluster.coordinator_state().prefix_cache[0] == [64, 32], timeout=10)
+        assert wait_until(lambda: cluster.coordinator_state().prefix_cache[2][0] > 0, timeout=10)
         result = status("stat", "--json", address=two_nodes.address)
         assert result.returncode == 0, result.stderr
         (report,) = json.loads(result.stdout)
@@ -49,13 +54,28 @@ def test_status_shows_ranks_devices_load_restarts_and_api_servers(two_nodes: Any
         assert [r["deaths"] for r in report["ranks"]] == [0, 0, 1]
         assert all(r["state"] == "serving" for r in report["ranks"])
         assert [r["work"] for r in report["ranks"]] == [0, 0, 0]  # echo engines report work(); all idle
+        # Rank 1 looked nothing up; rank 2's probes after its restart have no full block to find.
+        assert [r["prefix_cache_hit_rate"] for r in report["ranks"]] == [0.5, None, 0.0]
         (api,) = report["api_servers"]
         assert (api["url"], api["count"], api["mode"]) == (servers.url, 2, "internal")
 
         table = status(address=two_nodes.address)  # every running cluster, as a table
         assert table.returncode == 0, table.stderr
         assert "cluster stat: 3 ranks, dense" in table.stdout and servers.url in table.stdout
-        header = ["rank", "node", "devices", "waiting", "running", "work", "deaths", "restarts", "state"]
+        header = [
+            "rank",
+            "node",
+            "devices",
+            "waiting",
+            "running",
+            "work",
+            "cache",
+            "hits",
+            "deaths",
+            "restarts",
+            "state",
+        ]
+        assert any(line.split()[:1] == ["0"] and "50%" in line.split() for line in table.stdout.splitlines())
         assert any(line.split() == header for line in table.stdout.splitlines()), table.stdout
 
 

@@ -103,3 +103,77 @@ def test_a_detached_cluster_heals_and_scales_after_its_launcher_exited(two_nodes
     bad = [o for o in outcomes if o != "ok"]
     assert not bad, f"{len(bad)} of {len(outcomes)} requests failed: {bad[:3]}"
     assert len(outcomes) > 20, "the load barely ran"
+
+
+SCALER = "scaler"
+AUTOSCALED_LAUNCHER = """
+import ray, raydp
+ray.init(address={address!r})
+scaling = raydp.AutoscalingConfig(min_dp_size=1, max_dp_size=2, target_ongoing_requests=1.0, upscale_delay_s=0.2,
+                                  downscale_delay_s=2.0, look_back_s=0.5, interval_s=0.1)
+cluster = raydp.launch(name={name!r}, dp_size=1, detached=True, autoscaling=scaling, progress=False,
+                       engine_kwargs={{"step_delay_s": 0.01, "max_running": 2}})
+print("launched", cluster.dp_size, flush=True)
+"""
+
+
+@pytest.mark.timeout(400)
+def test_a_detached_cluster_autoscales_after_its_launcher_exited(two_nodes: Any) -> None:
+    address = ray.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAY_ADDRESS": address}
+    out = subprocess.run(
+        [sys.executable, "-c", AUTOSCALED_LAUNCHER.format(address=address, name=SCALER)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert out.returncode == 0 and "launched 1" in out.stdout, out.stderr[-3000:]
+    stop = threading.Event()
+    outcomes: list[str] = []
+    try:
+        cluster = raydp.attach(SCALER)
+        client = cluster.client()
+
+        def load() -> None:  # 6 requests of ~0.5 s in flight on 2-slot ranks: 3 per rank wanted at size 1
+            while not stop.is_set():
+                handles = [client.submit([9], max_tokens=50, retryable=True) for _ in range(6)]
+                for handle in handles:
+                    try:
+                        outcomes.append("ok" if handle.result(timeout=60) == [9] * 50 else "wrong tokens")
+                    except Exception as exc:
+                        outcomes.append(repr(exc))
+
+        sender = threading.Thread(target=load, daemon=True)
+        sender.start()
+        # The supervisor's autoscaler, not a launcher, grows the cluster under the load...
+        assert wait_until(lambda: (s := _state_or_none(cluster)) is not None and s.dp_size == 2, timeout=120), (
+            _state_or_none(cluster)
+        )
+        stop.set()
+        sender.join(timeout=90)
+        assert not sender.is_alive(), "a request hung"
+        # ...and drains it back to the minimum once the load is gone.
+        assert wait_until(lambda: (s := _state_or_none(cluster)) is not None and s.dp_size == 1, timeout=120), (
+            _state_or_none(cluster)
+        )
+        status = subprocess.run(
+            [sys.executable, "-m", "raydp", "status", SCALER, "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        assert status.returncode == 0, status.stderr[-3000:]
+        (report,) = json.loads(status.stdout)
+        assert report["dp_size"] == 1 and report["autoscale"]["current"] == 1, report
+        cluster.close()
+    finally:
+        stop.set()
+        raydp.attach(SCALER).shutdown()
+    assert_nothing_left(SCALER, timeout=30)
+    bad = [o for o in outcomes if o != "ok"]
+    assert not bad, f"{len(bad)} of {len(outcomes)} requests failed: {bad[:3]}"
+    assert len(outcomes) >= 6, "the load barely ran"

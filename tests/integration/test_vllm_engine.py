@@ -18,6 +18,7 @@ import pytest
 
 import raydp
 from raydp import Sampling
+from raydp.client.prefix import preference, prefix_key
 from raydp.errors import ConfigError, EngineDeadError, StartupError
 from tests.integration.conftest import ClusterPool
 from tests.integration.helpers import wait_until
@@ -110,6 +111,28 @@ def test_a_request_vllm_refuses_fails_alone_with_vllms_reason(cluster: Any) -> N
     with pytest.raises(raydp.RequestError, match=r"max_model_len|maximum model length|longer than"):
         client.generate(list(range(1, 600)), 4, rank=0, timeout=60)
     assert client.generate(PROMPTS[1], 2, rank=0, timeout=60), "the rank serves on"
+
+
+def test_vllms_cache_events_steer_prefix_routing_and_its_hit_rate_is_shown(cluster: Any) -> None:
+    """vLLM reports what its prefix cache holds: a prompt cached on rank 1 goes to rank 1 even where
+    the prefix hash names rank 0, and the coordinator shows rank 1's hits."""
+    pinned, routed = cluster.client(), cluster.client(balancer="prefix")
+    block = pinned.call_utility(1, "describe")["block_size"]
+    prompt = next(
+        p
+        for p in ([(k * 37 + i * 11) % 900 + 1 for i in range(2 * block + 3)] for k in range(100))
+        if preference(prefix_key(p), range(2))[0] == 0
+    )
+    before = cluster.coordinator_state().prefix_cache[1]
+    assert pinned.generate(prompt, max_tokens=2, rank=1)
+    assert wait_until(lambda: cluster.coordinator_state().prefix_cache[1][0] > before[0], timeout=10)
+    assert wait_until(lambda: routed.cached_blocks()[1] >= 2, timeout=10), routed.cached_blocks()
+    handle = routed.submit([*prompt, 5], max_tokens=2)
+    handle.result(60)
+    assert handle.rank == 1
+    assert wait_until(lambda: cluster.coordinator_state().prefix_cache[1][1] - before[1] >= 2 * block, timeout=10), (
+        cluster.coordinator_state().prefix_cache
+    )
 
 
 def test_a_bad_vllm_field_fails_the_launch_naming_it(cluster: Any, model: str) -> None:

@@ -12,12 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raydp.errors import ProtocolError
-from raydp.wire import codec
+from raydp.wire import blocks, codec
 from raydp.wire import control as c
 from raydp.wire import protocol as p
+from raydp.wire.blocks import CacheEvents
 from raydp.wire.sampling import Sampling
 
-MESSAGE_MODULES = (p, c)  # every module that defines wire messages and their decoders
+MESSAGE_MODULES = (p, c, blocks)  # every module that defines wire messages and their decoders
 
 Decode = Any  # one of the module's Decoder instances (or a wrapper of decode_input)
 
@@ -148,6 +149,23 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
     (c.Resync(), c.engine_broadcast_decoder),
     (c.EngineReport(rank=1, waiting=2, running=3, wave=4, stepping=True), c.coordinator_decoder),
     (c.EngineReport(rank=1, waiting=2, running=3, wave=4, stepping=True, work=12), c.coordinator_decoder),
+    (c.CacheReport(rank=1, events=CacheEvents(block_size=16)), c.coordinator_decoder),
+    (
+        c.CacheReport(rank=0, events=CacheEvents(16, [2**64 - 1, 5], [7], full=True, queried=96, hits=64)),
+        c.coordinator_decoder,
+    ),
+    (c.CacheWanted(rank=3), c.coordinator_decoder),
+    (
+        c.StatsSnapshot(
+            counts=[(0, 1)],
+            wave=0,
+            running=False,
+            cache=[c.CacheChange(rank=0, version=2, base=1, block_size=16, stored=[3], removed=[4])],
+            hits=[(96, 64)],
+            cache_versions=[2],
+        ),
+        c.snapshot_decoder,
+    ),
     (
         p.Init(
             addresses=p.EngineAddresses(

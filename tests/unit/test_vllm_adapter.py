@@ -73,3 +73,34 @@ def test_a_stop_string_completed_across_tokens_is_seen_and_work_counts_down(tmp_
     assert seen[-1] and not seen[0], "seen once the text holds it, not before"
     assert tracked.left() == 10 - len(ids)
     assert not Tracked(4, []).hit_stop(tokenizer), "no stop strings: nothing to decode"
+
+
+def test_vllms_cache_events_become_raydp_block_names_and_evictions_undo_them() -> None:
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+    from raydp.models.vllm_cache import VllmCacheEvents
+    from raydp.wire.blocks import block_digests
+
+    def stored(hashes: list[int], parent: int | None, tokens: list[int], **extra: object) -> BlockStored:
+        fields: dict[str, object] = {"lora_id": None, "medium": "GPU", "lora_name": None, **extra}
+        return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=4, **fields)
+
+    prompt = list(range(12))
+    names = block_digests(prompt, 4)
+    cache = VllmCacheEvents(block_size=4)
+    cache.publish(KVEventBatch(ts=0.0, events=[stored([11, 12], None, prompt[:8]), stored([13], 12, prompt[8:])]))
+    cache.publish(KVEventBatch(ts=0.0, events=[stored([99], None, [7, 7, 7, 7], extra_keys=[("salt",)])]))
+    cache.publish(KVEventBatch(ts=0.0, events=[stored([98], 555, [1, 1, 1, 1])]))  # its parent was never seen
+    cache.count(12, 8)
+    first = cache.events(full=False)
+    assert first is not None and first.stored == names  # the names any client computes from the prompt
+    assert (first.queried, first.hits, first.block_size) == (12, 8, 4)
+    assert cache.events(full=False) is None
+    cache.publish(KVEventBatch(ts=0.0, events=[BlockRemoved(block_hashes=[13], medium="GPU")]))
+    removed = cache.events(full=False)
+    assert removed is not None and removed.removed == [names[2]] and removed.stored == []
+    whole = cache.events(full=True)
+    assert whole is not None and whole.full and whole.stored == names[:2]
+    cache.publish(KVEventBatch(ts=0.0, events=[AllBlocksCleared()]))
+    cleared = cache.events(full=False)
+    assert cleared is not None and sorted(cleared.removed) == sorted(names[:2])

@@ -38,9 +38,12 @@ from raydp.engine.loop import EngineLoop
 from raydp.engine.sockets import EngineSockets
 from raydp.errors import ProtocolError
 from raydp.models.echo import EchoEngine
+from raydp.wire.blocks import CacheEvents
 from raydp.wire.codec import encode
 from raydp.wire.control import (
     BROADCAST_TOPIC,
+    CacheReport,
+    CacheWanted,
     EngineDead,
     EngineRevived,
     EngineStats,
@@ -133,6 +136,8 @@ SAMPLES: list[msgspec.Struct] = [  # one real message of each kind, for every so
     RegroupCluster(1, 2, "tcp://127.0.0.1:1"),
     Regrouped(0, 1),
     ReleaseCluster(1),
+    CacheReport(1, CacheEvents(16, [5], [6], queried=32, hits=16)),
+    CacheWanted(0),
     StatsSnapshot([(1, 2)], 3, True, 4),
     StartDPWave(1),
     Shutdown(),

@@ -1,0 +1,79 @@
+"""A prefix cache for the reference engines: which prompt blocks a rank would hold, without the KV state.
+
+It behaves as vLLM's does at the level routing sees: a prompt's full blocks
+of ``block_size`` tokens are looked up from the first until one is missing
+(those tokens are hits), the rest are stored, and past ``capacity`` blocks the
+least recently used go. It reports through the engine core protocol's
+``cache_events()`` (:class:`~raydp.wire.blocks.CacheEvents`), so the fast
+tests drive prefix-cache-aware routing as vLLM engines do.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from raydp.errors import ConfigError
+from raydp.wire.blocks import CacheEvents, iter_digests
+
+
+class BlockCache:
+    """An LRU set of block digests with hit counts and the events since the last report."""
+
+    def __init__(self, capacity: int, block_size: int = 16) -> None:
+        if capacity < 1:
+            raise ConfigError(f"prefix_cache_blocks={capacity}: must be >= 1 (0 turns the cache off)")
+        if block_size < 1:
+            raise ConfigError(f"block_size={block_size}: must be >= 1 (tokens per cached block)")
+        self.capacity, self.block_size = capacity, block_size
+        self._blocks: OrderedDict[int, None] = OrderedDict()  # least recently used first
+        self._stored: dict[int, None] = {}
+        self._removed: set[int] = set()
+        self.queried = self.hits = 0
+        self._counted = (0, 0)  # the counts last reported
+
+    def admit(self, prompt: Sequence[int]) -> int:
+        """Look ``prompt`` up and store its blocks; return how many of its tokens were cached."""
+        hit_blocks, missing = 0, False
+        for digest in iter_digests(prompt, self.block_size):
+            if not missing and digest in self._blocks:
+                hit_blocks += 1
+                self._blocks.move_to_end(digest)
+                continue
+            missing = True
+            self._store(digest)
+        hit_tokens = hit_blocks * self.block_size
+        self.queried += len(prompt)
+        self.hits += hit_tokens
+        return hit_tokens
+
+    def _store(self, digest: int) -> None:
+        self._blocks[digest] = None
+        self._blocks.move_to_end(digest)
+        self._removed.discard(digest)
+        self._stored[digest] = None
+        while len(self._blocks) > self.capacity:
+            old, _ = self._blocks.popitem(last=False)
+            self._stored.pop(old, None)
+            self._removed.add(old)
+
+    def clear(self) -> None:
+        self._removed.update(self._blocks)
+        self._blocks.clear()
+        self._stored.clear()
+
+    def events(self, full: bool) -> CacheEvents | None:
+        """What changed since the last call (everything held, with ``full``); None when nothing did."""
+        counts = (self.queried, self.hits)
+        if not full and not self._stored and not self._removed and counts == self._counted:
+            return None
+        stored = list(self._blocks) if full else list(self._stored)
+        removed = [] if full else sorted(self._removed)
+        self._stored, self._removed, self._counted = {}, set(), counts
+        return CacheEvents(self.block_size, stored, removed, full, self.queried, self.hits)
+
+    def __contains__(self, digest: int) -> bool:
+        return digest in self._blocks
+
+    def __len__(self) -> int:
+        return len(self._blocks)
