@@ -57,7 +57,9 @@ vLLM's own ``--data-parallel-size 2`` server, same checkpoint and streamed
 workload, plus a killed engine under load.
 
 ``autoscale`` (:mod:`~benchmarks.autoscale`, opt-in) runs a step load against an
-autoscaled cluster, a fixed minimum and a fixed maximum. ``gang``
+autoscaled cluster, a fixed minimum and a fixed maximum. ``prefix``
+(:mod:`~benchmarks.prefix_cache`, opt-in) compares prefix-cache-aware routing
+with the load-only policies and an oracle on vLLM engines. ``gang``
 (:mod:`~benchmarks.gang`, opt-in) times a lockstep gang's restart after one
 rank's death.
 
@@ -76,6 +78,7 @@ Modules:
 - ``faults``: the failure tables (``faults``, ``faults-extra``);
 - ``gang``: a lockstep gang's restart;
 - ``autoscale``: autoscaling under a step load, against a fixed minimum and a fixed maximum (opt-in, ``mp`` backend);
+- ``prefix_cache``: prefix-cache-aware routing on vLLM engines (section ``prefix``, opt-in, ``mp`` backend);
 - ``vllm_dp``: vLLM engines against vLLM's own data-parallel server (section ``vllm``);
 - ``sections``: each section's run, table and JSON, by name;
 - ``report``: the environment, the printed report, the JSON;

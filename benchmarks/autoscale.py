@@ -37,9 +37,9 @@ SCALING = {
     "min_dp_size": 1,
     "max_dp_size": MAX_DP,
     "target_ongoing_requests": 1.5,
-    "upscale_delay_s": 0.1,
-    "downscale_delay_s": 3.0,
-    "look_back_s": 0.5,
+    "upscale_delay_s": 0.0,
+    "downscale_delay_s": 1.0,
+    "look_back_s": 0.3,
     "interval_s": 0.05,
     "drain_timeout_s": 10.0,
 }

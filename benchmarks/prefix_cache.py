@@ -40,7 +40,7 @@ from raydp.client.balancer import Policy
 
 POLICIES = ("prefix", "least-loaded", "power-of-two", "round-robin", "oracle")
 DP = 2
-BLOCK = 16  # tokens per KV block (vLLM's default on GPUs; set so on CPU too)
+BLOCK = 32  # tokens per KV block (vLLM's CPU attention wants a multiple of 32)
 HIT_TARGET, TTFT_TARGET, SHARE_TOLERANCE = 0.9, 0.7, 0.15
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from benchmarks import autoscale, coordinator, gang, lockstep, routing, scale, workers
+from benchmarks import autoscale, coordinator, gang, lockstep, prefix_cache, routing, scale, workers
 from benchmarks.common import FULL, QUICK, Sizes, log
 from benchmarks.faults import dense, extra
 from benchmarks.faults.table import FaultRow, faults_failed, faults_table
@@ -88,6 +88,10 @@ def _routing_sizes(quick: bool) -> Any:
 
 def _coordinator_sizes(quick: bool) -> Any:
     return coordinator.COORDINATOR_QUICK if quick else coordinator.COORDINATOR_FULL
+
+
+def _prefix_sizes(quick: bool) -> prefix_cache.PrefixSizes:
+    return prefix_cache.PREFIX_QUICK if quick else prefix_cache.PREFIX_FULL
 
 
 def _trials(quick: bool) -> int:
@@ -199,6 +203,16 @@ SECTIONS: tuple[Section[Any], ...] = (
         to_json=lambda report, quick: report.as_json(),
         needs_ray=False,
         opt_in=True,
+    ),
+    Section[list[prefix_cache.PrefixResult]](
+        "prefix",
+        run=lambda quick: prefix_cache.prefix_benchmark(_prefix_sizes(quick)),
+        table=lambda results, quick: prefix_cache.prefix_table(results, _prefix_sizes(quick)),
+        failed=prefix_cache.prefix_failed,
+        to_json=_rows,
+        needs_ray=False,
+        opt_in=True,
+        aliases=("prefix-cache",),
     ),
 )
 BY_NAME: dict[str, Section[Any]] = {n: s for s in SECTIONS for n in (s.name, *s.aliases)}

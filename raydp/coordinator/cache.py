@@ -42,9 +42,10 @@ class _RankPicture:
         self.stored[digest] = None
 
     def remove(self, digest: int) -> None:
-        if self.blocks.pop(digest, 0) is None:
+        if digest in self.blocks:
+            del self.blocks[digest]
             self.stored.pop(digest, None)
-            self.removed.add(digest)
+            self.removed.add(digest)  # clients may have it from an earlier change
 
     def pending(self) -> bool:
         return self.whole or bool(self.stored) or bool(self.removed)

@@ -16,13 +16,52 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from raydp.wire.blocks import CacheEvents
 from raydp.wire.control import CacheReport
 
 logger = logging.getLogger("raydp.engine.core")
+
+
+class CacheLedger:
+    """An engine's side of ``cache_events()``: what changed since the last report, and the hit counts.
+
+    The engine calls :meth:`stored` and :meth:`removed` as its cache changes
+    and :meth:`count` per lookup; :meth:`events` turns them into the next
+    :class:`CacheEvents`, given everything the cache holds for a full report.
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._stored: dict[int, None] = {}
+        self._removed: set[int] = set()
+        self.queried = self.hits = 0
+        self._counted = (0, 0)  # the counts last reported
+
+    def stored(self, digest: int) -> None:
+        self._removed.discard(digest)
+        self._stored[digest] = None
+
+    def removed(self, digest: int) -> None:
+        self._stored.pop(digest, None)
+        self._removed.add(digest)
+
+    def count(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """One prefix-cache lookup: its prompt tokens, and those found cached."""
+        self.queried += prompt_tokens
+        self.hits += cached_tokens
+
+    def events(self, full: bool, held: Collection[int]) -> CacheEvents | None:
+        """The changes since the last call (all of ``held``, with ``full``); None when nothing changed."""
+        counts = (self.queried, self.hits)
+        if not full and not self._stored and not self._removed and counts == self._counted:
+            return None
+        stored = list(held) if full else list(self._stored)
+        removed = [] if full else sorted(self._removed)
+        self._stored, self._removed, self._counted = {}, set(), counts
+        return CacheEvents(self.block_size, stored, removed, full, self.queried, self.hits)
 
 
 class CacheReporter:

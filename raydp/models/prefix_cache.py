@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from raydp.engine.cache_report import CacheLedger
 from raydp.errors import ConfigError
 from raydp.wire.blocks import CacheEvents, iter_digests
 
@@ -27,10 +28,11 @@ class BlockCache:
             raise ConfigError(f"block_size={block_size}: must be >= 1 (tokens per cached block)")
         self.capacity, self.block_size = capacity, block_size
         self._blocks: OrderedDict[int, None] = OrderedDict()  # least recently used first
-        self._stored: dict[int, None] = {}
-        self._removed: set[int] = set()
-        self.queried = self.hits = 0
-        self._counted = (0, 0)  # the counts last reported
+        self.ledger = CacheLedger(block_size)
+
+    @property
+    def hits(self) -> int:
+        return self.ledger.hits
 
     def admit(self, prompt: Sequence[int]) -> int:
         """Look ``prompt`` up and store its blocks; return how many of its tokens were cached."""
@@ -42,35 +44,20 @@ class BlockCache:
                 continue
             missing = True
             self._store(digest)
-        hit_tokens = hit_blocks * self.block_size
-        self.queried += len(prompt)
-        self.hits += hit_tokens
-        return hit_tokens
+        self.ledger.count(len(prompt), hit_blocks * self.block_size)
+        return hit_blocks * self.block_size
 
     def _store(self, digest: int) -> None:
         self._blocks[digest] = None
         self._blocks.move_to_end(digest)
-        self._removed.discard(digest)
-        self._stored[digest] = None
+        self.ledger.stored(digest)
         while len(self._blocks) > self.capacity:
             old, _ = self._blocks.popitem(last=False)
-            self._stored.pop(old, None)
-            self._removed.add(old)
-
-    def clear(self) -> None:
-        self._removed.update(self._blocks)
-        self._blocks.clear()
-        self._stored.clear()
+            self.ledger.removed(old)
 
     def events(self, full: bool) -> CacheEvents | None:
         """What changed since the last call (everything held, with ``full``); None when nothing did."""
-        counts = (self.queried, self.hits)
-        if not full and not self._stored and not self._removed and counts == self._counted:
-            return None
-        stored = list(self._blocks) if full else list(self._stored)
-        removed = [] if full else sorted(self._removed)
-        self._stored, self._removed, self._counted = {}, set(), counts
-        return CacheEvents(self.block_size, stored, removed, full, self.queried, self.hits)
+        return self.ledger.events(full, self._blocks)
 
     def __contains__(self, digest: int) -> bool:
         return digest in self._blocks

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from raydp.engine.cache_report import CacheLedger
 from raydp.wire.blocks import ROOT, CacheEvents, block_digest
 
 logger = logging.getLogger("raydp.models.vllm")
@@ -28,10 +29,7 @@ class VllmCacheEvents:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._names: dict[Any, int] = {}  # vLLM block hash -> raydp digest, for what the cache holds
-        self._stored: dict[int, None] = {}
-        self._removed: set[int] = set()
-        self.queried = self.hits = 0
-        self._counted = (0, 0)
+        self.ledger = CacheLedger(block_size)
 
     def publish(self, batch: Any) -> None:
         """Take one ``KVEventBatch`` (the scheduler calls this as its event publisher)."""
@@ -57,29 +55,20 @@ class VllmCacheEvents:
         for i, vllm_hash in enumerate(event.block_hashes):
             parent = block_digest(parent, event.token_ids[i * size : (i + 1) * size])
             self._names[vllm_hash] = parent
-            self._removed.discard(parent)
-            self._stored[parent] = None
+            self.ledger.stored(parent)
 
     def _on_removed(self, hashes: list[Any]) -> None:
         for vllm_hash in hashes:
             digest = self._names.pop(vllm_hash, None)
             if digest is not None:
-                self._stored.pop(digest, None)
-                self._removed.add(digest)
+                self.ledger.removed(digest)
 
     def count(self, prompt_tokens: int, cached_tokens: int) -> None:
         """One request's prefix-cache lookup: its prompt tokens, and those found cached."""
-        self.queried += prompt_tokens
-        self.hits += cached_tokens
+        self.ledger.count(prompt_tokens, cached_tokens)
 
     def events(self, full: bool) -> CacheEvents | None:
-        counts = (self.queried, self.hits)
-        if not full and not self._stored and not self._removed and counts == self._counted:
-            return None
-        stored = list(self._names.values()) if full else list(self._stored)
-        removed = [] if full else sorted(self._removed)
-        self._stored, self._removed, self._counted = {}, set(), counts
-        return CacheEvents(self.block_size, stored, removed, full, self.queried, self.hits)
+        return self.ledger.events(full, self._names.values())
 
 
 class TeePublisher:
