@@ -179,8 +179,9 @@ class LoadBalancer:
         self._snapshot_work = (list(works[: self.engine_count]) + [0] * self.engine_count)[: self.engine_count]
         self._since_snapshot = [0] * self.engine_count
         self._since_work = [0] * self.engine_count
+        self.cache.follow(snap.cache_epoch)
         for change in snap.cache:
-            if change.rank < self.engine_count:
+            if 0 <= change.rank < self.engine_count:
                 self.cache.apply(change)
         return [rank for rank in self.cache.behind(snap.cache_versions) if rank < self.engine_count]
 

@@ -2,8 +2,9 @@
 
 Built from the numbered :class:`~raydp.wire.control.CacheChange` records the
 coordinator publishes (see :mod:`raydp.coordinator.cache`), so every client
-process holds the same picture. A change that does not follow the version
-this client holds means one was missed: the rank's picture is kept as it is
+process holds the same picture. Changes are applied only within one
+coordinator's numbering (its ``epoch``). A change that does not follow the
+version this client holds means one was missed: the rank's picture is kept as it is
 (stale beats empty for routing) and :meth:`CacheIndex.apply` says to ask for
 the whole of it.
 
@@ -32,6 +33,15 @@ class CacheIndex:
         self._holders: dict[int, int] = {}  # digest -> bit mask of ranks
         self._blocks: dict[int, set[int]] = {}  # rank -> its digests
         self._versions: dict[int, int] = {}
+        self.epoch = 0  # the numbering followed: a coordinator's (a successor numbers afresh)
+
+    def follow(self, epoch: int) -> None:
+        """Follow coordinator ``epoch``'s numbering; a new one's changes never go on the old pictures."""
+        if epoch and epoch != self.epoch:
+            self._holders.clear()
+            self._blocks.clear()
+            self._versions.clear()
+            self.epoch = epoch
 
     def apply(self, change: CacheChange) -> bool:
         """Adopt one change; False when this client missed the one before (ask for the whole picture)."""

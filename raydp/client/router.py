@@ -95,7 +95,10 @@ class RequestRouter:
                     self.rescale(engines, size, None)
             except Exception:  # a bad notice must not take the IO thread down
                 logger.exception("client: could not follow the coordinator's scale notice")
-        self._ask_for_pictures(self.balancer.on_snapshot(snap))
+        try:
+            self._ask_for_pictures(self.balancer.on_snapshot(snap))
+        except Exception:  # a bad snapshot must not take the IO thread down
+            logger.exception("client: could not apply the coordinator's snapshot")
         if self.follow_liveness:
             try:
                 self._apply_liveness(snap)

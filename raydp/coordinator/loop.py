@@ -8,7 +8,8 @@ Sockets (all bound by the coordinator):
   ``WaveComplete``, ``StartWave``, ``FirstRequest``, ``HoldAck``, ``EngineReport``,
   ``Regrouped``; and from the launcher ``EngineDead``, ``EngineRevived``,
   ``ScaleEngines``, ``HoldCluster``, ``RegroupCluster``, ``ReleaseCluster``;
-* ``broadcast`` XPUB -> engines' SUB: ``[topic, StartDPWave | Hold | Regroup | Release | Resync | Shutdown]``.
+* ``broadcast`` XPUB -> engines' SUB: ``[topic, StartDPWave | Hold | Regroup | Release | Resync | Shutdown]``,
+  and ``SendCache`` on one rank's presence topic.
   Verbose, so every engine's subscription to its presence topic is seen and
   :meth:`CoordinatorLoop.wait_for_engines` knows who is listening.
 
@@ -32,6 +33,7 @@ from raydp.wire.codec import encode
 from raydp.wire.control import (
     BROADCAST_TOPIC,
     Release,
+    SendCache,
     Shutdown,
     StartDPWave,
     ToEngines,
@@ -167,10 +169,13 @@ class CoordinatorLoop:
         with self._state_lock:
             snap = self.state.due_snapshot(now)
             repeats = self.state.due_broadcasts(now)
+            asks = self.state.cache.asks(now)
         if snap is not None:
             self.publish.send(encode(snap))
         for msg in repeats:
             self._broadcast(msg)
+        for rank in asks:  # an engine whose cache report went missing: to it alone, on its own topic
+            self.broadcast.send_multipart([presence_topic(rank), encode(SendCache())])
 
     def _follow_collect(self) -> None:
         """Take messages in batches while they keep coming, then return to the poller.

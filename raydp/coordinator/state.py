@@ -299,7 +299,7 @@ class CoordinatorState:
         if isinstance(msg, CacheWanted):
             self.cache.want(msg.rank)
         else:  # also from a rank reported dead: its replacement may speak before the launcher says so
-            self.cache.report(msg.rank, msg.events)
+            self.cache.report(msg)
         self.changed = True
 
     def _on_report(self, msg: EngineReport) -> StartDPWave | None:
@@ -375,6 +375,7 @@ class CoordinatorState:
         if self.resync is not None and self.resync.withholding(now):
             return None
         since = now - self._last_publish
+        self.changed = self.changed or self.cache.pending(now)  # e.g. a whole picture held back a second
         if not ((self.changed and since >= self.stats_interval_s) or since >= self.heartbeat_interval_s):
             return None
         self._last_publish = now
@@ -390,9 +391,10 @@ class CoordinatorState:
             size=self.size,
             nodes=dict(self.nodes),
             work=list(self.work) if any(w >= 0 for w in self.work) else [],
-            cache=self.cache.changes(),
+            cache=self.cache.changes(now),
             hits=self.cache.hit_counts(),
             cache_versions=self.cache.versions(),
+            cache_epoch=self.cache.epoch if self.cache.reported else 0,
         )
 
     def next_deadline(self, now: float) -> float:

@@ -6,15 +6,18 @@ evicted since the last call (block digests, :mod:`raydp.wire.blocks`) and its
 cumulative hit counts, or None when nothing changed; with ``full`` it returns
 everything the cache holds. The loop asks at most once per stats interval, so
 a busy rank's stream of events costs one message per interval; it asks for
-the whole picture when a coordinator (a restarted or moved one) must relearn
-it, and for its first report, which replaces whatever a dead predecessor
-on its rank reported. An engine without the method is never asked, and clients route its
-prefixes by what was sent where.
+the whole picture for its first report (which replaces whatever a dead
+predecessor on its rank reported), when a coordinator (a restarted or moved
+one) must relearn it, and when a report was lost (the coordinator sees a gap
+in the numbers and sends ``SendCache``, or the send was refused here). An
+engine without the method is never asked, and clients route its prefixes by
+what was sent where.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -65,38 +68,54 @@ class CacheLedger:
 
 
 class CacheReporter:
-    """Asks the engine for its cache events and sends them as :class:`CacheReport`."""
+    r"""Asks the engine for its cache events and sends them as numbered :class:`CacheReport`\ s.
 
-    def __init__(self, engine: Any, rank: int, send: Callable[[CacheReport], None], gap_s: float) -> None:
+    A whole report goes first, after a send the coordinator's queue refused,
+    and when the coordinator asks (``Resync``, ``SendCache``); at most one a
+    second after the first, since a restarted coordinator repeats its asks.
+    """
+
+    FULL_GAP_S = 1.0
+
+    def __init__(self, engine: Any, rank: int, send: Callable[[CacheReport], bool], gap_s: float) -> None:
         self._events: Callable[[bool], CacheEvents | None] | None = getattr(engine, "cache_events", None)
         self.rank, self._send, self._gap_s = rank, send, gap_s
+        self.incarnation = secrets.randbits(62) + 1  # this engine process, told from its predecessors
+        self._seq = 0
         self._last = float("-inf")
-        self._sent = False  # the first report is the whole picture: it replaces a dead predecessor's
+        self._last_full = float("-inf")
+        self._owe_full = True  # the first report is the whole picture: it replaces a dead predecessor's
 
     @property
     def enabled(self) -> bool:
         return callable(self._events)
 
     def maybe_send(self, now: float | None = None) -> None:
-        """Send what changed, if the interval has passed since the last look."""
+        """Send what changed (or the whole cache, if one is owed), if the interval has passed."""
         now = time.monotonic() if now is None else now
         if self._events is None or now - self._last < self._gap_s:
             return
         self._last = now
-        self._send_events(not self._sent)
+        full = self._owe_full and now - self._last_full >= self.FULL_GAP_S
+        if self._owe_full and not full:
+            return  # a whole report is owed: no delta before it, or the coordinator would see a gap
+        self._send_events(full, now)
 
-    def send_full(self) -> None:
-        """Send everything the cache holds (a coordinator relearning the ranks)."""
-        if self._events is not None:
-            self._last = time.monotonic()
-            self._send_events(True)
+    def send_full(self, now: float | None = None) -> None:
+        """Owe the coordinator the whole cache; sent at once unless one went out within a second."""
+        self._owe_full = True
+        self._last = float("-inf")
+        self.maybe_send(now)
 
-    def _send_events(self, full: bool) -> None:
+    def _send_events(self, full: bool, now: float) -> None:
         assert self._events is not None
         events = self._events(full)
         if events is None:
             return
-        self._sent = True
         if not isinstance(events, CacheEvents):
             raise TypeError(f"cache_events() returned {type(events).__name__}: must be CacheEvents or None")
-        self._send(CacheReport(rank=self.rank, events=events))
+        self._seq += 1
+        if full:
+            self._owe_full, self._last_full = False, now
+        if not self._send(CacheReport(rank=self.rank, incarnation=self.incarnation, seq=self._seq, events=events)):
+            self._owe_full = True  # the coordinator missed this one: only the whole cache makes up for it

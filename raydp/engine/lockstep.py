@@ -53,7 +53,7 @@ from raydp.wire.control import (
 
 logger = logging.getLogger("raydp.engine.core")
 MAX_PACE = 1_000_000  # steps an all-reduce may stay in flight, whatever the pace (it travels as int32)
-Send = Callable[[Any], None]  # a message to the coordinator
+Send = Callable[[Any], object]  # a message to the coordinator (what it returns is not looked at)
 JoinGroup = Callable[[Regroup], DPCollective]  # leave nothing behind; block until the group is formed
 
 

@@ -35,7 +35,7 @@ from raydp.engine.outbox import Outbox
 from raydp.engine.sockets import EngineSockets
 from raydp.errors import ProtocolError
 from raydp.wire.codec import encode
-from raydp.wire.control import EngineReport, EngineStats, Resync, Shutdown, engine_broadcast_decoder
+from raydp.wire.control import EngineReport, EngineStats, Resync, SendCache, Shutdown, engine_broadcast_decoder
 from raydp.wire.dropped import DropLog, identity_sender
 from raydp.wire.protocol import (
     COORDINATOR_UTILITY,
@@ -264,6 +264,8 @@ class EngineLoop:
             self._stopping = True
         elif isinstance(msg, Resync):
             self._report_state()
+        elif isinstance(msg, SendCache):
+            self._cache.send_full()
         elif self.lockstep is not None:
             self.lockstep.on_broadcast(msg)
         return None
@@ -333,8 +335,8 @@ class EngineLoop:
         )
         self._cache.send_full()
 
-    def _to_coordinator(self, msg: Any) -> None:
-        self.sockets.to_coordinator(msg)
+    def _to_coordinator(self, msg: Any) -> bool:
+        return self.sockets.to_coordinator(msg)
 
     def _drop(self, sender: str, why: str) -> None:
         self._drops.drop(sender, why)

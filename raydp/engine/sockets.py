@@ -122,12 +122,14 @@ class EngineSockets:
         self._recheck.add(self.inputs[-1])
         send_two(self.inputs[-1], client, body)
 
-    def to_coordinator(self, msg: Any) -> None:
-        """Send without blocking: a wedged or dead coordinator is reported elsewhere."""
+    def to_coordinator(self, msg: Any) -> bool:
+        """Send without blocking (False: dropped); a wedged or dead coordinator is reported elsewhere."""
         try:
             self.collect.send(encode(msg), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             logger.warning("coordinator queue full, dropped %s", type(msg).__name__)
+            return False
+        return True
 
     def close(self) -> None:
         self.bell.close()

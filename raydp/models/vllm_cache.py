@@ -28,7 +28,9 @@ class VllmCacheEvents:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self._names: dict[Any, int] = {}  # vLLM block hash -> raydp digest, for what the cache holds
+        # vLLM block hash -> (raydp digest, cached copies): vLLM may cache two blocks under one hash,
+        # and the name goes only with the last of them.
+        self._names: dict[Any, tuple[int, int]] = {}
         self.ledger = CacheLedger(block_size)
 
     def publish(self, batch: Any) -> None:
@@ -39,28 +41,40 @@ class VllmCacheEvents:
             if isinstance(event, BlockStored):
                 self._on_stored(event)
             elif isinstance(event, BlockRemoved):
-                self._on_removed(event.block_hashes)
+                if event.group_idx in (None, 0):
+                    self._on_removed(event.block_hashes)
             elif isinstance(event, AllBlocksCleared):
-                self._on_removed(list(self._names))
+                for digest, _ in self._names.values():
+                    self.ledger.removed(digest)
+                self._names.clear()
 
     def _on_stored(self, event: Any) -> None:
         if event.lora_name or event.lora_id or (event.extra_keys and any(event.extra_keys)):
             return
         if event.group_idx not in (None, 0) or event.block_size != self.block_size:
             return  # another KV-cache group (a hybrid model's): the first names the prefix
-        parent = ROOT if event.parent_block_hash is None else self._names.get(event.parent_block_hash)
-        if parent is None:
+        known = None if event.parent_block_hash is None else self._names.get(event.parent_block_hash)
+        if event.parent_block_hash is not None and known is None:
             return  # its parent was evicted or left out: this block is of no use to a prompt
+        parent = ROOT if known is None else known[0]
         size = self.block_size
         for i, vllm_hash in enumerate(event.block_hashes):
             parent = block_digest(parent, event.token_ids[i * size : (i + 1) * size])
-            self._names[vllm_hash] = parent
-            self.ledger.stored(parent)
+            _, copies = self._names.get(vllm_hash, (parent, 0))
+            self._names[vllm_hash] = (parent, copies + 1)
+            if not copies:
+                self.ledger.stored(parent)
 
     def _on_removed(self, hashes: list[Any]) -> None:
         for vllm_hash in hashes:
-            digest = self._names.pop(vllm_hash, None)
-            if digest is not None:
+            entry = self._names.get(vllm_hash)
+            if entry is None:
+                continue
+            digest, copies = entry
+            if copies > 1:
+                self._names[vllm_hash] = (digest, copies - 1)
+            else:
+                del self._names[vllm_hash]
                 self.ledger.removed(digest)
 
     def count(self, prompt_tokens: int, cached_tokens: int) -> None:
@@ -68,7 +82,7 @@ class VllmCacheEvents:
         self.ledger.count(prompt_tokens, cached_tokens)
 
     def events(self, full: bool) -> CacheEvents | None:
-        return self.ledger.events(full, self._names.values())
+        return self.ledger.events(full, [digest for digest, _ in self._names.values()] if full else ())
 
 
 class TeePublisher:

@@ -18,12 +18,16 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import Final
+from typing import Annotated, Final
+
+import msgspec
 
 from raydp.wire.codec import WireMessage
 
 ROOT: Final = 0  # the parent digest of a prompt's first block
 BlockDigest = int
+MAX_REPORTED_BLOCKS: Final = 1 << 20  # digests in one report: a peer cannot make a decoder allocate without end
+Digests = Annotated[list[int], msgspec.Meta(max_length=MAX_REPORTED_BLOCKS)]
 
 
 def block_digest(parent: BlockDigest, tokens: Sequence[int]) -> BlockDigest:
@@ -59,9 +63,9 @@ class CacheEvents(WireMessage):
     their ratio is the rank's prefix-cache hit rate.
     """
 
-    block_size: int
-    stored: list[int] = []
-    removed: list[int] = []
+    block_size: Annotated[int, msgspec.Meta(ge=1)]
+    stored: Digests = []
+    removed: Digests = []
     full: bool = False
     queried: int = 0
     hits: int = 0

@@ -135,9 +135,17 @@ class EngineReport(WireMessage, tag=13):
 
 
 class CacheReport(WireMessage, tag=14):
-    """An engine's prefix-cache events (engines whose core has ``cache_events()``)."""
+    """An engine's prefix-cache events (engines whose core has ``cache_events()``).
+
+    ``incarnation`` names the engine process (random, fixed for its life), so
+    a dead engine's late reports are told from its replacement's; ``seq``
+    numbers its reports from 1, so a lost one shows as a gap (then the
+    coordinator asks that engine for its whole cache, :class:`SendCache`).
+    """
 
     rank: int
+    incarnation: int
+    seq: int
     events: CacheEvents
 
 
@@ -194,10 +202,12 @@ class StatsSnapshot(WireMessage):
     to (-1: all of ``counts``); ``len(counts)`` is how many exist. ``work``:
     per rank, the tokens it has left to generate, when its engine says (else empty).
     ``cache``: changes of the ranks' prefix-cache pictures since the last
-    snapshot; ``hits``: per rank, prompt tokens looked up in its prefix cache
-    and found there, and ``cache_versions`` the version of each rank's picture,
-    so a client that missed the last change knows (both empty while no
-    engine reports a cache).
+    snapshot; ``hits``: per rank, ``(looked up, found)`` prompt tokens of its
+    prefix cache; ``cache_versions``: the version of each rank's picture, so
+    a client that missed the last change knows, and ``cache_epoch`` names this
+    coordinator's numbering (a successor's starts again), so a client never
+    applies one coordinator's change to another's picture (all empty or 0
+    while no engine reports a cache).
     """
 
     counts: list[tuple[int, int]]
@@ -212,6 +222,7 @@ class StatsSnapshot(WireMessage):
     cache: list[CacheChange] = []
     hits: list[tuple[int, int]] = []
     cache_versions: list[int] = []
+    cache_epoch: int = 0
 
 
 class StartDPWave(WireMessage, tag=1):
@@ -250,7 +261,11 @@ class Resync(WireMessage, tag=6):
     """A restarted coordinator asks every engine for an ``EngineReport``."""
 
 
-ToEngines = Union[StartDPWave, Shutdown, Hold, Regroup, Release, Resync]
+class SendCache(WireMessage, tag=7):
+    """Sent on one rank's presence topic: report your whole prefix cache (a report of yours was lost)."""
+
+
+ToEngines = Union[StartDPWave, Shutdown, Hold, Regroup, Release, Resync, SendCache]
 BROADCAST_TOPIC: Final = b"all"
 
 

@@ -16,7 +16,15 @@ from raydp.engine.loop import EngineLoop
 from raydp.engine.sockets import EngineSockets
 from raydp.models.echo import EchoEngine
 from raydp.wire.codec import encode
-from raydp.wire.control import BROADCAST_TOPIC, EngineStats, Shutdown, coordinator_decoder
+from raydp.wire.control import (
+    BROADCAST_TOPIC,
+    CacheReport,
+    EngineStats,
+    SendCache,
+    Shutdown,
+    coordinator_decoder,
+    presence_topic,
+)
 from raydp.wire.protocol import Abort, OutputBatch, Request, RequestBatch, RequestType, UtilityCall, output_decoder
 from raydp.wire.transport import SocketOptions, make_socket
 
@@ -456,6 +464,37 @@ def test_work_an_engine_gains_on_its_own_is_stepped_at_the_next_idle_wake(monkey
         while engine.has_unfinished() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not engine.has_unfinished() and engine.steps == 3, "the idle loop never stepped it"
+    finally:
+        rig.stop()
+        rig.ctx.destroy(linger=0)
+
+
+@pytest.mark.timeout(30)
+def test_cache_events_go_to_the_coordinator_whole_first_and_whole_again_when_it_asks() -> None:
+    rig = start(EchoEngine(EngineContext(0, 0, 1, 1, "n"), prefix_cache_blocks=16, block_size=4))
+    try:
+
+        def next_report(timeout: float = 5) -> CacheReport:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if rig.collect.poll(100):
+                    msg = coordinator_decoder(rig.collect.recv())
+                    if isinstance(msg, CacheReport):
+                        return msg
+            raise AssertionError("no cache report came")
+
+        first = next_report()  # at start: the whole (empty) cache, which replaces a predecessor's
+        assert first.events.full and first.events.stored == [] and first.seq == 1
+        a = rig.client(b"ca")
+        send(a, RequestType.ADD, Request("x", list(range(8)), 1))
+        outputs(a, {"x"})
+        delta = next_report()
+        assert not delta.events.full and len(delta.events.stored) == 2 and delta.seq == 2
+        assert delta.incarnation == first.incarnation and delta.events.queried == 8
+        time.sleep(1.0)  # whole reports go at most once a second
+        rig.broadcast.send_multipart([presence_topic(0), encode(SendCache())])  # a report of its went missing
+        again = next_report()
+        assert again.events.full and sorted(again.events.stored) == sorted(delta.events.stored) and again.seq == 3
     finally:
         rig.stop()
         rig.ctx.destroy(linger=0)

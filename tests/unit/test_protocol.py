@@ -149,11 +149,17 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
     (c.Resync(), c.engine_broadcast_decoder),
     (c.EngineReport(rank=1, waiting=2, running=3, wave=4, stepping=True), c.coordinator_decoder),
     (c.EngineReport(rank=1, waiting=2, running=3, wave=4, stepping=True, work=12), c.coordinator_decoder),
-    (c.CacheReport(rank=1, events=CacheEvents(block_size=16)), c.coordinator_decoder),
+    (c.CacheReport(rank=1, incarnation=5, seq=1, events=CacheEvents(block_size=16)), c.coordinator_decoder),
     (
-        c.CacheReport(rank=0, events=CacheEvents(16, [2**64 - 1, 5], [7], full=True, queried=96, hits=64)),
+        c.CacheReport(
+            rank=0,
+            incarnation=2**62,
+            seq=9,
+            events=CacheEvents(16, [2**64 - 1, 5], [7], full=True, queried=96, hits=64),
+        ),
         c.coordinator_decoder,
     ),
+    (c.SendCache(), c.engine_broadcast_decoder),
     (c.CacheWanted(rank=3), c.coordinator_decoder),
     (
         c.StatsSnapshot(
@@ -163,6 +169,7 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
             cache=[c.CacheChange(rank=0, version=2, base=1, block_size=16, stored=[3], removed=[4])],
             hits=[(96, 64)],
             cache_versions=[2],
+            cache_epoch=12345,
         ),
         c.snapshot_decoder,
     ),
@@ -389,14 +396,15 @@ def test_every_truncation_raises_protocol_error(case: tuple[msgspec.Struct, Deco
 # Pairs where another message happens to have the same positional shape as a
 # valid one (untagged array_like structs): Shutdown is [2] == OutputBatch(rank=2),
 # Reject("r") is [4, "r"] == UtilityCall(4, "r"), Release(e) is [5, e] ==
-# ScaleEngines(engine_count=e), Resync() is [6] == OutputBatch(rank=6). They travel on different sockets, so they
-# cannot meet in practice.
+# ScaleEngines(engine_count=e), Resync() is [6] == OutputBatch(rank=6), SendCache() is [7] ==
+# OutputBatch(rank=7). They travel on different sockets, so they cannot meet in practice.
 # Abort([]) is [[]] == RequestBatch([]) on the same socket, but the frame's tag tells them apart.
 AMBIGUOUS = {
     ("Shutdown", "output_decoder"),
     ("Reject", "utility_decoder"),
     ("Release", "coordinator_decoder"),
     ("Resync", "output_decoder"),
+    ("SendCache", "output_decoder"),
     ("Abort", "request_batch_decoder"),
     ("RequestBatch", "abort_decoder"),
 }
@@ -440,7 +448,7 @@ def test_unknown_union_tag_raises_protocol_error() -> None:
     with pytest.raises(ProtocolError):
         c.coordinator_decoder(msgspec.msgpack.encode([99, 0, 0]))
     with pytest.raises(ProtocolError):
-        c.engine_broadcast_decoder(msgspec.msgpack.encode([7]))
+        c.engine_broadcast_decoder(msgspec.msgpack.encode([99]))
 
 
 def test_extra_fields_are_rejected() -> None:

@@ -101,6 +101,9 @@ def test_vllms_cache_events_become_raydp_block_names_and_evictions_undo_them() -
     assert removed is not None and removed.removed == [names[2]] and removed.stored == []
     whole = cache.events(full=True)
     assert whole is not None and whole.full and whole.stored == names[:2]
+    cache.publish(KVEventBatch(ts=0.0, events=[stored([11], None, prompt[:4])]))  # a second copy of block 0
+    cache.publish(KVEventBatch(ts=0.0, events=[BlockRemoved(block_hashes=[11], medium="GPU")]))  # one copy goes
+    assert cache.events(full=False) is None  # the other still holds the prefix
     cache.publish(KVEventBatch(ts=0.0, events=[AllBlocksCleared()]))
     cleared = cache.events(full=False)
     assert cleared is not None and sorted(cleared.removed) == sorted(names[:2])

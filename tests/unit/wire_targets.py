@@ -136,7 +136,7 @@ SAMPLES: list[msgspec.Struct] = [  # one real message of each kind, for every so
     RegroupCluster(1, 2, "tcp://127.0.0.1:1"),
     Regrouped(0, 1),
     ReleaseCluster(1),
-    CacheReport(1, CacheEvents(16, [5], [6], queried=32, hits=16)),
+    CacheReport(1, 7, 1, CacheEvents(16, [5], [6], queried=32, hits=16)),
     CacheWanted(0),
     StatsSnapshot([(1, 2)], 3, True, 4),
     StartDPWave(1),
