@@ -5,8 +5,8 @@ coordinator publishes (see :mod:`raydp.coordinator.cache`), so every client
 process holds the same picture. Changes are applied only within one
 coordinator's numbering (its ``epoch``). A change that does not follow the
 version this client holds means one was missed: the rank's picture is kept as it is
-(stale beats empty for routing) and :meth:`CacheIndex.apply` says to ask for
-the whole of it.
+(stale beats empty for routing), and :meth:`CacheIndex.behind`, against the
+versions every snapshot carries, names it so the client asks for the whole.
 
 The index maps a block digest to a bit mask of the ranks holding it, so the
 longest cached prefix of a prompt is one dictionary lookup per block, stopping
@@ -38,26 +38,21 @@ class CacheIndex:
     def follow(self, epoch: int) -> None:
         """Follow coordinator ``epoch``'s numbering; a new one's changes never go on the old pictures."""
         if epoch and epoch != self.epoch:
-            self._holders.clear()
-            self._blocks.clear()
-            self._versions.clear()
+            self._reset()
             self.epoch = epoch
 
-    def apply(self, change: CacheChange) -> bool:
-        """Adopt one change; False when this client missed the one before (ask for the whole picture)."""
+    def apply(self, change: CacheChange) -> None:
+        """Adopt one change; one not on top of this client's version is skipped (:meth:`behind` names its rank)."""
         rank = change.rank
         if change.block_size and change.block_size != self.block_size:  # 0: a rank with nothing reported
             if change.base != -1:
-                return False
-            # The cluster's block size (one engine config for all ranks): a new one renames every block.
-            self._holders.clear()
-            self._blocks.clear()
-            self._versions.clear()
+                return
+            self._reset()  # the cluster's block size (one engine config for all ranks): it renames every block
             self.block_size = change.block_size
         if change.base == -1:
             self._drop_rank(rank)
         elif self._versions.get(rank) != change.base:
-            return False
+            return
         bit = 1 << rank
         blocks = self._blocks.setdefault(rank, set())
         for digest in change.removed:
@@ -69,7 +64,6 @@ class CacheIndex:
                 blocks.add(digest)
                 self._holders[digest] = self._holders.get(digest, 0) | bit
         self._versions[rank] = change.version
-        return True
 
     def behind(self, versions: Sequence[int]) -> list[int]:
         """The ranks whose picture here is not at the version the coordinator published last."""
@@ -102,6 +96,11 @@ class CacheIndex:
     def blocks(self, rank: int) -> int:
         """How many blocks ``rank``'s picture holds here."""
         return len(self._blocks.get(rank, ()))
+
+    def _reset(self) -> None:
+        self._holders.clear()
+        self._blocks.clear()
+        self._versions.clear()
 
     def _drop_rank(self, rank: int) -> None:
         bit = 1 << rank

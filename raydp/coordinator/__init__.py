@@ -7,6 +7,7 @@ it in :mod:`raydp.local`.
 Modules:
 
 - ``state``: the pure state machine (counts, waves, dead ranks, size, snapshot timing);
+- ``publish``: the snapshot clients get and the status operators get, built from the state;
 - ``cache``: each rank's prefix-cache picture, and the numbered changes the snapshots carry;
 - ``hold``: holding a lockstep gang at a wave boundary while its DP group re-forms;
 - ``resync``: what a restarted coordinator restores from its launcher and relearns from the engines;

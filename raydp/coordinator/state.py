@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from raydp.coordinator.cache import CachePictures
 from raydp.coordinator.hold import GangHold
+from raydp.coordinator.publish import describe, snapshot
 from raydp.coordinator.resync import WITHHOLD_S, Restored, ResyncTracker
 from raydp.wire.control import (
     CacheReport,
@@ -206,24 +207,8 @@ class CoordinatorState:
         return hold.release()
 
     def status(self, *, dropped: int = 0, broadcasts: int = 0, subscribed: Iterable[int] = ()) -> CoordinatorStatus:
-        """This state as the coordinator describes it; the loop adds its socket counters and subscribers."""
-        return CoordinatorStatus(
-            wave=self.wave,
-            running=self.running,
-            dp_size=self.engine_count,
-            routable=self.size,
-            hold=self.hold_phase(),
-            counts=[list(c) for c in self.counts],
-            work=list(self.work),
-            dead=dict(self.dead),
-            deaths=list(self.deaths),
-            restarts=list(self.restarts),
-            dropped=dropped + self.rejected,
-            broadcasts=broadcasts,
-            subscribed=sorted(subscribed),
-            resynced=self.resync is None or self.resync.done,  # a successor heard every live rank
-            prefix_cache=[list(h) for h in self.cache.hit_counts()],
-        )
+        """This state as the coordinator describes it (:func:`raydp.coordinator.publish.describe`)."""
+        return describe(self, dropped=dropped, broadcasts=broadcasts, subscribed=subscribed)
 
     def hold_phase(self) -> str | None:
         return self.hold.phase() if self.hold is not None else None
@@ -381,21 +366,7 @@ class CoordinatorState:
         self._last_publish = now
         self.changed = False
         self._seq += 1
-        return StatsSnapshot(
-            counts=[(w, r) for w, r in self.counts],
-            wave=self.wave,
-            running=self.running,
-            seq=self._seq,
-            dead=dict(self.dead),
-            moved={r: list(a) for r, a in self.moved.items()},
-            size=self.size,
-            nodes=dict(self.nodes),
-            work=list(self.work) if any(w >= 0 for w in self.work) else [],
-            cache=self.cache.changes(now),
-            hits=self.cache.hit_counts(),
-            cache_versions=self.cache.versions(),
-            cache_epoch=self.cache.epoch if self.cache.reported else 0,
-        )
+        return snapshot(self, self._seq, now)
 
     def next_deadline(self, now: float) -> float:
         """Seconds until :meth:`due_snapshot` may return something."""

@@ -86,10 +86,6 @@ class CacheReporter:
         self._last_full = float("-inf")
         self._owe_full = True  # the first report is the whole picture: it replaces a dead predecessor's
 
-    @property
-    def enabled(self) -> bool:
-        return callable(self._events)
-
     def maybe_send(self, now: float | None = None) -> None:
         """Send what changed (or the whole cache, if one is owed), if the interval has passed."""
         now = time.monotonic() if now is None else now

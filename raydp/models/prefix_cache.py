@@ -59,8 +59,5 @@ class BlockCache:
         """What changed since the last call (everything held, with ``full``); None when nothing did."""
         return self.ledger.events(full, self._blocks)
 
-    def __contains__(self, digest: int) -> bool:
-        return digest in self._blocks
-
     def __len__(self) -> int:
         return len(self._blocks)

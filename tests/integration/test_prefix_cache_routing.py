@@ -10,9 +10,7 @@ and once the holder dies its prefixes go to the live rank.
 from __future__ import annotations
 
 import http.client
-import os
 import random
-import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +20,7 @@ import pytest
 import raydp
 from raydp.client.prefix import preference, prefix_key
 from raydp.serve.settings import ServerSettings
-from tests.integration.test_prefix_routing import complete, connections_to_each_server
+from tests.integration.test_prefix_routing import complete, connections_to_each_server, kill_rank
 
 pytestmark = pytest.mark.timeout(180)
 BLOCK = 16
@@ -111,8 +109,7 @@ def test_once_the_holder_dies_its_prefixes_go_to_the_live_rank(cluster: raydp.Cl
         held = prompt_preferring(0, 3)
         cache_on(cluster, conns, [*held, 1], rank=1)
         assert {complete(conn, [*held, 2])["rank"] for conn in conns.values()} == {1}
-        procs = cluster._manager.procs  # type: ignore[attr-defined]
-        os.kill(next(p for p in procs if p.rank == 1).process.pid, signal.SIGKILL)
+        kill_rank(cluster, 1)
         fresh = connections_to_each_server(servers.address)
         for conn in fresh.values():
             assert {complete(conn, [*held, turn])["rank"] for turn in range(3)} == {0}

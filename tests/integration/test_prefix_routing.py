@@ -69,6 +69,12 @@ def connections_to_each_server(address: tuple[str, int]) -> dict[int, http.clien
     return found
 
 
+def kill_rank(cluster: raydp.Cluster, rank: int) -> None:
+    """SIGKILL rank ``rank``'s engine process (mp backend)."""
+    procs = cluster._manager.procs  # type: ignore[attr-defined]
+    os.kill(next(p for p in procs if p.rank == rank).process.pid, signal.SIGKILL)
+
+
 def complete(conn: http.client.HTTPConnection, prompt: list[int], max_tokens: int = 4) -> dict[str, Any]:
     conn.request(
         "POST",
@@ -135,8 +141,7 @@ def test_after_the_preferred_rank_dies_its_prefixes_go_to_the_live_rank(cluster:
         conns = connections_to_each_server(servers.address)
         want = preference(prefix_key(SYSTEM), range(2))[0]
         assert {complete(conn, [*SYSTEM, 1])["rank"] for conn in conns.values()} == {want}
-        procs = cluster._manager.procs  # type: ignore[union-attr]
-        os.kill(next(p for p in procs if p.rank == want).process.pid, signal.SIGKILL)
+        kill_rank(cluster, want)
         fresh = connections_to_each_server(servers.address)
         for conn in fresh.values():
             answers = [complete(conn, [*SYSTEM, turn]) for turn in range(4)]

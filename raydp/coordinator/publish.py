@@ -1,0 +1,59 @@
+"""What the coordinator's state tells others: the snapshot clients get, the status operators get.
+
+Pure record-building over :class:`~raydp.coordinator.state.CoordinatorState`;
+when to publish stays with the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from raydp.wire.control import StatsSnapshot
+from raydp.wire.records import CoordinatorStatus
+
+if TYPE_CHECKING:
+    from raydp.coordinator.state import CoordinatorState
+
+
+def snapshot(state: CoordinatorState, seq: int, now: float) -> StatsSnapshot:
+    """The snapshot numbered ``seq``; takes the cache changes pending at ``now`` (they are published once)."""
+    cache = state.cache
+    return StatsSnapshot(
+        counts=[(w, r) for w, r in state.counts],
+        wave=state.wave,
+        running=state.running,
+        seq=seq,
+        dead=dict(state.dead),
+        moved={r: list(a) for r, a in state.moved.items()},
+        size=state.size,
+        nodes=dict(state.nodes),
+        work=list(state.work) if any(w >= 0 for w in state.work) else [],
+        cache=cache.changes(now),
+        hits=cache.hit_counts(),
+        cache_versions=cache.versions(),
+        cache_epoch=cache.epoch if cache.reported else 0,
+    )
+
+
+def describe(
+    state: CoordinatorState, *, dropped: int = 0, broadcasts: int = 0, subscribed: Iterable[int] = ()
+) -> CoordinatorStatus:
+    """The state as the coordinator describes it; the loop adds its socket counters and subscribers."""
+    return CoordinatorStatus(
+        wave=state.wave,
+        running=state.running,
+        dp_size=state.engine_count,
+        routable=state.size,
+        hold=state.hold_phase(),
+        counts=[list(c) for c in state.counts],
+        work=list(state.work),
+        dead=dict(state.dead),
+        deaths=list(state.deaths),
+        restarts=list(state.restarts),
+        dropped=dropped + state.rejected,
+        broadcasts=broadcasts,
+        subscribed=sorted(subscribed),
+        resynced=state.resync is None or state.resync.done,  # a successor heard every live rank
+        prefix_cache=[list(h) for h in state.cache.hit_counts()],
+    )
