@@ -107,3 +107,45 @@ def test_vllms_cache_events_become_raydp_block_names_and_evictions_undo_them() -
     cache.publish(KVEventBatch(ts=0.0, events=[AllBlocksCleared()]))
     cleared = cache.events(full=False)
     assert cleared is not None and sorted(cleared.removed) == sorted(names[:2])
+
+
+def test_kv_events_are_turned_on_unless_the_user_configured_them_and_the_users_publisher_still_gets_them() -> None:
+    from vllm.config import KVEventsConfig
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch
+
+    from raydp.models.vllm_cache import TeePublisher, VllmCacheEvents, events_config
+
+    ours = events_config({"model": "m"})["kv_events_config"]
+    assert ours.enable_kv_cache_events and ours.publisher == "null"
+    theirs = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq")
+    assert events_config({"model": "m", "kv_events_config": theirs})["kv_events_config"] is theirs
+    assert "kv_events_config" not in events_config({"model": "m", "enable_prefix_caching": False})
+
+    class Users:
+        def __init__(self) -> None:
+            self.batches: list[object] = []
+            self.closed = False
+
+        def publish(self, batch: object) -> None:
+            self.batches.append(batch)
+
+        def shutdown(self) -> None:
+            self.closed = True
+
+    users, cache = Users(), VllmCacheEvents(block_size=4)
+    tee = TeePublisher(cache, users)
+    block = BlockStored(
+        block_hashes=[1],
+        parent_block_hash=None,
+        token_ids=[1, 2, 3, 4],
+        block_size=4,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+    )
+    batch = KVEventBatch(ts=0.0, events=[block])
+    tee.publish(batch)
+    tee.shutdown()
+    assert users.batches == [batch] and users.closed
+    events = cache.events(full=False)
+    assert events is not None and len(events.stored) == 1
