@@ -17,6 +17,7 @@ Every error raydp raises on purpose derives from :class:`RaydpError`, so
     │   └── ProcessDeadError   ... a local process (mp backend, API server)
     ├── WorkerError            a device worker raised (names it, carries its traceback)
     ├── RequestError           one request failed on its engine
+    │   └── MigrationRefusedError  its rank died mid-stream and its state cannot be replayed elsewhere
     ├── ScaleDownError         a request outlived the drain of a rank that a scale-down removed
     └── ClusterClosedError     the cluster handle was used after ``close()``
         └── ShuttingDownError  an API server is stopping (HTTP 503 ``shutting_down``)
@@ -201,6 +202,21 @@ class RequestError(RaydpError):
         super().__init__(f"request {request_id!r} failed: {reason}")
         self.request_id = request_id
         self.reason = reason
+
+
+class MigrationRefusedError(RequestError):
+    """A stream's rank died mid-stream, and the stream could not go on elsewhere without changing its answer.
+
+    ``why`` names what cannot be replayed on another rank (a grammar's state,
+    a seeded generator's state); ``error`` is the rank's death.
+    """
+
+    def __init__(self, request_id: str, why: str, error: RaydpError) -> None:
+        super().__init__(request_id, f"not migrated after its rank died ({error}): {why}")
+        self.why, self.error = why, error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.request_id, self.why, self.error))
 
 
 class ScaleDownError(RaydpError):

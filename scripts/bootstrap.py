@@ -88,6 +88,29 @@ def ensure_vllm() -> None:
     stamp.write_text(digest)
 
 
+TOOLS = ROOT / "scripts" / "tools"
+GUIDELLM_VENV = ROOT / ".venv-guidellm"
+
+
+def ensure_guidellm() -> None:
+    """guidellm in a venv of its own, pinned by its own constraints (its click pin is not raydp's).
+
+    The load-generator tests run it as a client against ``raydp serve``; the
+    CPU torch on this machine's wheel cache keeps it from pulling CUDA builds.
+    """
+    pins = TOOLS / "guidellm-constraints.txt"
+    digest = hashlib.sha256(pins.read_bytes()).hexdigest()
+    stamp = GUIDELLM_VENV / ".raydp-stamp"
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    if not (GUIDELLM_VENV / "bin" / "python").exists():
+        venv.EnvBuilder(with_pip=True).create(GUIDELLM_VENV)
+    pip = [str(c) for c in pip_command()]
+    pip[0] = str(GUIDELLM_VENV / "bin" / "python")
+    sh(*pip, "-c", pins, "torch", "guidellm")
+    stamp.write_text(digest)
+
+
 def run_tests(args: list[str]) -> int:
     py = BIN / "python"
     sh(py, "-m", "ruff", "check", ".")
@@ -114,6 +137,8 @@ def main() -> int:
         ensure_vllm()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if command == "test":
+        ensure_guidellm()
+        os.environ.setdefault("RAYDP_GUIDELLM", str(GUIDELLM_VENV / "bin" / "guidellm"))
         return run_tests(rest)
     if command == "bench":
         return sh(BIN / "python", "-m", "benchmarks", *rest, check=False)

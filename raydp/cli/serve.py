@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from raydp.cli import vllm_flags
 from raydp.cli.options import (
     ENGINES,
     SERVING_PRESETS,
@@ -14,6 +15,7 @@ from raydp.cli.options import (
     with_engine_flags,
 )
 from raydp.cli.signals import install_stop_handlers
+from raydp.cli.vllm_flags import is_vllm
 from raydp.client.balancer import POLICIES
 from raydp.config import AutoscalingConfig
 from raydp.errors import ConfigError
@@ -162,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         scaling = AutoscalingConfig.parse(args.autoscale)
         size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.dp_size))
         config = config.with_changes(autoscaling=scaling, dp_size=size)
-    settings = _server_settings(args)
+    settings = _server_settings(args, config.engine)
     cluster = launch(config, backend=args.backend, address=args.address)
     install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
     with cluster:
@@ -176,11 +178,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _server_settings(args: argparse.Namespace) -> ServerSettings:
+def _server_settings(args: argparse.Namespace, engine: object = None) -> ServerSettings:
     """Checked before anything is launched."""
+    vllm_args = _vllm_frontend(args) if is_vllm(engine) else ()
     fields: dict[str, Any] = {
+        "vllm_args": vllm_args or None,
         "graceful_shutdown_s": args.graceful_shutdown_s,
-        "tokenizer": _tokenizer(args),
+        "tokenizer": None if vllm_args else _tokenizer(args),
         "api_keys": _api_keys(args),
         "protect_metrics": args.protect_metrics,
         "ssl_certfile": args.ssl_certfile,
@@ -202,6 +206,21 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
 
         load_tokenizer(settings.tokenizer)  # a directory without a tokenizer fails here, not in every server
     return settings
+
+
+def _vllm_frontend(args: argparse.Namespace) -> tuple[str, ...]:
+    """vllm serve's flags for API servers that run vLLM's own front-end (raydp's --tokenizer is vLLM's there)."""
+    for flag, value in (
+        ("--graceful-shutdown-s", args.graceful_shutdown_s),
+        ("--protect-metrics", args.protect_metrics),
+    ):
+        if value:
+            instead = "--shutdown-timeout" if flag == "--graceful-shutdown-s" else "a proxy in front of /metrics"
+            raise ConfigError(f"{flag}={value!r}: raydp's own server only; vLLM's front-end takes {instead}")
+    flags = list(getattr(args, "engine_flags", []))
+    if args.tokenizer is not None:
+        flags += ["--tokenizer", args.tokenizer]
+    return vllm_flags.frontend_flags(args.model, flags)
 
 
 def _api_keys(args: argparse.Namespace) -> list[Any]:

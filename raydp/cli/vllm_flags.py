@@ -1,11 +1,16 @@
-"""vLLM's own engine flags on raydp's command line, for ``--engine vllm``.
+"""vLLM's own flags on raydp's command line, for ``--engine vllm``.
 
-``raydp serve --engine vllm --model DIR --max-model-len 2048 --enforce-eager``:
-the flags raydp does not know are parsed by vLLM's own argument parser
-(``EngineArgs.add_cli_args``), so they take exactly the spellings, types and
-choices of ``vllm serve``; the ones that differ from vLLM's defaults become
-the rank's ``engine_kwargs``. Flags that name raydp's own settings
-(``--tensor-parallel-size``, ``--dp-size``) are raydp's and never reach here.
+``raydp serve --engine vllm --model DIR --max-model-len 2048 --served-model-name m``:
+the flags raydp does not know are parsed by ``vllm serve``'s own argument
+parser (``make_arg_parser``: vLLM's front-end and engine arguments), so they
+take exactly its spellings, types, choices and meanings. The engine arguments
+that differ from vLLM's defaults become the ranks' ``engine_kwargs``; the
+API servers, which run vLLM's own front-end, get every flag
+(:func:`frontend_flags`). Flags that name raydp's own settings
+(``--tensor-parallel-size``, ``--dp-size``, ``--host``, ``--port``,
+``--api-key``, ``--ssl-*``) are raydp's and never reach here; the ones for
+vLLM's own data parallelism are refused, naming raydp's flag
+(:data:`RAYDP_OWNS`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,20 @@ from raydp.errors import ConfigError
 
 VLLM_ENGINES: Final = ("raydp.models.vllm:VllmEngine", "raydp.models.vllm:VllmTPEngine")
 _PLAIN = (str, int, float, bool, type(None))
+# vllm serve's flags for what raydp does itself: refused, with the flag (or the reason) to use instead.
+RAYDP_OWNS: Final = {
+    "data_parallel_size": "--dp-size",
+    "data_parallel_size_local": "--dp-size-local",
+    "data_parallel_backend": "nothing: raydp places the ranks itself (--backend ray or mp)",
+    "data_parallel_address": "nothing: raydp places the ranks itself",
+    "data_parallel_rpc_port": "nothing: raydp's ranks have their own sockets",
+    "data_parallel_start_rank": "nothing: raydp numbers the ranks",
+    "data_parallel_rank": "nothing: raydp numbers the ranks",
+    "data_parallel_hybrid_lb": "--lb-mode hybrid",
+    "data_parallel_external_lb": "--lb-mode external",
+    "headless": "nothing: raydp starts every rank from one command (raydp scale adds more)",
+    "api_server_count": "--api-servers",
+}
 
 
 def is_vllm(engine: object) -> bool:
@@ -27,18 +46,39 @@ def engine_kwargs(model: str | None, flags: Sequence[str]) -> dict[str, Any]:
     """The engine_kwargs of ``--model`` and the extra ``flags``; ConfigError naming a bad flag."""
     if not model:
         raise ConfigError("--model: required with --engine vllm (a local Hugging Face checkpoint directory)")
-    parser = _parser()
-    try:
-        given = parser.parse_args(["--model", model, *flags])
-    except SystemExit:  # argparse printed vLLM's own message (it names the flag)
-        raise ConfigError(f"vLLM engine flags {' '.join(flags)!r}: vLLM's parser refused them (see above)") from None
-    defaults = vars(parser.parse_args([]))
-    chosen = {k: v for k, v in vars(given).items() if defaults.get(k) != v}
+    chosen = _given(model, flags)
+    from vllm.engine.arg_utils import EngineArgs
+
+    engine_fields = set(EngineArgs.__dataclass_fields__)
+    chosen = {k: v for k, v in chosen.items() if k in engine_fields}
     for key, value in chosen.items():
         if not isinstance(value, _PLAIN) and not _plain_list(value):
             raise ConfigError(
                 f"--{key.replace('_', '-')}={value!r}: raydp passes only plain values through; "
                 "set this one with engine_kwargs in raydp.launch"
+            )
+    return chosen
+
+
+def frontend_flags(model: str, flags: Sequence[str]) -> tuple[str, ...]:
+    """The flags an API server running vLLM's front-end parses: ``--model`` then the user's own."""
+    _given(model, flags)  # refused here, before anything starts
+    return ("--model", model, *flags)
+
+
+def _given(model: str, flags: Sequence[str]) -> dict[str, Any]:
+    """vllm serve's arguments that ``flags`` set to other than the defaults; ConfigError for a refused one."""
+    parser = _parser()
+    try:
+        given = parser.parse_args(["--model", model, *flags])
+    except SystemExit:  # argparse printed vLLM's own message (it names the flag)
+        raise ConfigError(f"vLLM flags {' '.join(flags)!r}: vLLM's parser refused them (see above)") from None
+    defaults = vars(parser.parse_args([]))
+    chosen = {k: v for k, v in vars(given).items() if defaults.get(k) != v}
+    for key, instead in RAYDP_OWNS.items():
+        if key in chosen:
+            raise ConfigError(
+                f"--{key.replace('_', '-')}={chosen[key]!r}: raydp runs the data parallelism itself; use {instead}"
             )
     return chosen
 
@@ -57,7 +97,7 @@ def _parser() -> Any:
     from raydp.models.vllm_config import set_process_environment
 
     set_process_environment()
-    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    return EngineArgs.add_cli_args(FlexibleArgumentParser(prog="raydp serve --engine vllm"))
+    return make_arg_parser(FlexibleArgumentParser(prog="raydp serve --engine vllm"))

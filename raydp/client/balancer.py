@@ -163,7 +163,17 @@ class LoadBalancer:
         return self.client_count * max(1, max_tokens)
 
     def on_finished(self, rank: int) -> None:
-        self._in_flight[rank] = max(0, self._in_flight[rank] - 1)
+        """One of ours on ``rank`` finished: what was booked for it since the snapshot goes with it.
+
+        Sends since the snapshot that are still running are at most ours in
+        flight; a booking must not outlive its request, or a client that sends
+        one request at a time would see a rank fill up with requests long gone
+        (and the prefix policy would move a prefix off an idle rank).
+        """
+        self._in_flight[rank] = in_flight = max(0, self._in_flight[rank] - 1)
+        self._since_snapshot[rank] = min(self._since_snapshot[rank], in_flight * self.client_count)
+        if in_flight == 0:
+            self._since_work[rank] = 0
 
     def on_snapshot(self, snap: StatsSnapshot) -> list[int]:
         """Adopt the coordinator's latest view (one publisher: snapshots arrive in order).

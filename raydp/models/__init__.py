@@ -20,6 +20,8 @@ Modules:
   workers in raydp's device workers;
 - ``vllm_config``: its engine arguments and the process environment vLLM needs;
 - ``vllm_requests``: raydp requests into vLLM's, and outputs back;
+- ``vllm_native``: vLLM's own requests, outputs and utility calls on raydp's sockets, in vLLM's
+  msgpack and never in pickle;
 - ``vllm_cache``: vLLM's KV-cache events in raydp's block names;
 - ``vllm_executor``: a vLLM ``Executor`` over raydp's executor;
 - ``vllm_workers``: vLLM's workers inside raydp's device workers;

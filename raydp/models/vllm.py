@@ -20,6 +20,14 @@ The mapping (:mod:`raydp.models.vllm_requests`):
 * aborts reach the scheduler; ``load()`` is the scheduler's waiting and
   running counts; ``work()`` the tokens still to generate; ``capacity()`` the
   KV-cache blocks, which the handshake sums over the ranks;
+* a request that carries vLLM's own ``EngineCoreRequest`` (``native``: vLLM's
+  front-end over raydp, :mod:`raydp.serve.vllm_core`) goes to the engine core
+  as it is, and its ``EngineCoreOutput`` goes back as it is
+  (:mod:`raydp.models.vllm_native`); one migrated from a dead rank resumes as
+  vLLM resumes a preempted request: its streamed tokens become the new
+  request's output tokens, recomputed in one prefill, so that penalties,
+  ``min_tokens`` and ``max_tokens`` count them; utility calls from vLLM's
+  front-end arrive through :meth:`VllmEngine.vllm_call`;
 * in lockstep mode, ``execute_dummy_batch`` runs vLLM's dummy batch;
 * with prefix caching on (vLLM's default), ``cache_events()`` reports the
   blocks its prefix cache stores and evicts, and its hit counts, for
@@ -43,7 +51,8 @@ from raydp.engine.core import EngineContext
 from raydp.errors import ConfigError
 from raydp.models import vllm_config
 from raydp.models.vllm_cache import TeePublisher, VllmCacheEvents, events_config
-from raydp.models.vllm_requests import Tracked, finish_reason, sampling_params
+from raydp.models.vllm_native import NativeCodec, typed_args
+from raydp.models.vllm_requests import Tracked, finish_reason, resumed, sampling_params
 from raydp.wire.blocks import CacheEvents
 from raydp.wire.protocol import Output, Request
 
@@ -98,6 +107,7 @@ class VllmEngine:
         self._tasks = self.core.get_supported_tasks()
         self._tokenizer = self._inputs.tokenizer
         self._tracked: dict[str, Tracked] = {}
+        self._codec: NativeCodec | None = None  # made on the first native message: vLLM's own front-end
         self._dummy_batches = 0
 
     # ---- the engine core protocol ------------------------------------------------------
@@ -111,6 +121,9 @@ class VllmEngine:
         return self._cache.events(full) if self._cache is not None else None
 
     def add_request(self, request: Request) -> None:
+        if request.native is not None:
+            self._add_native(request, request.native)
+            return
         stops = list(request.sampling.stop) if request.sampling is not None else []
         if stops and self._tokenizer is None:
             raise ConfigError("stop: this engine has no tokenizer to match stop strings (skip_tokenizer_init?)")
@@ -128,6 +141,24 @@ class VllmEngine:
         # vLLM ends a request at max_model_len whatever max_tokens says: work() counts what it can generate.
         budget = min(request.max_tokens, self.config.model_config.max_model_len - len(request.prompt_token_ids))
         self._tracked[request.request_id] = Tracked(max(budget, 0), stops)
+
+    def _add_native(self, request: Request, body: bytes) -> None:
+        core_request = self.codec().request(body)
+        prompt = core_request.prompt_token_ids or []
+        streamed = list(request.prompt_token_ids[len(prompt) :])  # a migrated stream's tokens so far
+        if streamed:
+            core_request.sampling_params = resumed(core_request.sampling_params)
+        req, wave = self.core.preprocess_add_request(core_request)
+        if streamed:
+            req.append_output_token_ids(streamed)
+        self.core.add_request(req, wave)
+        budget = min(request.max_tokens, self.config.model_config.max_model_len - len(request.prompt_token_ids))
+        self._tracked[request.request_id] = Tracked(max(budget, 0), [], native=True)
+
+    def codec(self) -> NativeCodec:
+        if self._codec is None:
+            self._codec = NativeCodec()
+        return self._codec
 
     def abort(self, request_ids: Sequence[str]) -> None:
         known = [rid for rid in request_ids if self._tracked.pop(rid, None) is not None]
@@ -184,6 +215,16 @@ class VllmEngine:
     def reset_prefix_cache(self) -> bool:
         return bool(self.core.reset_prefix_cache())
 
+    def vllm_call(self, body: bytes) -> bytes:
+        """A utility call of vLLM's front-end (``add_lora``, ``sleep``, ``collective_rpc``, ...) on the
+        engine core, as vLLM's own engine process answers it: ``(method, args)`` in, ``UtilityResult`` out."""
+        codec = self.codec()
+        method, args = codec.decode_call(body)
+        if method.startswith("_") or not callable(getattr(self.core, method, None)):
+            raise ConfigError(f"method={method!r}: not a utility of vLLM's engine core")
+        target = getattr(self.core, method)
+        return codec.result(target(*typed_args(target, args)))
+
     # ---- internals -----------------------------------------------------------------------
 
     def _follow_cache(self) -> VllmCacheEvents | None:
@@ -202,6 +243,11 @@ class VllmEngine:
             self._cache.count(int(stats.num_prompt_tokens), int(stats.num_local_cached_tokens))
         tracked.add(out.new_token_ids)
         reason = finish_reason(out.finish_reason)
+        if tracked.native:  # vLLM's own front-end matches stop strings and reads errors itself
+            if reason is not None:
+                del self._tracked[out.request_id]
+            body = self.codec().encode(out)
+            return Output(out.request_id, list(out.new_token_ids), reason is not None, reason, native=body)
         if reason is None and self._tokenizer is not None and tracked.hit_stop(self._tokenizer):
             self.core.abort_requests([out.request_id])
             reason = "stop"

@@ -17,6 +17,7 @@ Kept apart from the engine so that the mapping reads in one place:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,16 @@ def sampling_params(sampling: Sampling | None, max_tokens: int) -> Any:
     )
 
 
+def resumed(params: Any) -> Any:
+    """The sampling parameters of a stream that resumes on another rank: its prompt's logprobs went out
+    with its first output, and must not come twice."""
+    if params is None or params.prompt_logprobs is None:
+        return params
+    params = copy.copy(params)
+    params.prompt_logprobs = None
+    return params
+
+
 def finish_reason(reason: Any) -> str | None:
     """``FinishReason.LENGTH`` -> ``'length'``; None stays None."""
     return None if reason is None else _REASONS.get(int(reason), "stop")
@@ -52,6 +63,7 @@ class Tracked:
 
     max_tokens: int
     stops: list[str]
+    native: bool = False  # vLLM's own request, for vLLM's own front-end
     produced: int = 0
     generated: list[int] = field(default_factory=list)
 

@@ -1,9 +1,12 @@
 """HTTP front-ends: an OpenAI-compatible API, served by N processes sharing one listening socket.
 
 Each process builds a :mod:`raydp.client` client from the cluster's endpoints;
-no Ray runs in them. Text goes through a :mod:`raydp.text` tokenizer. Imports
-the client, :mod:`raydp.text`, :mod:`raydp.backend` and
-:mod:`raydp.processes`; never Ray or a backend.
+no Ray runs in them. For vLLM engines a process runs vLLM's own OpenAI
+front-end over raydp's ranks (``vllm_server``, ``vllm_core``); for every other
+engine, raydp's own small server, whose text goes through a :mod:`raydp.text`
+tokenizer. Imports the client, :mod:`raydp.text`, :mod:`raydp.models` (the
+vLLM codec), :mod:`raydp.backend` and :mod:`raydp.processes`; never Ray or a
+backend.
 
 Modules:
 
@@ -22,5 +25,8 @@ Modules:
 - ``settings``: ``ServerSettings``, and ``ServeEnvironment`` (``RAYDP_API_KEY``);
 - ``draining``: stopping a server without cutting its requests off;
 - ``processes``: ``APIServerProcessManager``, N API server processes, respawned when one dies;
+- ``vllm_server``: vLLM's own OpenAI server in an API server process, over raydp's ranks;
+- ``vllm_core``: ``RaydpCoreClient``, vLLM's engine core client over raydp's client (routing,
+  outputs, aborts, utility calls, retries and stream migration);
 - ``tokenizer``: the byte tokenizer's old home, re-exporting :mod:`raydp.text.byte_tokenizer`.
 """

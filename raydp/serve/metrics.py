@@ -67,7 +67,7 @@ class ApiMetrics:
             "raydp_rank_deaths", "live-to-dead changes of a rank seen by this server", ["rank"], registry=r
         )
         self._dead_now: set[int] = set()
-        r.register(_SnapshotCollector(self))
+        r.register(SnapshotCollector(client))
 
     def record_request(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
@@ -105,14 +105,18 @@ class ApiMetrics:
         return encoder(self.registry), content_type
 
 
-class _SnapshotCollector:
-    """Per-rank gauges read from the client's latest coordinator snapshot at scrape time."""
+class SnapshotCollector:
+    """Per-rank gauges read from the client's latest coordinator snapshot at scrape time.
 
-    def __init__(self, metrics: ApiMetrics) -> None:
-        self.metrics = metrics
+    raydp's own server serves them in its registry; an API server running
+    vLLM's front-end adds them to the registry vLLM's ``/metrics`` serves.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
 
     def collect(self) -> Iterable[Metric]:
-        client = self.metrics.client
+        client = self.client
         info = GaugeMetricFamily(
             "raydp_api_server_info", "the API server process that answered", labels=["client_index", "client_count"]
         )

@@ -31,7 +31,6 @@ def _api_main(
     death_pipe: Connection,
 ) -> None:
     from raydp.logs import configure_component_logging
-    from raydp.serve.server import serve_forever
 
     configure_component_logging(f"{endpoints.name} api{index}/{count}")
     # Every stop (SIGTERM, SIGINT, the parent gone, however many) is one
@@ -39,6 +38,13 @@ def _api_main(
     stop = threading.Event()
     on_stop_signals(stop.set)
     watch_parent(death_pipe, stop.set)
+    if settings.vllm_args:  # vLLM's own front-end (raydp serve --engine vllm)
+        from raydp.serve.vllm_server import serve_vllm_forever
+
+        serve_vllm_forever(sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop)
+        return
+    from raydp.serve.server import serve_forever
+
     serve_forever(sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop)
 
 

@@ -74,6 +74,11 @@ class ServerSettings(BaseModel):
     ssl_certfile: str | None = Field(None, description="PEM certificate (chain): serve HTTPS")
     ssl_keyfile: str | None = Field(None, description="PEM private key of ssl_certfile")
     ssl_ca_certs: str | None = Field(None, description="PEM CA bundle: clients must present a certificate it signed")
+    vllm_args: tuple[str, ...] = Field(
+        (),
+        description="if any, `vllm serve`'s flags (--model first): the server runs vLLM's own OpenAI "
+        "front-end with them instead of raydp's (raydp.serve.vllm_server), with this object's TLS files and keys",
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -44,6 +44,13 @@ class Request(WireMessage, gc=False):
     :class:`Output`, so that once an id is aborted and submitted again, a late
     output of the first submission cannot join the second one's answer.
     ``sampling`` None decodes greedily (see :mod:`raydp.wire.sampling`).
+
+    ``native`` carries the engine's own encoding of the request when the
+    front-end speaks the engine's language (vLLM's ``EngineCoreRequest`` in
+    vLLM's msgpack, see :mod:`raydp.models.vllm_native`); the fields above
+    still say what routing, load booking and migration need: the prompt, and
+    the token budget. A migrated native request keeps its ``native`` bytes and
+    carries the streamed tokens at the end of ``prompt_token_ids``.
     """
 
     request_id: str
@@ -53,6 +60,7 @@ class Request(WireMessage, gc=False):
     arrival_time: float = 0.0
     seq: int = 0
     sampling: Sampling | None = None
+    native: bytes | None = None
 
 
 class RequestBatch(WireMessage, gc=False):
@@ -86,7 +94,8 @@ class Output(WireMessage, gc=False):
     """New tokens of one request. ``error`` set means the request failed.
 
     ``seq`` is the :attr:`Request.seq` it answers; the engine loop sets it, the
-    user's engine need not.
+    user's engine need not. ``native`` is the engine's own encoding of the
+    same output, for a request that came with :attr:`Request.native`.
     """
 
     request_id: str
@@ -95,6 +104,7 @@ class Output(WireMessage, gc=False):
     finish_reason: str | None = None
     error: str | None = None
     seq: int = 0
+    native: bytes | None = None
 
 
 class UtilityResult(WireMessage):

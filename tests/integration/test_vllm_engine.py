@@ -22,7 +22,7 @@ from raydp.client.prefix import preference, prefix_key
 from raydp.errors import ConfigError, EngineDeadError, StartupError
 from tests.integration.conftest import ClusterPool
 from tests.integration.helpers import wait_until
-from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference, want_reference
+from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_kv_blocks, vllm_reference, want_reference
 
 pytestmark = pytest.mark.timeout(300)
 ENGINE = "raydp.models.vllm:VllmEngine"
@@ -50,9 +50,17 @@ def cluster(cluster_pool: ClusterPool, model: str) -> Iterator[Any]:
         yield launched
 
 
+STOP = "e"  # a stop string common enough in the model's text to end a 12-token answer early
 REFERENCE = want_reference(
     [(p, {"temperature": 0.0, "max_tokens": 12}) for p in PROMPTS]
     + [(PROMPTS[0], {"temperature": 0.8, "top_p": 0.95, "seed": 1234, "max_tokens": 12})]
+)
+# The same prompt with the settings that end a request: each expectation is vLLM's own answer to them.
+ENDINGS = want_reference(
+    [
+        (PROMPTS[0], {"temperature": 0.0, "max_tokens": 12, "stop": [STOP]}),
+        (PROMPTS[0], {"temperature": 0.0, "max_tokens": 40, "ignore_eos": True}),
+    ]
 )
 MOVING = 480  # tokens: seconds of decoding here, so a stream is still running when its rank is killed
 LONG = want_reference([(p, {"temperature": 0.0, "max_tokens": MOVING, "ignore_eos": True}) for p in PROMPTS])
@@ -80,24 +88,26 @@ def test_a_seeded_sampled_request_gives_vllms_tokens_for_that_seed(cluster: Any,
     assert len(answers) > 1, "without a seed, sampling varies"
 
 
-def test_stop_tokens_stop_strings_and_ignore_eos_end_requests(cluster: Any, reference: list[list[int]]) -> None:
+def test_stop_tokens_stop_strings_and_ignore_eos_end_requests_as_vllm_ends_them(
+    cluster: Any, model: str, reference: list[list[int]]
+) -> None:
     client = cluster.client()
-    greedy = reference[0]
-    handle = client.submit(PROMPTS[0], 12, sampling=Sampling(stop_token_ids=[greedy[3]]))
-    assert handle.result(60) == greedy[:4] and handle.finish_reason == "stop", "the stop token is returned"
-    text = _decode(greedy)
-    stop = text[len(text) // 2 : len(text) // 2 + 2]
-    handle = client.submit(PROMPTS[0], 12, sampling=Sampling(stop=[stop]))
-    tokens = handle.result(60)
-    assert handle.finish_reason == "stop" and len(tokens) < 12 and tokens == greedy[: len(tokens)]
-    assert stop in _decode(tokens) and stop not in _decode(tokens[:-1]), "ends at the token completing it"
+    stop_token = reference[0][3]  # one that vLLM's greedy answer holds, so that it ends the request early
+    by_token, by_string, past_eos = vllm_reference(
+        Path(model),
+        [(PROMPTS[0], {"temperature": 0.0, "max_tokens": 12, "stop_token_ids": [stop_token]}), *ENDINGS],
+    )
+    handle = client.submit(PROMPTS[0], 12, sampling=Sampling(stop_token_ids=[stop_token]))
+    assert (handle.result(60), handle.finish_reason) == (by_token, "stop") and len(by_token) < 12
+    handle = client.submit(PROMPTS[0], 12, sampling=Sampling(stop=[STOP]))
+    assert (handle.result(60), handle.finish_reason) == (by_string, "stop") and len(by_string) < 12
     handle = client.submit(PROMPTS[0], 40, sampling=Sampling(ignore_eos=True))
-    assert len(handle.result(60)) == 40 and handle.finish_reason == "length"
+    assert (handle.result(60), handle.finish_reason) == (past_eos, "length")
 
 
-def test_load_work_capacity_and_aborts_are_vllms(cluster: Any) -> None:
+def test_load_work_capacity_and_aborts_are_vllms(cluster: Any, model: str) -> None:
     client = cluster.client()
-    assert cluster.capacity == 2 * client.call_utility(0, "describe")["kv_blocks"] > 0, "KV blocks, summed"
+    assert cluster.capacity == 2 * vllm_kv_blocks(Path(model)) > 0, "vLLM's own KV blocks, summed over the ranks"
     long = client.submit([3, 4, 5], 400, rank=0, sampling=Sampling(ignore_eos=True))
     assert wait_until(lambda: len(long.tokens) > 0, timeout=30)
     client.abort(long.request_id)
@@ -197,10 +207,3 @@ def _serves(client: Any, rank: int) -> bool:
 def _counts(client: Any, rank: int) -> tuple[int, int]:
     snapshot = client.snapshot()
     return tuple(snapshot.counts[rank]) if snapshot is not None else (-1, -1)
-
-
-def _decode(tokens: list[int]) -> str:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_model()), local_files_only=True)
-    return str(tok.decode(tokens, skip_special_tokens=True))

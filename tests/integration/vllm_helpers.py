@@ -8,11 +8,17 @@ memory binding, the global RNG), which the test process must not inherit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +47,7 @@ answers = []
 for prompt, params in spec["requests"]:
     out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(**params), use_tqdm=False)
     answers.append(list(out[0].outputs[0].token_ids))
+print("BLOCKS " + str(llm.llm_engine.vllm_config.cache_config.num_gpu_blocks))
 print("ANSWERS " + json.dumps(answers))
 """
 
@@ -48,6 +55,7 @@ print("ANSWERS " + json.dumps(answers))
 Requests = list[tuple[list[int], dict[str, Any]]]
 _wanted: dict[str, tuple[list[int], dict[str, Any]]] = {}  # every module's requests, keyed by _key
 _answers: dict[str, list[int]] = {}
+_blocks: list[int] = []  # vLLM's own KV-cache block count for ENGINE_KWARGS, once a reference run said it
 
 
 def _key(prompt: list[int], params: dict[str, Any]) -> str:
@@ -71,6 +79,13 @@ def vllm_reference(model: Path, requests: Requests) -> list[list[int]]:
     return [_answers[_key(p, q)] for p, q in requests]
 
 
+def vllm_kv_blocks(model: Path) -> int:
+    """The KV-cache blocks vLLM's offline ``LLM`` gives itself with :data:`ENGINE_KWARGS`."""
+    if not _blocks:
+        _run_reference(model, [([1], {"max_tokens": 1})])
+    return _blocks[0]
+
+
 def _run_reference(model: Path, requests: Requests) -> list[list[int]]:
     spec = json.dumps({"model": str(model), "kwargs": ENGINE_KWARGS, "requests": requests})
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -79,5 +94,92 @@ def _run_reference(model: Path, requests: Requests) -> list[list[int]]:
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("ANSWERS ")]
     assert done.returncode == 0 and lines, f"vLLM's reference run failed:\n{done.stderr[-3000:]}"
+    _blocks[:] = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("BLOCKS ")]
     answers: list[list[int]] = json.loads(lines[-1].removeprefix("ANSWERS "))
     return answers
+
+
+# The engine flags both servers of a differential test run with (vLLM's spellings).
+SERVE_FLAGS = [
+    "--dtype",
+    "float32",
+    "--enforce-eager",
+    "--max-model-len",
+    str(ENGINE_KWARGS["max_model_len"]),
+    "--max-num-seqs",
+    str(ENGINE_KWARGS["max_num_seqs"]),
+    "--kv-cache-memory-bytes",
+    str(ENGINE_KWARGS["kv_cache_memory_bytes"]),
+]
+
+
+@contextlib.contextmanager
+def vllm_serve(model: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """vLLM's own OpenAI server (``vllm serve``'s entry point) on a free loopback port, until the block ends."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+        **(env or {}),
+    }
+    with tempfile.NamedTemporaryFile("w+", prefix="vllm-serve-", suffix=".log", delete=False) as log:
+        cmd = [sys.executable, "-c", _SERVE, "--model", str(model), "--port", str(port), "--host", "127.0.0.1"]
+        proc = subprocess.Popen([*cmd, *flags], env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while not _healthy(url):
+            assert proc.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()[-4000:]
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        os.unlink(log.name)
+
+
+_SERVE = "import sys; sys.argv[0] = 'vllm serve'; from vllm.entrypoints.launchers.api_server.entry import main; main()"
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def lora_adapter(model: Path, name: str, seed: int) -> Path:
+    """A LoRA adapter for ``model`` made with ``peft`` (random, non-zero weights from ``seed``), built once."""
+    out = model.parent / f"{model.name}-lora-{name}-{seed}"
+    if (out / "adapter_config.json").exists():
+        return out
+    done = subprocess.run(
+        [sys.executable, "-c", _LORA, str(model), str(out), str(seed)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+_LORA = """
+import sys, torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+model_dir, out, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.manual_seed(seed)
+base = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+get_peft_model(base, config).save_pretrained(out)
+"""

