@@ -83,9 +83,10 @@ def _workload(sizes: PrefixSizes, vocab: int) -> list[tuple[int, list[int]]]:
 
 
 def _engine_kwargs(model: str, sizes: PrefixSizes) -> dict[str, Any]:
-    from benchmarks.vllm_dp.run import HIDDEN, LAYERS
+    from benchmarks.vllm_dp.run import SIZES
 
-    bytes_per_token = LAYERS * 2 * HIDDEN * 4  # K and V, float32, every head kept (no GQA)
+    layers, hidden, _, _ = SIZES["tiny"]
+    bytes_per_token = layers * 2 * hidden * 4  # K and V, float32, every head kept (no GQA)
     return {
         "model": model,
         "dtype": "float32",
@@ -165,7 +166,7 @@ def _result(policy: str, run: Any) -> PrefixResult:
 def prefix_benchmark(sizes: PrefixSizes) -> list[PrefixResult]:
     from benchmarks.vllm_dp.run import build_model
 
-    model = build_model(None)
+    model = build_model(None, "tiny")
     kwargs = _engine_kwargs(model, sizes)
     vocab = int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
     log(

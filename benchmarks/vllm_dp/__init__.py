@@ -18,14 +18,19 @@ cores would otherwise each take every core, ``--omp-threads`` changes it for bot
 * vLLM: ``python -m vllm.entrypoints.openai.api_server --data-parallel-size 2``
   (one API server, engine cores in its own multiprocessing).
 
-Workload: seeded random token-id prompts of ``--prompt-len`` tokens,
-``max_tokens`` with ``ignore_eos`` (every request makes exactly that many
-tokens), streamed ``POST /v1/completions``, a closed loop of ``--concurrency``
-requests in flight, ``--requests`` in all. One asyncio client (aiohttp) drives
-both. Per request: TTFT (the first chunk that carries tokens), the inter-token
-gaps (a chunk's gap is split evenly over its tokens: ``choices[0].token_ids``
-when the server sends them, else one token a chunk), end-to-end latency and the
-output tokens (the usage chunk's ``completion_tokens``).
+Systems (``--system``): ``raydp``; ``vllm`` (its own ``--data-parallel-size 2``,
+mp); ``vllm-ray`` (the same with ``--data-parallel-backend ray``, the seeds'
+system, which does not start on CPU: its turn reports vLLM's own error);
+``serve-llm`` (Ray Serve LLM's ``build_dp_openai_app``, :mod:`.serve_llm`).
+
+Load: vLLM's own load generator, ``vllm bench serve`` unchanged
+(:mod:`.bench_serve`), on two workloads (``--dataset``): ``random`` (random
+prompts of ``--prompt-len`` tokens, ``--max-tokens`` out, ignore_eos) and
+``prefix`` (vLLM's ``prefix_repetition``: 8 shared prefixes of 96 tokens);
+``--size tiny`` (default, where the plumbing shows) or ``compute`` (8 layers,
+hidden 1024, the corpus's whole BPE vocabulary: about 90 M parameters, where
+the engine dominates). Its figures: output tokens/s, TTFT p50 and p99, ITL and
+end-to-end p50.
 
 Fairness: the systems never run at once; they take turns (raydp, vLLM, raydp,
 vLLM, ...), each turn a fresh server start and a few warm-up requests before
@@ -37,8 +42,8 @@ closed-loop load, SIGKILL rank 1's engine process (raydp: the Ray actor titled
 ``raydp::<name> dp1 ...``; vLLM: ``VLLM::EngineCore_DP1``) and watch for up to
 ``--fault-window`` seconds: the requests in flight that failed, whether
 requests started after the kill succeed, the time to the first such success,
-and, for raydp, the time until the restarted rank answers again (choices carry
-the rank). Every server is stopped in a ``finally`` (SIGTERM, then SIGKILL to
+and, for raydp, the time until the restarted rank is live again (its
+``/metrics``). Every server is stopped in a ``finally`` (SIGTERM, then SIGKILL to
 its process group and every descendant seen), and runs under a small
 supervisor that stops it if the bench itself dies, so nothing is left running.
 
@@ -46,6 +51,8 @@ Modules:
 
 - ``run``: the turns and the fault turn;
 - ``table``: the table;
-- ``load``: the load generator (streamed completions in a closed loop);
+- ``bench_serve``: ``vllm bench serve`` against one server, its result;
+- ``serve_llm``: Ray Serve LLM's data-parallel app, as a server process;
+- ``load``: readiness, warm-up and the fault turn's load (streamed completions in a closed loop);
 - ``servers``: starting a server under a supervisor, and stopping it for sure.
 """

@@ -10,7 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import vllm_dp
-from benchmarks.vllm_dp.run import FULL, QUICK, SYSTEMS, Options, Workload, run_benchmark, vllm_failed
+from benchmarks.vllm_dp.run import (
+    DATASETS,
+    FULL,
+    QUICK,
+    SIZES,
+    SYSTEMS,
+    Options,
+    Workload,
+    run_benchmark,
+    vllm_failed,
+)
 from benchmarks.vllm_dp.table import vllm_table
 
 
@@ -32,6 +42,8 @@ def options_from(args: argparse.Namespace) -> Options:
         systems=tuple(args.system or SYSTEMS),
         fault_window_s=args.fault_window,
         omp_threads=args.omp_threads,
+        size=args.size,
+        datasets=tuple(args.dataset or DATASETS),
     )
 
 
@@ -55,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-faults", action="store_true", help="leave out the fault turns")
     parser.add_argument("--fault-window", type=float, default=90.0, help="seconds to watch after the kill")
     parser.add_argument("--system", action="append", choices=SYSTEMS, help="run only this system (repeatable)")
+    parser.add_argument("--dataset", action="append", choices=DATASETS, help="run only this workload (repeatable)")
+    parser.add_argument(
+        "--size", choices=sorted(SIZES), default="tiny", help="tiny (default): the plumbing shows; compute: ~170 M"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every number to this JSON file")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)

@@ -186,3 +186,17 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def ms(value: float | None) -> float | None:
     return None if value is None else value * 1000
+
+
+async def rank_live(url: str, rank: int) -> bool:
+    """Whether raydp's API server reports ``rank`` live (``raydp_rank_dead{rank=...} 0`` on its /metrics)."""
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as answer,
+        ):
+            text = await answer.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+    line = next((x for x in text.splitlines() if x.startswith(f'raydp_rank_dead{{rank="{rank}"}}')), None)
+    return line is not None and float(line.split()[-1]) == 0.0

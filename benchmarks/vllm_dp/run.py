@@ -17,26 +17,30 @@ import aiohttp
 import psutil
 
 from benchmarks.common import log
+from benchmarks.vllm_dp.bench_serve import bench_serve, dataset_args
 from benchmarks.vllm_dp.load import (
     Sample,
     client_session,
     closed_loop,
     completion_body,
     make_prompts,
-    ms,
-    percentile,
+    rank_live,
     stream_completion,
     wait_ready,
 )
 from benchmarks.vllm_dp.servers import Server, ServerError, spawn, title_of
 
-SYSTEMS = ("raydp", "vllm")
+SYSTEMS = ("raydp", "vllm", "vllm-ray", "serve-llm")
+DATASETS = ("random", "prefix")
 
 
 KILLED_RANK = 1
 
 
-LAYERS, HIDDEN, HEADS = 2, 256, 4  # head_dim 64, as vLLM's CPU attention wants
+# (layers, hidden, heads, vocabulary) by --size: head_dim 64, as vLLM's CPU attention wants. "tiny": the plumbing
+# shows; "compute": about 90 M parameters in float32 (the embedded corpus gives the BPE some 1,450 tokens),
+# where the engine dominates as it does on a GPU.
+SIZES = {"tiny": (2, 256, 4, 1024), "compute": (8, 1024, 16, 2048)}
 
 
 THROUGHPUT_TARGET, TTFT_TARGET, STARTUP_TARGET = 1.0, 1.0, 1.0
@@ -51,6 +55,8 @@ class Workload:
     max_tokens: int = 64
     seed: int = 0
     warmup: int = 4  # untimed requests after each start
+    prefix_len: int = 96  # the prefix workload: shared prefixes of this many tokens (of prompt_len)
+    num_prefixes: int = 8
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,8 @@ class Options:
     request_timeout_s: float = 300.0
     fault_window_s: float = 90.0
     omp_threads: int = 1
+    size: str = "tiny"
+    datasets: tuple[str, ...] = DATASETS
 
 
 QUICK = Options(Workload(requests=64), turns=1)
@@ -78,6 +86,7 @@ class TurnResult:
 
     system: str
     turn: int
+    dataset: str = "random"
     startup_s: float | None = None
     ignore_eos: bool = True
     requests: int = 0
@@ -110,7 +119,7 @@ class FaultResult:
     after_failed: int = 0
     first_ok_s: float | None = None  # first success among those started after the kill
     last_failed_s: float | None = None  # start of the last failure among those (new requests failed until then)
-    rank_back_s: float | None = None  # first success from the killed rank (raydp's choices name the rank)
+    rank_back_s: float | None = None  # the killed rank reported live again (raydp's /metrics: raydp_rank_dead)
     exited_s: float | None = None  # the server process exited
     exit_code: int | None = None
     ended: str = ""  # why the watch stopped
@@ -135,6 +144,8 @@ class VllmReport:
     model_dir: str = ""
     log_dir: str = ""
     engine_flags: list[str] = field(default_factory=list)
+    size: str = "tiny"
+    parameters: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,32 +183,6 @@ async def warm_up(server: Server, w: Workload, vocab: int, timeout_s: float) -> 
         raise ServerError(f"{server.system}: every warm-up request failed: {samples[0].error}")
 
 
-def summarize(result: TurnResult, samples: list[Sample], wall_s: float) -> None:
-    good = [s for s in samples if s.ok]
-    bad = [s for s in samples if not s.ok]
-    result.requests, result.failed = len(samples), len(bad)
-    result.first_error = bad[0].error if bad else None
-    result.output_tokens = sum(s.tokens for s in good)
-    result.wall_s = wall_s
-    result.tok_s = result.output_tokens / wall_s if wall_s > 0 else None
-    ttfts = [s.ttft for s in good if s.ttft is not None]
-    result.ttft_p50_ms, result.ttft_p99_ms = ms(percentile(ttfts, 50)), ms(percentile(ttfts, 99))
-    result.itl_p50_ms = ms(percentile([g for s in good for g in s.itl], 50))
-    result.e2e_p50_ms = ms(percentile([s.end - s.start for s in good], 50))
-    t0 = min((s.start for s in samples), default=0.0)
-    result.per_request = [
-        {
-            "start_s": round(s.start - t0, 4),
-            "ttft_ms": ms(s.ttft),
-            "e2e_ms": ms(s.end - s.start),
-            "tokens": s.tokens,
-            "rank": s.rank,
-            "error": s.error,
-        }
-        for s in samples
-    ]
-
-
 @dataclass(frozen=True)
 class Setup:
     """What every turn of one run shares."""
@@ -211,21 +196,43 @@ class Setup:
 
 
 async def load_turn(setup: Setup, server: Server, result: TurnResult) -> TurnResult:
+    """Startup, a warm-up, then ``vllm bench serve`` (:mod:`.bench_serve`) on the turn's dataset."""
     w, timeout_s = setup.opts.workload, setup.opts.request_timeout_s
     result.startup_s = await wait_ready(server, setup.opts.startup_timeout_s)
     await warm_up(server, w, setup.vocab, timeout_s)
-    samples, wall = await closed_loop(server, setup.prompts, w.max_tokens, w.concurrency, timeout_s)
-    result.ignore_eos = server.ignore_eos
-    summarize(result, samples, wall)
+    dataset = dataset_args(result.dataset, w.prompt_len, w.max_tokens, w.prefix_len, w.num_prefixes)
+    done = await asyncio.to_thread(
+        bench_serve, server.url, setup.model, dataset, w.requests, w.concurrency, w.seed, timeout_s * 4
+    )
+    from_bench_serve(result, done)
     log(f"{server.system}: {result.tok_s or 0:,.0f} output tok/s, {result.failed} failed of {result.requests}")
     return result
 
 
+def from_bench_serve(result: TurnResult, done: dict[str, Any]) -> None:
+    """The turn's figures as ``vllm bench serve`` measured them."""
+    result.requests = int(done["completed"]) + int(done.get("failed", 0))
+    result.failed = int(done.get("failed", 0))
+    result.first_error = next((e for e in done.get("errors", []) if e), None)
+    result.output_tokens = int(done["total_output_tokens"])
+    result.wall_s = float(done["duration"])
+    result.tok_s = float(done["output_throughput"])
+    result.ttft_p50_ms, result.ttft_p99_ms = done.get("median_ttft_ms"), done.get("p99_ttft_ms")
+    result.itl_p50_ms, result.e2e_p50_ms = done.get("median_itl_ms"), done.get("median_e2el_ms")
+
+
 def run_turn(
-    setup: Setup, system: str, tag: str, result: R, load: Callable[[Setup, Server, R], Coroutine[Any, Any, object]]
+    setup: Setup,
+    system: str,
+    tag: str,
+    result: R,
+    load: Callable[[Setup, Server, R], Coroutine[Any, Any, object]],
+    dataset: str = "random",
 ) -> R:
     """One fresh server start under ``load``; a failed turn is reported in ``result``, not fatal."""
-    server = spawn(system, setup.model, setup.flags, setup.log_dir, tag, setup.opts.omp_threads)
+    # raydp runs as its users would for the workload: the prefix policy where prompts share prefixes.
+    extra: list[str] = ["--balancer", "prefix"] if system == "raydp" and dataset == "prefix" else []
+    server = spawn(system, setup.model, [*setup.flags, *extra], setup.log_dir, tag, setup.opts.omp_threads)
     try:
         asyncio.run(load(setup, server, result))
     except Exception as exc:
@@ -237,8 +244,8 @@ def run_turn(
     return result
 
 
-def measure(setup: Setup, system: str, turn: int) -> TurnResult:
-    return run_turn(setup, system, f"t{turn}", TurnResult(system, turn), load_turn)
+def measure(setup: Setup, system: str, turn: int, dataset: str) -> TurnResult:
+    return run_turn(setup, system, f"{dataset}{turn}", TurnResult(system, turn, dataset), load_turn, dataset)
 
 
 async def fault_load(setup: Setup, server: Server, result: FaultResult) -> None:
@@ -301,8 +308,9 @@ async def watch(server: Server, samples: list[Sample], kill_at: float, window_s:
             result.exited_s, result.exit_code = now - kill_at, server.proc.returncode
             await asyncio.sleep(2.0)  # the requests in flight see the end
             return "server exited"
-        back = first_ok(samples, kill_at, KILLED_RANK)
-        if back is not None and now - kill_at > back + 2.0:
+        if result.rank_back_s is None and server.system == "raydp" and await rank_live(server.url, KILLED_RANK):
+            result.rank_back_s = now - kill_at
+        if result.rank_back_s is not None and now - kill_at > result.rank_back_s + 2.0:
             return "killed rank back"
         if now - kill_at > window_s:
             return f"window of {window_s:g} s over"
@@ -316,10 +324,9 @@ async def finish(workers: list[asyncio.Task[None]], timeout_s: float) -> None:
     await asyncio.gather(*pending, return_exceptions=True)
 
 
-def first_ok(samples: list[Sample], kill_at: float, rank: int | None = None) -> float | None:
-    """Seconds from the kill to the first success among requests started after it (from ``rank``, if given)."""
-    ends = [s.end - kill_at for s in samples if s.ok and s.start > kill_at and (rank is None or s.rank == rank)]
-    return min(ends, default=None)
+def first_ok(samples: list[Sample], kill_at: float) -> float | None:
+    """Seconds from the kill to the first success among requests started after it."""
+    return min((s.end - kill_at for s in samples if s.ok and s.start > kill_at), default=None)
 
 
 def tally(result: FaultResult, samples: list[Sample], kill_at: float) -> None:
@@ -334,8 +341,6 @@ def tally(result: FaultResult, samples: list[Sample], kill_at: float) -> None:
     result.after_failed = len(after) - result.after_ok
     result.first_ok_s = first_ok(samples, kill_at)
     result.last_failed_s = max((s.start - kill_at for s in after if not s.ok), default=None)
-    if result.system == "raydp":
-        result.rank_back_s = first_ok(samples, kill_at, KILLED_RANK)
     result.watched_s = max((s.end for s in samples), default=kill_at) - kill_at
     errors = Counter(str(s.error)[:100] for s in samples if s.error)
     result.errors = dict(errors.most_common(3))
@@ -345,23 +350,29 @@ def fault_turn(setup: Setup, system: str) -> FaultResult:
     return run_turn(setup, system, "fault", FaultResult(system), fault_load)
 
 
-def build_model(model_dir: str | None) -> str:
+def build_model(model_dir: str | None, size: str) -> str:
     from raydp.models.checkpoint import default_model_dir, make_model
 
-    default = default_model_dir().parent / f"bench-vllm-l{LAYERS}-h{HIDDEN}"
-    return str(make_model(model_dir or default, layers=LAYERS, hidden_size=HIDDEN, heads=HEADS))
+    layers, hidden, heads, vocab = SIZES[size]
+    default = default_model_dir().parent / f"bench-vllm-l{layers}-h{hidden}-v{vocab}"
+    path = make_model(model_dir or default, layers=layers, hidden_size=hidden, heads=heads, vocab_size=vocab)
+    return str(path)
 
 
 def run_benchmark(opts: Options) -> VllmReport:
-    model = build_model(opts.model_dir)
+    from raydp.models.checkpoint import parameter_count
+
+    model = build_model(opts.model_dir, opts.size)
     vocab = int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
     w = opts.workload
     log_dir = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     setup = Setup(opts, model, vocab, engine_flags(w), log_dir, make_prompts(w.requests, w.prompt_len, vocab, w.seed))
-    report = VllmReport(asdict(w), model_dir=model, log_dir=str(log_dir), engine_flags=setup.flags)
-    for turn in range(opts.turns):
-        for system in opts.systems:  # alternating: a slow minute of the machine hits both
-            report.turns.append(measure(setup, system, turn))
+    report = VllmReport(asdict(w), model_dir=model, log_dir=str(log_dir), engine_flags=setup.flags, size=opts.size)
+    report.parameters = parameter_count(model)
+    for dataset in opts.datasets:
+        for turn in range(opts.turns):
+            for system in opts.systems:  # alternating: a slow minute of the machine hits every system
+                report.turns.append(measure(setup, system, turn, dataset))
     if opts.faults:
         for system in opts.systems:
             report.faults.append(fault_turn(setup, system))

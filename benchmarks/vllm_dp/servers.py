@@ -58,6 +58,10 @@ def server_command(system: str, model: str, port: int, name: str, flags: list[st
             name,
             *flags,
         ]
+    if system == "serve-llm":
+        return [sys.executable, "-m", "benchmarks.vllm_dp.serve_llm", model, str(port), str(DP_SIZE), *flags]
+    # vllm: its own DP=2 (engine cores in its multiprocessing); vllm-ray: the same over Ray, the seeds' system.
+    backend = ["--data-parallel-backend", "ray"] if system == "vllm-ray" else []
     return [
         sys.executable,
         "-m",
@@ -66,6 +70,7 @@ def server_command(system: str, model: str, port: int, name: str, flags: list[st
         model,
         "--data-parallel-size",
         str(DP_SIZE),
+        *backend,
         "--host",
         "127.0.0.1",
         "--port",

@@ -20,6 +20,8 @@ Modules:
 - ``api_keys``: the bearer-key check, as ASGI middleware;
 - ``responses``: JSON bodies and server-sent events;
 - ``metrics``: Prometheus metrics of one API server process;
+- ``rank_series``: raydp's per-rank series, described once: read at scrape time (raydp's server) or
+  pushed into the default registry (vLLM's front-end, multiprocess mode included);
 - ``server``: uvicorn on a socket that N processes share, over HTTP or HTTPS;
 - ``protocol``: uvicorn's h11 protocol with the connection timers uvicorn lacks;
 - ``settings``: ``ServerSettings``, and ``ServeEnvironment`` (``RAYDP_API_KEY``);

@@ -27,15 +27,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Collection, Iterable
+from collections.abc import AsyncIterator, Collection
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from raydp.client.client import Client
-from raydp.wire.blocks import hit_rate
+from raydp.serve.rank_series import DEATHS, SnapshotCollector
 
 WATCH_INTERVAL_S = 0.5
 CLIENT_GONE = 499  # nginx's "client closed request": nobody received an answer
@@ -63,9 +62,7 @@ class ApiMetrics:
             "raydp_time_to_first_token_seconds", "arrival to the first token", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.tokens = Counter("raydp_generated_tokens", "tokens sent to clients", registry=r)
-        self.deaths = Counter(
-            "raydp_rank_deaths", "live-to-dead changes of a rank seen by this server", ["rank"], registry=r
-        )
+        self.deaths = Counter(*DEATHS, ["rank"], registry=r)
         self._dead_now: set[int] = set()
         r.register(SnapshotCollector(client))
 
@@ -103,58 +100,6 @@ class ApiMetrics:
         self.observe_deaths()
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
-
-
-class SnapshotCollector:
-    """Per-rank gauges read from the client's latest coordinator snapshot at scrape time.
-
-    raydp's own server serves them in its registry; an API server running
-    vLLM's front-end adds them to the registry vLLM's ``/metrics`` serves.
-    """
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    def collect(self) -> Iterable[Metric]:
-        client = self.client
-        info = GaugeMetricFamily(
-            "raydp_api_server_info", "the API server process that answered", labels=["client_index", "client_count"]
-        )
-        info.add_metric([str(client.client_index), str(client.client_count)], 1)
-        waiting = GaugeMetricFamily("raydp_rank_waiting", "waiting requests per rank", labels=["rank"])
-        running = GaugeMetricFamily("raydp_rank_running", "running requests per rank", labels=["rank"])
-        work = GaugeMetricFamily("raydp_rank_work", "tokens left to generate per rank", labels=["rank"])
-        dead = GaugeMetricFamily("raydp_rank_dead", "1 while the rank is reported dead", labels=["rank"])
-        hits = GaugeMetricFamily(
-            "raydp_rank_prefix_cache_hit_rate",
-            "prompt tokens found in the rank's prefix cache, of those looked up (engines that report a cache)",
-            labels=["rank"],
-        )
-        known = GaugeMetricFamily(
-            "raydp_router_cached_blocks",
-            "prefix-cache blocks this API server knows each rank holds (what the prefix balancer routes on)",
-            labels=["rank"],
-        )
-        for rank, blocks in enumerate(client.cached_blocks()):
-            known.add_metric([str(rank)], blocks)
-        snap = client.snapshot()
-        if snap is not None:
-            for rank, (w, r) in enumerate(snap.counts):
-                waiting.add_metric([str(rank)], w)
-                running.add_metric([str(rank)], r)
-                dead.add_metric([str(rank)], 1 if rank in snap.dead else 0)
-            for rank, tokens in enumerate(snap.work):
-                if tokens >= 0:  # -1: the engine does not report work
-                    work.add_metric([str(rank)], tokens)
-            for rank, (queried, found) in enumerate(snap.hits):
-                rate = hit_rate(queried, found)
-                if rate is not None:
-                    hits.add_metric([str(rank)], rate)
-        moved = CounterMetricFamily(
-            "raydp_stream_migrations", "streams moved to a live rank after theirs died mid-stream (--migration-limit)"
-        )
-        moved.add_metric([], client.migrations)
-        return [info, waiting, running, work, dead, hits, known, moved]
 
 
 class RequestMetrics:

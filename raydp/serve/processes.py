@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
+import shutil
 import socket
+import tempfile
 import threading
 import weakref
 from collections.abc import Sequence
@@ -28,8 +31,11 @@ def _api_main(
     node_id: str | None,
     ranks: list[int] | None,
     settings: ServerSettings,
+    metrics_dir: str | None,
     death_pipe: Connection,
 ) -> None:
+    if metrics_dir is not None:  # before anything imports prometheus_client, which reads it once
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     from raydp.logs import configure_component_logging
 
     configure_component_logging(f"{endpoints.name} api{index}/{count}")
@@ -78,6 +84,13 @@ class APIServerProcessManager:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # a respawn and close() never interleave
         self._restarts_left = [self._settings.max_restarts] * count
+        # vLLM's front-end serves /metrics for all N processes at once in prometheus_client's multiprocess
+        # mode, over one directory of the processes' files (vLLM's own launcher does the same).
+        self._metrics_dir = (
+            tempfile.mkdtemp(prefix=f"raydp-{endpoints.name}-metrics-")
+            if self._settings.vllm_args and count > 1
+            else None
+        )
         self.procs.extend(self._spawn(index) for index in range(count))
         # A stopping server answers its running requests before it exits: wait that long before killing it.
         self._finalizer = weakref.finalize(
@@ -88,6 +101,7 @@ class APIServerProcessManager:
             self._stop,
             self._lock,
             stop_bound_s(self._settings.graceful_shutdown_s),
+            self._metrics_dir,
         )
         watch_processes(self.procs, self._stop, self._report, "raydp-api-watcher")
 
@@ -104,6 +118,7 @@ class APIServerProcessManager:
             node_id,
             ranks,
             settings,
+            self._metrics_dir,
         )
 
     @property
@@ -149,7 +164,12 @@ class APIServerProcessManager:
 
 
 def _release(
-    procs: list[Proc], sock: socket.socket, stop: threading.Event, lock: threading.Lock, grace_s: float
+    procs: list[Proc],
+    sock: socket.socket,
+    stop: threading.Event,
+    lock: threading.Lock,
+    grace_s: float,
+    metrics_dir: str | None,
 ) -> None:
     with lock:  # after this no respawn starts, and ``procs`` holds every process there is
         stop.set()
@@ -157,3 +177,5 @@ def _release(
     # is gone, so a new connection is refused at once instead of waiting in the backlog for a reset.
     sock.close()
     shutdown(procs, grace_s)
+    if metrics_dir is not None:
+        shutil.rmtree(metrics_dir, ignore_errors=True)

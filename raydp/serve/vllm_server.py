@@ -8,8 +8,9 @@ outputs, logprobs, ``n``, LoRA routes, ``/tokenize``, its API keys, TLS and
 core client is raydp's (:class:`~raydp.serve.vllm_core.RaydpCoreClient`). So
 what ``vllm serve`` answers, raydp answers, with the same flags. Its
 ``/metrics`` serves raydp's per-rank series (load, deaths, prefix-cache hit
-rates, stream migrations) beside vLLM's; like raydp's own server, each process
-serves what it saw (N processes on one port are N scrape targets).
+rates, stream migrations) beside vLLM's. With several API servers on one port
+the manager gives them one ``PROMETHEUS_MULTIPROC_DIR``, as vLLM's own
+launcher does, so that every scrape answers for all of them.
 
 The process serves on the socket the manager bound (N processes share it),
 and stops on SIGTERM, SIGINT or ``stop`` (its parent gone) as vLLM's server
@@ -28,12 +29,10 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import prometheus_client
-
 from raydp.client.client import Client
 from raydp.models import vllm_config
 from raydp.models.vllm_native import NativeCodec
-from raydp.serve.metrics import SnapshotCollector
+from raydp.serve.rank_series import PushedRankSeries
 from raydp.serve.settings import ServerSettings
 from raydp.serve.vllm_core import RaydpCoreClient
 from raydp.wire.endpoints import ClusterEndpoints
@@ -107,15 +106,17 @@ async def _serve(
     from vllm.entrypoints.launchers.api_server.entry import build_and_serve
 
     engine = _async_llm(args, lambda: RaydpCoreClient(client, NativeCodec()), index)
-    # raydp's per-rank series beside vLLM's own on vLLM's /metrics (each process serves its own registry).
-    prometheus_client.REGISTRY.register(SnapshotCollector(client))
-    watcher = asyncio.ensure_future(_signal_on(stop)) if stop is not None else None
+    # raydp's per-rank series beside vLLM's own on vLLM's /metrics (multiprocess mode too: see rank_series).
+    series = PushedRankSeries(client)
+    tasks = [asyncio.ensure_future(series.run())]
+    if stop is not None:
+        tasks.append(asyncio.ensure_future(_signal_on(stop)))
     try:
         shutdown = await build_and_serve(engine, f"http://{args.host}:{args.port}", sock, args)
         await shutdown
     finally:
-        if watcher is not None:
-            watcher.cancel()
+        for task in tasks:
+            task.cancel()
         engine.shutdown()
 
 
