@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -157,14 +158,30 @@ async def probe(session: aiohttp.ClientSession, server: Server) -> bool:
         return False
 
 
+def last_error(log_text: str) -> str:
+    """The last ``SomeError: message`` line of a log (what a traceback ends with), else its tail."""
+    errors = [line.strip() for line in log_text.splitlines() if re.match(r"\s*[\w.]+(Error|Exception): ", line)]
+    return errors[-1][:300] if errors else log_text[-300:]
+
+
+# A server that logs one of these will never serve: say so at once rather than after the startup timeout.
+NEVER_SERVES = ("No available node types can fulfill resource request",)
+
+
 async def wait_ready(server: Server, timeout_s: float) -> float:
     """Seconds from the spawn to the first successful completion."""
     async with aiohttp.ClientSession() as session:
         while time.monotonic() - server.spawned < timeout_s:
             if server.proc.poll() is not None:
                 raise ServerError(
-                    f"{server.system} exited ({server.proc.returncode}) before serving: {server.log_tail()}"
+                    f"{server.system} exited ({server.proc.returncode}) before serving: {last_error(server.log_tail())}"
                 )
+            log_text = server.log_tail(20000)
+            if (
+                line := next((x for x in log_text.splitlines() if any(n in x for n in NEVER_SERVES)), None)
+            ) is not None:
+                plain = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()  # Ray colours its log prefixes
+                raise ServerError(f"{server.system} cannot start: {plain[-300:]}")
             if await probe(session, server):
                 startup = time.monotonic() - server.spawned
                 log(f"{server.system}: serving after {startup:.1f} s")

@@ -300,6 +300,7 @@ async def until(condition: Callable[[], bool], timeout_s: float) -> None:
 
 
 async def watch(server: Server, samples: list[Sample], kill_at: float, window_s: float, result: FaultResult) -> str:
+    seen_dead = False  # raydp: the rank is back once reported dead, then live again
     while True:
         await asyncio.sleep(0.25)
         server.refresh()
@@ -308,8 +309,11 @@ async def watch(server: Server, samples: list[Sample], kill_at: float, window_s:
             result.exited_s, result.exit_code = now - kill_at, server.proc.returncode
             await asyncio.sleep(2.0)  # the requests in flight see the end
             return "server exited"
-        if result.rank_back_s is None and server.system == "raydp" and await rank_live(server.url, KILLED_RANK):
-            result.rank_back_s = now - kill_at
+        if result.rank_back_s is None and server.system == "raydp":
+            live = await rank_live(server.url, KILLED_RANK)
+            seen_dead = seen_dead or not live
+            if live and seen_dead:
+                result.rank_back_s = now - kill_at
         if result.rank_back_s is not None and now - kill_at > result.rank_back_s + 2.0:
             return "killed rank back"
         if now - kill_at > window_s:
@@ -373,8 +377,9 @@ def run_benchmark(opts: Options) -> VllmReport:
         for turn in range(opts.turns):
             for system in opts.systems:  # alternating: a slow minute of the machine hits every system
                 report.turns.append(measure(setup, system, turn, dataset))
-    if opts.faults:
-        for system in opts.systems:
+    if opts.faults:  # the systems that served: a fault turn of one that cannot start says nothing new
+        served = [s for s in opts.systems if any(t.system == s and t.error is None for t in report.turns)]
+        for system in served:
             report.faults.append(fault_turn(setup, system))
     return report
 

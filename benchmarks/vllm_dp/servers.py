@@ -50,6 +50,8 @@ def server_command(system: str, model: str, port: int, name: str, flags: list[st
             "CPU",
             "--max-restarts",
             "1",
+            "--migration-limit",  # a stream cut by the fault turn's kill goes on on the other rank
+            "1",
             "--host",
             "127.0.0.1",
             "--port",

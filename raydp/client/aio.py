@@ -85,29 +85,22 @@ class AsyncRequest:
                 self._client.abort(self.request_id)
 
 
-class AsyncClient:
-    """asyncio front-end over a :class:`Client` (for API servers).
+class LoopBatch:
+    """Submissions made in one turn of an event loop, sent together at its end.
 
-    Requests submitted in the same turn of the event loop (an API server's
-    concurrent HTTP requests, say) leave together: one hand-off to the
-    client's IO thread and one message per rank, as with :meth:`submit_many`.
+    An API server's concurrent HTTP requests then leave together: one
+    hand-off to the client's IO thread and one message per rank, as with
+    :meth:`Client.submit_many`. Use it on the event loop's thread only.
     """
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self._pending: list[Submission] = []
 
-    def submit(self, prompt_token_ids: Sequence[int], max_tokens: int = 16, **kw: Any) -> AsyncRequest:
-        """Send one request (from a running event loop) at the end of this loop turn; see :class:`AsyncRequest`."""
-        request = AsyncRequest(self.client, prompt_token_ids, max_tokens, kw)
+    def add(self, item: Submission) -> None:
         if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append(request.submission)
-        return request
-
-    def submit_many(self, prompts: Sequence[Sequence[int]], max_tokens: int = 16, **kw: Any) -> list[AsyncRequest]:
-        """Send many requests together (from a running event loop); one :class:`AsyncRequest` each."""
-        return [self.submit(prompt, max_tokens, **kw) for prompt in prompts]
+        self._pending.append(item)
 
     def _flush(self) -> None:
         items, self._pending = self._pending, []
@@ -116,6 +109,28 @@ class AsyncClient:
         except RaydpError as exc:  # the client closed: every request of the batch learns it
             for item in items:
                 item.listener(exc)
+
+
+class AsyncClient:
+    """asyncio front-end over a :class:`Client` (for API servers).
+
+    Requests submitted in the same turn of the event loop leave together
+    (:class:`LoopBatch`).
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._batch = LoopBatch(client)
+
+    def submit(self, prompt_token_ids: Sequence[int], max_tokens: int = 16, **kw: Any) -> AsyncRequest:
+        """Send one request (from a running event loop) at the end of this loop turn; see :class:`AsyncRequest`."""
+        request = AsyncRequest(self.client, prompt_token_ids, max_tokens, kw)
+        self._batch.add(request.submission)
+        return request
+
+    def submit_many(self, prompts: Sequence[Sequence[int]], max_tokens: int = 16, **kw: Any) -> list[AsyncRequest]:
+        """Send many requests together (from a running event loop); one :class:`AsyncRequest` each."""
+        return [self.submit(prompt, max_tokens, **kw) for prompt in prompts]
 
     async def generate(self, prompt_token_ids: Sequence[int], max_tokens: int = 16, **kw: Any) -> list[int]:
         tokens: list[int] = []

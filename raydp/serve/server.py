@@ -40,7 +40,6 @@ from types import FrameType
 import uvicorn
 from starlette.types import ASGIApp
 
-from raydp.client.client import Client
 from raydp.serve.app import build_app
 from raydp.serve.draining import FLUSH_S, InFlight
 from raydp.serve.protocol import QUIET_MALFORMED, guarded_protocol
@@ -180,16 +179,7 @@ def serve_forever(
     Requests still running ``graceful_shutdown_s`` into the stop get a 503 (:mod:`.draining`).
     """
     s = settings or ServerSettings()
-    client = Client(
-        endpoints,
-        node_id=node_id,
-        client_index=client_index,
-        client_count=client_count,
-        ranks=ranks,
-        balancer=s.balancer,
-        migration_limit=s.migration_limit,
-        prefix_load_margin=s.prefix_load_margin,
-    )
+    client = s.client(endpoints, client_index, client_count, node_id, ranks)
     in_flight = InFlight()
     reason = (
         f"API server {client_index} of {endpoints.name!r} is shutting down: the request was still running "

@@ -20,8 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from raydp.client.balancer import DEFAULT_PREFIX_LOAD_MARGIN, WAITING_WEIGHT, Policy
+from raydp.client.client import Client
 from raydp.config import format_validation_error
 from raydp.errors import ConfigError
+from raydp.wire.endpoints import ClusterEndpoints
 
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_KEY_CHARS = 512
@@ -122,6 +124,26 @@ class ServerSettings(BaseModel):
         if self.protect_metrics and not self.api_keys:
             raise ValueError("protect_metrics=True: needs at least one API key in api_keys")
         return self
+
+    def client(
+        self,
+        endpoints: ClusterEndpoints,
+        client_index: int,
+        client_count: int,
+        node_id: str | None,
+        ranks: list[int] | None,
+    ) -> Client:
+        """The cluster client an API server with these settings routes with (to ``ranks`` only, if given)."""
+        return Client(
+            endpoints,
+            node_id=node_id,
+            client_index=client_index,
+            client_count=client_count,
+            ranks=ranks,
+            balancer=self.balancer,
+            migration_limit=self.migration_limit,
+            prefix_load_margin=self.prefix_load_margin,
+        )
 
     @property
     def scheme(self) -> str:

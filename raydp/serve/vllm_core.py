@@ -41,6 +41,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from raydp.client.aio import LoopBatch
 from raydp.client.client import Client
 from raydp.client.requests import Submission
 from raydp.errors import ClusterClosedError, EngineDeadError, MigrationRefusedError, RaydpError, RequestError
@@ -98,7 +99,7 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
         self.resources = _Resources(client)
         self._loop = asyncio.get_running_loop()
         self._outputs: asyncio.Queue[Any] = asyncio.Queue()
-        self._pending: list[Submission] = []
+        self._batch = LoopBatch(client)
         # Outputs arrive on the client's IO thread; the event loop decodes them in one pass per wake-up.
         self._inbox: collections.deque[tuple[str, Output | RaydpError]] = collections.deque()
         self._inbox_lock = threading.Lock()
@@ -122,21 +123,7 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
         native.arrival_time = float(request.arrival_time)
         moves = 0 if blocker is not None or pinned is not None else self.client.migration_limit
         listener = self._listener(request.request_id)
-        self._submit(Submission(native, pinned, listener, True, migrations=moves))
-
-    def _submit(self, item: Submission) -> None:
-        """Send at the end of this loop turn, with every other request added in it: one message per rank."""
-        if not self._pending:
-            self._loop.call_soon(self._flush)
-        self._pending.append(item)
-
-    def _flush(self) -> None:
-        items, self._pending = self._pending, []
-        try:
-            self.client.send_batch(items)
-        except RaydpError as exc:  # the client closed: every request of the batch learns it
-            for item in items:
-                item.listener(exc)
+        self._batch.add(Submission(native, pinned, listener, True, migrations=moves))
 
     def _listener(self, request_id: str) -> Callable[[Output | RaydpError], None]:
         def listen(item: Output | RaydpError) -> None:

@@ -84,16 +84,7 @@ def serve_vllm_forever(
 ) -> None:
     """Run vLLM's server on ``sock`` until a stop signal or ``stop``; it routes only to ``ranks`` if given."""
     args = serve_args(frontend_argv(settings, sock))
-    client = Client(
-        endpoints,
-        node_id=node_id,
-        client_index=client_index,
-        client_count=client_count,
-        ranks=ranks,
-        balancer=settings.balancer,
-        migration_limit=settings.migration_limit,
-        prefix_load_margin=settings.prefix_load_margin,
-    )
+    client = settings.client(endpoints, client_index, client_count, node_id, ranks)
     try:
         asyncio.run(_serve(sock, args, client, (client_index, client_count), stop))
     finally:
