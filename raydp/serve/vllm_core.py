@@ -107,7 +107,8 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
         self._blockers: dict[str, str] = {}  # request id -> why it cannot migrate (only those that cannot)
         from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 
-        self._output_type, self._outputs_type, self._error = EngineCoreOutput, EngineCoreOutputs, FinishReason.ERROR
+        self._output_type, self._outputs_type = EngineCoreOutput, EngineCoreOutputs
+        self._error, self._length = FinishReason.ERROR, FinishReason.LENGTH
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -157,6 +158,9 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
             if item.error is None and item.finish_reason == "abort":  # the echo of an abort vLLM asked for
                 self._blockers.pop(request_id, None)
                 return None
+            if item.error is None and item.finish_reason == "length":  # every token was out; its rank died after
+                self._blockers.pop(request_id, None)
+                return self._output_type(request_id, [], finish_reason=self._length)
             item = RequestError(request_id, item.error or f"finished without an output ({item.finish_reason})")
         why = self._blockers.pop(request_id, None)
         if isinstance(item, EngineDeadError) and why is not None:
