@@ -1,5 +1,10 @@
 """The HTTP front-end benchmark: raydp's API servers against a Ray Serve HTTP deployment.
 
+A third row serves the same load through vLLM's own OpenAI front-end (what
+``raydp serve --engine vllm`` runs) over an engine that answers at once
+(:class:`~raydp.models.vllm_instant.InstantVllmEngine`): raydp's own server
+against vLLM's, with no engine cost in either.
+
 Both systems serve OpenAI's ``POST /v1/completions`` over loopback with the
 same engine, :class:`~raydp.models.echo.EchoEngine` (``max_tokens`` tokens,
 one per step), and the same number of engine replicas:
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 import sys
 import time
@@ -78,6 +84,26 @@ def raydp_http() -> Iterator[str]:
     cluster = raydp.launch(name=MODEL, dp_size=DP_SIZE, engine=ECHO_ENGINE, progress=False)
     try:
         servers = cluster.serve_api(API_SERVERS, port=0)
+        yield servers.url + ROUTE
+    finally:
+        cluster.close()
+
+
+@contextlib.contextmanager
+def raydp_vllm_frontend_http() -> Iterator[str]:
+    """The same cluster, with vLLM's own front-end in the API servers, over an engine that answers at once
+    (:class:`~raydp.models.vllm_instant.InstantVllmEngine`): the new front-end alone against the old."""
+    import raydp
+    from raydp.models.checkpoint import default_model_dir, make_model
+    from raydp.serve.settings import ServerSettings
+
+    model = str(make_model(default_model_dir()))  # its tokenizer and config; no weights are loaded
+    settings = ServerSettings(vllm_args=("--model", model, "--served-model-name", MODEL, "--disable-log-stats"))
+    cluster = raydp.launch(
+        name=MODEL, dp_size=DP_SIZE, engine="raydp.models.vllm_instant:InstantVllmEngine", progress=False
+    )
+    try:
+        servers = cluster.serve_api(API_SERVERS, port=0, settings=settings)
         yield servers.url + ROUTE
     finally:
         cluster.close()
@@ -254,14 +280,19 @@ def measure_system(
 
 def http_benchmark(sizes: HttpSizes, log: Log) -> list[HttpResult]:
     """raydp first, then Ray Serve; needs a running local Ray (``ray.init``)."""
-    systems: list[tuple[str, Callable[[], contextlib.AbstractContextManager[str]]]] = [
-        (f"raydp (DP={DP_SIZE}, {API_SERVERS} API servers)", raydp_http),
-        (f"Ray Serve ({DP_SIZE} replicas, HTTP proxy)", lambda: serve_http(sizes)),
+    systems: list[tuple[str, Callable[[], contextlib.AbstractContextManager[str]], HttpSizes]] = [
+        (f"raydp (DP={DP_SIZE}, {API_SERVERS} API servers)", raydp_http, sizes),
+        (f"Ray Serve ({DP_SIZE} replicas, HTTP proxy)", lambda: serve_http(sizes), sizes),
+        (
+            f"raydp with vLLM's front-end (DP={DP_SIZE}, {API_SERVERS} API servers, an instant vLLM-native engine)",
+            raydp_vllm_frontend_http,
+            dataclasses.replace(sizes, return_token_ids=True),
+        ),
     ]
     results = []
-    for system, make in systems:
+    for system, make, load in systems:
         log(f"http: starting {system}")
-        results.append(measure_system(system, make, sizes, log))
+        results.append(measure_system(system, make, load, log))
     return results
 
 
@@ -309,8 +340,20 @@ def http_table(results: list[HttpResult], sizes: HttpSizes) -> list[str]:
             f"| {_ms(s.ttft_p50_ms)} | {_ms(s.ttft_p99_ms)} | {_ms(s.p50_ms)} | {_ms(s.p99_ms)} "
             f"| {errors}{f' ({first})' if first else ''} |"
         )
-    lines += ["", *ratio_table(results)]
+    lines += ["", *ratio_table(results), *frontend_line(results)]
     return lines
+
+
+def frontend_line(results: list[HttpResult]) -> list[str]:
+    """vLLM's front-end (the third row) against raydp's own server (the first), both over instant engines."""
+    if len(results) < 3:
+        return []
+    own, vllm = results[0], results[2]
+    if own.plain is None or own.stream is None or vllm.plain is None or vllm.stream is None:
+        return ["", "(no front-end ratio: a system did not run)"]
+    plain, stream = _ratio(vllm.plain.rps, own.plain.rps), _ratio(vllm.stream.rps, own.stream.rps)
+    shown = [f"{v:.2f}x" if v is not None else "n/a" for v in (plain, stream)]
+    return ["", f"vLLM's front-end / raydp's own server: {shown[0]} req/s non-streaming, {shown[1]} streaming"]
 
 
 def ratio_table(results: list[HttpResult]) -> list[str]:

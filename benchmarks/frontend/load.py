@@ -30,6 +30,7 @@ class HttpSizes:
     max_tokens: int
     warmup_s: float
     duration_s: float
+    return_token_ids: bool = False  # vLLM's front-end sends the token ids only when asked
 
 
 HTTP_FULL = HttpSizes(concurrency=64, max_tokens=16, warmup_s=2.0, duration_s=8.0)
@@ -51,11 +52,14 @@ class LoadStats:
     first_error: str | None = None
 
 
-def completion_body(stream: bool, max_tokens: int) -> bytes:
-    """The one request body both systems get."""
+def completion_body(stream: bool, max_tokens: int, return_token_ids: bool = False) -> bytes:
+    """The one request body every system gets (vLLM's front-end asked for its token ids too)."""
     import json
 
-    return json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "stream": stream}).encode()
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "stream": stream}
+    if return_token_ids:
+        body["return_token_ids"] = True
+    return json.dumps(body).encode()
 
 
 class BadAnswerError(Exception):
@@ -108,7 +112,7 @@ async def drive(url: str, stream: bool, sizes: HttpSizes, duration_s: float) -> 
     """``sizes.concurrency`` connections, each sending requests back to back for ``duration_s``."""
     import aiohttp
 
-    body = completion_body(stream, sizes.max_tokens)
+    body = completion_body(stream, sizes.max_tokens, sizes.return_token_ids)
     send = stream_request if stream else plain_request
     latencies: list[float] = []
     ttfts: list[float] = []

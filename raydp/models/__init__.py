@@ -22,6 +22,8 @@ Modules:
 - ``vllm_requests``: raydp requests into vLLM's, and outputs back;
 - ``vllm_native``: vLLM's own requests, outputs and utility calls on raydp's sockets, in vLLM's
   msgpack and never in pickle;
+- ``vllm_instant``: :class:`~raydp.models.vllm_instant.InstantVllmEngine`, vLLM's own requests
+  answered at once (vLLM's front-end measured alone);
 - ``vllm_cache``: vLLM's KV-cache events in raydp's block names;
 - ``vllm_executor``: a vLLM ``Executor`` over raydp's executor;
 - ``vllm_workers``: vLLM's workers inside raydp's device workers;

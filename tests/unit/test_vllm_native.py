@@ -135,3 +135,26 @@ def test_front_end_flags_go_to_the_api_servers_and_only_engine_flags_to_the_rank
     assert vllm_flags.frontend_flags("/m", flags) == ("--model", "/m", *flags)
     kwargs = vllm_flags.engine_kwargs("/m", [*flags, "--max-model-len", "64"])
     assert kwargs == {"model": "/m", "served_model_name": ["m"], "max_model_len": 64}
+
+
+def test_the_instant_engine_answers_vllms_request_at_once_in_vllms_output() -> None:
+    from vllm.v1.engine import FinishReason
+
+    from raydp.engine.core import EngineContext
+    from raydp.models.vllm_instant import InstantVllmEngine
+    from raydp.wire.protocol import Request
+
+    codec = NativeCodec()
+    engine = InstantVllmEngine(EngineContext(rank=0, local_rank=0, dp_size=1, world_size=1, node_id="n"))
+    engine.add_request(Request("r1", [1, 2, 3], 5, native=codec.encode(_request())))
+    assert engine.has_unfinished() and engine.load() == (1, 0)
+    (out,) = engine.step()
+    native = codec.output(out.native)
+    assert (out.token_ids, out.finished, native.new_token_ids, native.finish_reason) == (
+        [7] * 5,
+        True,
+        [7] * 5,
+        FinishReason.LENGTH,
+    )
+    assert not engine.has_unfinished() and engine.step() == []
+    assert codec.decode_result(engine.vllm_call(codec.call("get_supported_tasks", ()))) == ["generate"]
