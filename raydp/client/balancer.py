@@ -15,7 +15,10 @@ requests behind short ones next to a free slot.
 
 The ``prefix`` policy adds cache affinity: a request goes to the first rank in
 its prompt prefix's order of preference (:mod:`raydp.client.prefix`) whose
-score is within ``prefix_load_margin`` of the least-loaded rank's; past that
+load is within ``prefix_load_margin`` of the least-loaded rank's; that
+comparison counts only the sends since the snapshot that still run
+(:meth:`LoadBalancer.running_score`), so a prefix sent one request at a time
+stays on its rank however long the next snapshot takes; past that
 margin load wins, as in SGLang's cache-aware policy, and the overflow of a hot
 prefix goes to its next preferred rank, so that it warms one more cache rather
 than all of them. Where engines report what their caches hold
@@ -133,15 +136,22 @@ class LoadBalancer:
         least = min(live, key=lambda rank: (self.score(rank), self.work(rank), self._in_flight[rank], rank))
         if self.policy != "prefix" or not prompt:
             return least
-        bound = self.score(least) + self.prefix_load_margin
+        bound = min(self.running_score(rank) for rank in live) + self.prefix_load_margin
         order = preference(prefix_key(prompt, self.prefix_tokens), live)
         holders, _ = self.cache.longest(prompt, live)
         if holders:
             order = [r for r in order if r in holders] + [r for r in order if r not in holders]
-        return next(rank for rank in order if self.score(rank) <= bound)
+        return next(rank for rank in order if self.running_score(rank) <= bound)
 
     def score(self, rank: int) -> int:
+        """The snapshot's load plus every send since it: a burst spreads, even of requests already done."""
         return self._snapshot_scores[rank] + WAITING_WEIGHT * self._since_snapshot[rank]
+
+    def running_score(self, rank: int) -> int:
+        """:meth:`score` counting only the sends since the snapshot that still run (what the prefix margin
+        compares): sent one at a time, a prefix's requests never make its rank look loaded."""
+        running = min(self._since_snapshot[rank], self._in_flight[rank] * self.client_count)
+        return self._snapshot_scores[rank] + WAITING_WEIGHT * running
 
     def work(self, rank: int) -> int:
         """The rank's work in the snapshot plus the ``max_tokens`` sent there since (the tie-break)."""
@@ -163,17 +173,7 @@ class LoadBalancer:
         return self.client_count * max(1, max_tokens)
 
     def on_finished(self, rank: int) -> None:
-        """One of ours on ``rank`` finished: what was booked for it since the snapshot goes with it.
-
-        Sends since the snapshot that are still running are at most ours in
-        flight; a booking must not outlive its request, or a client that sends
-        one request at a time would see a rank fill up with requests long gone
-        (and the prefix policy would move a prefix off an idle rank).
-        """
-        self._in_flight[rank] = in_flight = max(0, self._in_flight[rank] - 1)
-        self._since_snapshot[rank] = min(self._since_snapshot[rank], in_flight * self.client_count)
-        if in_flight == 0:
-            self._since_work[rank] = 0
+        self._in_flight[rank] = max(0, self._in_flight[rank] - 1)
 
     def on_snapshot(self, snap: StatsSnapshot) -> list[int]:
         """Adopt the coordinator's latest view (one publisher: snapshots arrive in order).

@@ -26,16 +26,24 @@ def test_sends_since_the_snapshot_count_so_a_burst_spreads() -> None:
     assert picks.count(0) == picks.count(1) == 3
 
 
-def test_a_send_counts_while_it_runs_and_goes_with_it_when_it_finishes() -> None:
-    """The snapshot cannot know of our send yet, so it is booked; once it finished, nothing of it is left."""
+def test_a_send_still_counts_after_it_finishes_until_the_next_snapshot() -> None:
+    """The snapshot cannot know of our send yet; in-flight bookkeeping is only a tie-break."""
     lb = LoadBalancer(2)
     lb.on_snapshot(StatsSnapshot(counts=[(0, 0), (0, 3)], wave=0, running=False))
     lb.on_sent(0)
-    assert lb.score(0) == WAITING_WEIGHT
-    assert lb.choose() == 1  # 4 (our send, running) > 3 (snapshot)
     lb.on_finished(0)
-    assert (lb.score(0), lb.work(0)) == (0, 0)
-    assert lb.choose() == 0
+    assert lb.score(0) == WAITING_WEIGHT
+    assert lb.choose() == 1  # 4 (our send) > 3 (snapshot)
+
+
+def test_the_running_score_counts_only_the_sends_still_running() -> None:
+    """What the prefix margin compares: a send that finished before the next snapshot weighs nothing."""
+    lb = LoadBalancer(2)
+    lb.on_snapshot(StatsSnapshot(counts=[(0, 0), (0, 3)], wave=0, running=False))
+    lb.on_sent(0)
+    assert lb.running_score(0) == WAITING_WEIGHT
+    lb.on_finished(0)
+    assert (lb.running_score(0), lb.score(0)) == (0, WAITING_WEIGHT)
 
 
 def test_sequential_requests_keep_a_prefix_on_one_rank_between_snapshots() -> None:
@@ -52,12 +60,13 @@ def test_sequential_requests_keep_a_prefix_on_one_rank_between_snapshots() -> No
     assert all(len(ranks) == 1 for ranks in picks.values()), picks
 
 
-def test_bookings_of_requests_still_in_flight_stay() -> None:
+def test_the_running_score_keeps_the_bookings_of_requests_still_in_flight() -> None:
     lb = LoadBalancer(2, client_count=2)
     for _ in range(3):
         lb.on_sent(0)
     lb.on_finished(0)
-    assert lb.score(0) == WAITING_WEIGHT * 2 * 2  # two of ours still running, each booked for both front-ends
+    assert lb.running_score(0) == WAITING_WEIGHT * 2 * 2  # two of ours still running, each booked for both
+    assert lb.score(0) == WAITING_WEIGHT * 3 * 2
 
 
 def test_a_new_snapshot_replaces_local_estimates() -> None:
@@ -174,7 +183,9 @@ def test_without_work_in_the_snapshot_only_our_own_sends_break_ties() -> None:
     lb.on_snapshot(StatsSnapshot(counts=[(0, 1), (0, 1)], wave=0, running=False))
     assert (lb.work(0), lb.work(1)) == (0, 0)
     lb.on_sent(0, max_tokens=1000)
+    lb.on_finished(0)
     lb.on_sent(1, max_tokens=10)
+    lb.on_finished(1)
     assert lb.choose() == 1, "even counts: the rank we sent fewer tokens to"
 
 
