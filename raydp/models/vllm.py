@@ -23,11 +23,11 @@ The mapping (:mod:`raydp.models.vllm_requests`):
 * a request that carries vLLM's own ``EngineCoreRequest`` (``native``: vLLM's
   front-end over raydp, :mod:`raydp.serve.vllm_core`) goes to the engine core
   as it is, and its ``EngineCoreOutput`` goes back as it is
-  (:mod:`raydp.models.vllm_native`); one migrated from a dead rank resumes as
-  vLLM resumes a preempted request: its streamed tokens become the new
-  request's output tokens, recomputed in one prefill, so that penalties,
-  ``min_tokens`` and ``max_tokens`` count them; utility calls from vLLM's
-  front-end arrive through :meth:`VllmEngine.vllm_call`;
+  (:mod:`raydp.models.vllm_native`); one migrated from a dead rank resumes
+  with its streamed tokens appended to its prompt and its ``max_tokens`` and
+  ``min_tokens`` shrunk by as many (the front-end refuses to migrate what
+  that would change: :func:`raydp.serve.vllm_core.migration_blocker`);
+  utility calls from vLLM's front-end arrive through :meth:`VllmEngine.vllm_call`;
 * in lockstep mode, ``execute_dummy_batch`` runs vLLM's dummy batch;
 * with prefix caching on (vLLM's default), ``cache_events()`` reports the
   blocks its prefix cache stores and evicts, and its hit counts, for
@@ -147,10 +147,11 @@ class VllmEngine:
         prompt = core_request.prompt_token_ids or []
         streamed = list(request.prompt_token_ids[len(prompt) :])  # a migrated stream's tokens so far
         if streamed:
-            core_request.sampling_params = resumed(core_request.sampling_params)
+            # vLLM's model runner takes a new request's tokens from its prompt alone: the streamed tokens
+            # join the prompt, and the budgets shrink by as many (see vllm_requests.resumed).
+            core_request.prompt_token_ids = [*prompt, *streamed]
+            core_request.sampling_params = resumed(core_request.sampling_params, len(streamed))
         req, wave = self.core.preprocess_add_request(core_request)
-        if streamed:
-            req.append_output_token_ids(streamed)
         self.core.add_request(req, wave)
         budget = min(request.max_tokens, self.config.model_config.max_model_len - len(request.prompt_token_ids))
         self._tracked[request.request_id] = Tracked(max(budget, 0), [], native=True)

@@ -42,13 +42,17 @@ def sampling_params(sampling: Sampling | None, max_tokens: int) -> Any:
     )
 
 
-def resumed(params: Any) -> Any:
-    """The sampling parameters of a stream that resumes on another rank: its prompt's logprobs went out
-    with its first output, and must not come twice."""
-    if params is None or params.prompt_logprobs is None:
+def resumed(params: Any, streamed: int) -> Any:
+    """The sampling parameters of a stream resumed on another rank with ``streamed`` tokens already out (now
+    at the end of its prompt): that many fewer to make, and its prompt's logprobs, sent with its first
+    output, not sent twice."""
+    if params is None:
         return params
     params = copy.copy(params)
     params.prompt_logprobs = None
+    if params.max_tokens is not None:
+        params.max_tokens = max(1, params.max_tokens - streamed)
+    params.min_tokens = max(0, params.min_tokens - streamed)
     return params
 
 

@@ -16,8 +16,8 @@ server's :class:`~raydp.client.client.Client`:
   they arrive together.
 * **Failures.** A request that has streamed nothing when its rank dies is
   sent again to a live rank. One that has streamed goes on from its last token
-  on a live rank (``migration_limit`` times), resumed the way vLLM resumes a
-  preempted request, so ``AsyncLLM`` sees no gap; unless its state cannot be
+  on a live rank (``migration_limit`` times), its streamed tokens appended to
+  its prompt, so ``AsyncLLM`` sees no gap; unless its state cannot be
   replayed (:func:`migration_blocker`): then, and for any other failure, the
   request finishes with vLLM's ``FinishReason.ERROR`` (a 500, as vLLM answers
   a request its engine failed) and the typed error
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -61,11 +62,11 @@ except ImportError:  # pragma: no cover
 def migration_blocker(request: Any) -> str | None:
     """Why this ``EngineCoreRequest`` cannot go on, on another rank, from its last token; None if it can.
 
-    Resuming replays the streamed tokens as the new request's outputs in one
-    prefill (as vLLM resumes a preempted request), which keeps penalties,
-    ``min_tokens`` and the token budget right. It cannot rebuild state that
-    lived only on the dead rank: a grammar advanced over the tokens, or a
-    seeded generator's position.
+    Resuming appends the streamed tokens to the prompt and shrinks
+    ``max_tokens`` and ``min_tokens`` by as many (vLLM's model runner takes a
+    new request's tokens from its prompt alone). That cannot rebuild state that
+    lived only on the dead rank (a grammar advanced over the tokens, a seeded
+    generator's position), nor keep penalties that count output tokens only.
     """
     params = request.sampling_params
     if params is None:
@@ -76,6 +77,8 @@ def migration_blocker(request: Any) -> str | None:
         return "structured outputs: the grammar's state over the streamed tokens lived on the dead rank"
     if params.seed is not None and params.temperature >= GREEDY_BELOW:
         return "seeded sampling: the generator's position lived on the dead rank, so the rest would not be the seed's"
+    if params.presence_penalty or params.frequency_penalty:
+        return "presence and frequency penalties count output tokens, and the streamed ones would resume as prompt"
     return None
 
 
@@ -144,9 +147,21 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
         with self._inbox_lock:
             items, self._woken = list(self._inbox), False
             self._inbox.clear()
-        outputs = [out for rid, item in items if (out := self._convert(rid, item)) is not None]
+        outputs = [out for rid, item in items if (out := self._safely(rid, item)) is not None]
         if outputs:
             self._outputs.put_nowait(self._outputs_type(engine_index=0, outputs=outputs))
+
+    def _safely(self, request_id: str, item: Output | RaydpError) -> Any:
+        """:meth:`_convert`, or the request's error finish if its output cannot be read: it must not hang."""
+        try:
+            return self._convert(request_id, item)
+        except Exception as exc:  # a malformed native output: dropped, logged, and the request failed loudly
+            logger.warning("request %s: dropped an output vLLM's decoder refused: %s", request_id, exc)
+            self._blockers.pop(request_id, None)
+            if isinstance(item, Output) and not item.finished:
+                with contextlib.suppress(ClusterClosedError):
+                    self.client.abort(request_id)  # its rank stops generating for nobody
+            return self._output_type(request_id, [], finish_reason=self._error, stop_reason=f"bad output: {exc}")
 
     def _convert(self, request_id: str, item: Output | RaydpError) -> Any:
         """The ``EngineCoreOutput`` for what raydp delivered; None for what vLLM need not see."""

@@ -84,7 +84,8 @@ def test_a_process_that_allows_vllms_pickle_fallback_is_refused(monkeypatch: pyt
         ({"temperature": 0.8}, None),  # unseeded sampling: any continuation is a fair sample
         ({"temperature": 0.0, "seed": 4}, None),  # greedy: the seed changes nothing
         ({"temperature": 0.8, "seed": 4}, "seeded sampling"),
-        ({"presence_penalty": 0.5, "min_tokens": 3}, None),  # replayed as outputs: counted right
+        ({"repetition_penalty": 1.2, "min_tokens": 3}, None),  # over prompt and output alike; min_tokens shrinks
+        ({"presence_penalty": 0.5}, "presence and frequency penalties"),  # output tokens only
     ],
 )
 def test_which_streams_can_resume_on_another_rank(params: dict[str, object], why: str | None) -> None:
@@ -103,13 +104,14 @@ def test_a_stream_with_structured_outputs_is_not_resumed() -> None:
     assert said is not None and "grammar" in said
 
 
-def test_a_resumed_stream_does_not_send_its_prompt_logprobs_twice() -> None:
+def test_a_resumed_stream_makes_what_is_left_and_does_not_send_its_prompt_logprobs_twice() -> None:
     from vllm import SamplingParams
 
-    params = SamplingParams(max_tokens=4, prompt_logprobs=2)
-    assert resumed(params).prompt_logprobs is None and params.prompt_logprobs == 2
-    plain = SamplingParams(max_tokens=4)
-    assert resumed(plain) is plain
+    params = SamplingParams(max_tokens=10, min_tokens=4, prompt_logprobs=2)
+    again = resumed(params, 3)
+    assert (again.max_tokens, again.min_tokens, again.prompt_logprobs) == (7, 1, None)
+    assert (params.max_tokens, params.min_tokens, params.prompt_logprobs) == (10, 4, 2), "the original is kept"
+    assert resumed(SamplingParams(max_tokens=4, min_tokens=1), 9).min_tokens == 0
 
 
 @pytest.mark.parametrize(
