@@ -5,7 +5,7 @@ from __future__ import annotations
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from raydp.errors import DeathCause, WorkerDeadError
+from raydp.errors import DeathCause, EngineHungError, WorkerDeadError
 
 _MARKERS: tuple[tuple[str, DeathCause], ...] = (
     ("ray.kill", DeathCause.KILLED),
@@ -42,6 +42,8 @@ def death_of(ref: ray.ObjectRef) -> tuple[DeathCause, str] | None:  # type: igno
         cause = getattr(exc, "cause", None)
         if isinstance(cause, WorkerDeadError):  # a worker's death ended the rank: report the worker's cause
             return cause.cause, str(cause)
+        if isinstance(cause, EngineHungError):  # its watchdog ended it: the detail carries the stuck stack
+            return DeathCause.HUNG, cause.detail
         return DeathCause.ENGINE_ERROR, str(exc)
     except Exception as exc:  # anything else Ray may raise for a lost ref
         return DeathCause.UNKNOWN, repr(exc)

@@ -13,9 +13,13 @@ from raydp.actors.metrics import EngineMetrics, export_periodically
 from raydp.actors.workers import RayExecutor
 from raydp.config import RaydpConfig
 from raydp.engine.host import EngineHost, preload
+from raydp.errors import EngineHungError
 from raydp.processes import set_process_title
 from raydp.wire.endpoints import CoordinatorEndpoints
 from raydp.wire.security import CurveKeys
+
+HUNG_EXIT_DELAY_S = 5.0
+HUNG_EXIT_CODE = 70  # EX_SOFTWARE
 
 
 class EngineCoreActor:
@@ -41,8 +45,10 @@ class EngineCoreActor:
 
     Failures: ``run`` returns only after a clean shutdown and raises the
     engine's exception if a step fails (every in-flight request gets an error
-    output first). The manager watches the ``run`` ref, so any death (killed,
-    process or node died, engine error) is reported as ``EngineDeadError``.
+    output first), or :class:`~raydp.errors.EngineHungError` if a loop turn
+    outlives ``step_timeout_s`` (the process then exits by itself a few
+    seconds later). The manager watches the ``run`` ref, so any death (killed,
+    process or node died, engine error, hang) is reported as ``EngineDeadError``.
     """
 
     def __init__(
@@ -96,7 +102,14 @@ class EngineCoreActor:
     def run(self, handshake_addresses: list[str]) -> None:
         # Ray titles the process after each call it runs; run() is the long one.
         set_process_title(f"raydp::{self.host.tag}")
-        self.host.run(handshake_addresses)
+        try:
+            self.host.run(handshake_addresses)
+        except EngineHungError:
+            # Its loop thread stays stuck, holding the engine's devices. The error must reach the
+            # run ref first (Ray sends it as this call returns); then the process goes, freeing them
+            # even where no restart policy kills it.
+            threading.Timer(HUNG_EXIT_DELAY_S, os._exit, (HUNG_EXIT_CODE,)).start()
+            raise
 
     def shutdown(self) -> None:
         self._metrics_stop.set()

@@ -75,7 +75,7 @@ class RankJoining:
                 {r.rank: r.node_id == self.driver_node_id for r in records},
                 init_for,
                 cfg.config_hash(),
-                cfg.startup_timeout_s,
+                cfg.startup_wait_s,
                 liveness=lambda: self.check_live(refs),
                 progress=progress,
             )

@@ -34,6 +34,7 @@ class CoordinatorMetrics:
         self.work = Gauge("raydp_rank_work", "tokens the rank has left to generate (engines reporting work())", TAGS)
         self.deaths = Gauge("raydp_rank_deaths", "deaths of the rank since launch", TAGS)
         self.restarts = Gauge("raydp_rank_restarts", "restarts of the rank since launch", TAGS)
+        self.hangs = Gauge("raydp_rank_hangs", "deaths of the rank since launch that were hangs", TAGS)
         self.dead = Gauge("raydp_rank_dead", "1 while the rank is dead", TAGS)
         self.hit_rate = Gauge(
             "raydp_rank_prefix_cache_hit_rate",
@@ -51,6 +52,7 @@ class CoordinatorMetrics:
             self.running.set(running, tags)
             self.deaths.set(state.deaths[rank], tags)
             self.restarts.set(state.restarts[rank], tags)
+            self.hangs.set(state.hangs[rank] if rank < len(state.hangs) else 0, tags)
             self.dead.set(1 if rank in state.dead else 0, tags)
             if rank < len(state.work) and state.work[rank] >= 0:
                 self.work.set(state.work[rank], tags)

@@ -146,7 +146,7 @@ class RayRuntime:
         return opts
 
     def wait_built(self, records: Sequence[RankRecord]) -> None:
-        ray.get([r.handle.wait_for_init.remote() for r in records], timeout=self.config.startup_timeout_s)
+        ray.get([r.handle.wait_for_init.remote() for r in records], timeout=self.config.startup_wait_s)
 
     def join(
         self,

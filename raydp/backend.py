@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,7 +30,7 @@ import zmq
 
 from raydp.config import RaydpConfig
 from raydp.coordinator.client import CoordinatorClient
-from raydp.errors import ComponentDeadError, EngineDeadError
+from raydp.errors import ComponentDeadError, DeathCause, EngineDeadError
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.wire.records import APIServerRecord, CoordinatorStatus
 from raydp.wire.transport import IpcDir
@@ -124,32 +124,6 @@ def notify(listeners: Sequence[DeathListener], err: ComponentDeadError) -> None:
             logger.exception("death listener failed")
 
 
-class RestartBudget:
-    """Restarts left per rank (``max_restarts`` each); callers hold their own report lock."""
-
-    def __init__(self, max_restarts: int, ranks: Iterable[int] = ()) -> None:
-        self.max_restarts = max_restarts
-        self._left = dict.fromkeys(ranks, max_restarts)
-
-    def grant(self, ranks: Iterable[int]) -> None:
-        """New ranks (at startup or a scale-up) get the full budget."""
-        self._left.update(dict.fromkeys(ranks, self.max_restarts))
-
-    def take(self, rank: int) -> bool:
-        """Spend one restart of ``rank``; False when none is left."""
-        if self._left.get(rank, 0) <= 0:
-            return False
-        self._left[rank] -= 1
-        return True
-
-    def exhaust(self, rank: int) -> None:
-        """A restart failed: the rank's death is final."""
-        self._left[rank] = 0
-
-    def forget(self, rank: int) -> None:
-        self._left.pop(rank, None)
-
-
 class DeathReports:
     """Deaths and restarts as a backend reports them; thread-safe."""
 
@@ -164,6 +138,7 @@ class DeathReports:
         self.dead: dict[int, str] = {}
         self.death_counts: dict[int, int] = {}
         self.restart_counts: dict[int, int] = {}
+        self.hang_counts: dict[int, int] = {}
 
     def on_death(self, listener: DeathListener) -> None:
         self._listeners.append(listener)
@@ -192,6 +167,8 @@ class DeathReports:
             if isinstance(err, EngineDeadError):
                 if err.rank not in self.dead:
                     self.death_counts[err.rank] = self.death_counts.get(err.rank, 0) + 1
+                    if err.cause is DeathCause.HUNG:
+                        self.hang_counts[err.rank] = self.hang_counts.get(err.rank, 0) + 1
                 self.dead[err.rank] = err.cause.value
         if isinstance(err, EngineDeadError) and self.coordinator is not None:
             self.coordinator.engine_dead(err.rank, err.cause.value)

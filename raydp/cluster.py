@@ -259,21 +259,34 @@ class Cluster:
         self._clients[:] = [c for c in self._clients if not c.closed]
         return list(self._clients)
 
-    def wait(self, timeout: float | None = None) -> None:
+    def wait(self, timeout: float | None = None, *, degraded_ok: bool = False) -> None:
         """Block until a component dies for good, then raise its error; Ctrl-C closes the cluster.
 
         Deaths the restart policy recovers from do not end the wait (they are
-        listed in :attr:`deaths`). Returns None if ``timeout`` passes.
+        listed in :attr:`deaths`). With ``degraded_ok`` (how ``raydp serve``
+        waits) a rank that is down for good does not end it either while
+        another rank lives: the wait ends when the last rank is down, or the
+        coordinator or an API server is. Returns None if ``timeout`` passes.
         """
         try:
             with self._dead:
-                self._dead.wait_for(lambda: bool(self._final_deaths()) or self._closed, timeout)
-                final = self._final_deaths()
+                self._dead.wait_for(lambda: bool(self._ending(degraded_ok)) or self._closed, timeout)
+                final = self._ending(degraded_ok)
                 if final:
                     raise final[0]
         except KeyboardInterrupt:
             self.close()
             raise
+
+    def _ending(self, degraded_ok: bool) -> list[ComponentDeadError]:
+        """The final deaths that end a wait (each one, or with ``degraded_ok`` those of all ranks or of others)."""
+        final = self._final_deaths()
+        if not degraded_ok:
+            return final
+        ranks: list[ComponentDeadError] = [e for e in final if isinstance(e, EngineDeadError)]
+        others = [e for e in final if not isinstance(e, EngineDeadError)]
+        down = {e.rank for e in final if isinstance(e, EngineDeadError)}
+        return others or (ranks[-1:] if len(down) >= self.dp_size else [])
 
     def _final_deaths(self) -> list[ComponentDeadError]:
         return [e for e in self._deaths if not getattr(e, "restarting", False)]

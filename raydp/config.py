@@ -25,6 +25,7 @@ TransportKind = Literal["auto", "ipc", "tcp"]
 AuthKind = Literal["curve", "none"]
 ENV_PREFIX = "RAYDP_"
 _NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,40}$"
+STARTUP_REPORT_GRACE_S = 10.0  # a process start and imports before the rank's own startup deadline begins
 
 
 class AutoscalingConfig(BaseModel):
@@ -114,8 +115,25 @@ class RaydpConfig(BaseModel):
     heartbeat_interval_s: float = Field(1.0, gt=0, le=600)
     placement_timeout_s: float = Field(60.0, gt=0)
     startup_timeout_s: float = Field(120.0, gt=0)
+    step_timeout_s: float | None = Field(
+        300.0,
+        ge=1.0,
+        # vLLM's own bound on one execute_model (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS) is 300 s: a step
+        # vLLM would still wait for is never called hung. Chunked prefill keeps real steps far below it.
+        description="a rank whose loop turn (one step, or a collective of its gang) lasts longer is hung: "
+        "it is ended and restarted (None: never)",
+    )
     handshake_timeout_s: float = Field(60.0, gt=0)
-    max_restarts: int = Field(0, ge=0, description="restarts allowed per rank (dense mode)")
+    max_restarts: int = Field(
+        0, ge=0, description="restarts allowed per rank within restart_window_s (dense mode; 0: fail-stop)"
+    )
+    restart_window_s: float = Field(
+        600.0, gt=0, description="restarts older than this no longer count against max_restarts"
+    )
+    restart_backoff_s: float = Field(
+        2.0, ge=0, description="wait before a rank's second restart in the window; doubles with each after it"
+    )
+    restart_backoff_max_s: float = Field(60.0, ge=0, description="the longest wait before a restart")
     coordinator_max_restarts: int = Field(
         3, ge=0, description="restarts allowed for the coordinator (Ray backend; it restarts on its node)"
     )
@@ -136,6 +154,12 @@ class RaydpConfig(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc)) from None
+
+    @property
+    def startup_wait_s(self) -> float:
+        """How long a launcher waits for a rank to start: its own deadline and then some, so that a
+        wedged rank's report (with its stuck stack) arrives before the launcher gives up on it."""
+        return self.startup_timeout_s + STARTUP_REPORT_GRACE_S
 
     def with_changes(self, **changes: Any) -> RaydpConfig:
         """A validated copy with ``changes`` applied (``model_copy`` would skip validation)."""

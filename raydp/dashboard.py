@@ -143,6 +143,12 @@ PANELS: Final[tuple[Panel, ...]] = (
         "since launch; 'dead now' is 1 while the rank is down",
     ),
     Panel(
+        "Hung ranks",
+        "short",
+        (Query(f"max by (cluster, rank) (ray_raydp_rank_hangs{{{CLUSTER}}})", "{{cluster}} rank {{rank}} hangs"),),
+        "deaths since launch whose cause was a hang: a loop turn outlived step_timeout_s, so raydp ended the rank",
+    ),
+    Panel(
         "Request wave",
         "short",
         (Query(f"max by (cluster) (ray_raydp_wave{{{CLUSTER}}})", "{{cluster}}"),),
@@ -168,6 +174,7 @@ LEFT_OUT: Final[dict[str, str]] = {
     "raydp_rank_prefix_cache_hit_rate": "as raydp_rank_waiting",
     "raydp_router_cached_blocks": "what one API server process knows of the ranks' caches: for debugging its routing",
     "raydp_rank_deaths": "deaths each API server saw; ray_raydp_rank_deaths counts them once per cluster",
+    "raydp_rank_hangs": "hangs each API server saw; ray_raydp_rank_hangs counts them once per cluster",
 }
 
 

@@ -12,6 +12,7 @@ Every error raydp raises on purpose derives from :class:`RaydpError`, so
     ├── StartupError           a component failed or timed out while starting
     ├── ComponentDeadError     a running component died (names it, its node, the cause)
     │   ├── EngineDeadError    ... an engine core rank
+    │   │   └── EngineHungError  ... one that made no progress for step_timeout_s (killed for it)
     │   ├── WorkerDeadError    ... a device worker of a rank (fails that rank)
     │   ├── CoordinatorDeadError
     │   └── ProcessDeadError   ... a local process (mp backend, API server)
@@ -73,6 +74,7 @@ class DeathCause(str, Enum):
     OWNER_DIED = "owner died"
     INIT_FAILED = "init failed"
     ENGINE_ERROR = "engine error"
+    HUNG = "hung"
     EXITED = "exited"
     UNKNOWN = "unknown"
 
@@ -121,6 +123,79 @@ class EngineDeadError(ComponentDeadError):
             self.args = (f"{self.args[0]}; restarting it",)
         self.rank = rank
         self.restarting = restarting
+
+
+class EngineHungError(EngineDeadError):
+    """A rank held work and completed no loop turn for ``seconds_without_progress``; raydp ended it.
+
+    ``where`` is its stuck loop thread's Python stack (innermost frame last), as
+    the rank's own watchdog took it. The rank is then treated as dead: its
+    streams migrate and its restart policy applies.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        node_id: str | None,
+        seconds_without_progress: float,
+        where: str,
+        restarting: bool = False,
+    ) -> None:
+        self.seconds_without_progress, self.where = seconds_without_progress, where
+        super().__init__(rank, node_id, DeathCause.HUNG, self.detail_text(), restarting)
+        node = (node_id or "?")[:12]
+        restart = "; restarting it" if restarting else ""
+        self.args = (
+            f"engine rank {rank} on node {node} hung: no progress for {seconds_without_progress:.1f}s, "
+            f"stuck in {_innermost_frame(where)}{restart}",
+        )
+
+    def detail_text(self) -> str:
+        """``detail`` as it travels where only text goes (Ray's death reports, the mp death pipe)."""
+        return f"{_HUNG_PREFIX}{self.seconds_without_progress:.3f}s\n{self.where}"
+
+    @classmethod
+    def from_detail(
+        cls, rank: int, node_id: str | None, detail: str, restarting: bool = False
+    ) -> EngineHungError | None:
+        """The error :meth:`detail_text` described, found in ``detail`` (None when it holds none)."""
+        start = detail.find(_HUNG_PREFIX)
+        if start < 0:
+            return None
+        head, _, where = detail[start + len(_HUNG_PREFIX) :].partition("\n")
+        try:
+            seconds = float(head.rstrip("s"))
+        except ValueError:
+            return None
+        return cls(rank, node_id, seconds, where.rstrip(), restarting)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.rank, self.node_id, self.seconds_without_progress, self.where, self.restarting))
+
+
+_HUNG_PREFIX = "raydp-hung: no progress for "
+
+
+def _innermost_frame(where: str) -> str:
+    """'name (file:line)' of the last frame in a formatted stack, or '?'."""
+    lines = [line.strip() for line in where.splitlines() if line.strip().startswith("File ")]
+    if not lines:
+        return "?"
+    # 'File "/x/y.py", line 12, in name'
+    path, _, rest = lines[-1].removeprefix("File ").partition(", line ")
+    line, _, name = rest.partition(", in ")
+    return f"{name} ({path.strip(chr(34)).rsplit('/', 1)[-1]}:{line})"
+
+
+def engine_death(
+    rank: int, node_id: str | None, cause: DeathCause, detail: str = "", restarting: bool = False
+) -> EngineDeadError:
+    """The error a rank's death is reported with: :class:`EngineHungError` when its watchdog ended it."""
+    if cause is DeathCause.HUNG:
+        hung = EngineHungError.from_detail(rank, node_id, detail, restarting)
+        if hung is not None:
+            return hung
+    return EngineDeadError(rank, node_id, cause, detail, restarting)
 
 
 class WorkerDeadError(ComponentDeadError):

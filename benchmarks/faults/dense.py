@@ -103,7 +103,12 @@ def run_rows(trials: int) -> list[FaultRow]:
 
     local = LocalRay((2, 2))
     rows: list[FaultRow] = []
-    restarts: dict[str, Any] = {"max_restarts": 1000, "coordinator_max_restarts": 1000, "progress": False}
+    restarts: dict[str, Any] = {
+        "max_restarts": 1000,
+        "restart_backoff_s": 0,  # recovery itself, not the policy's backoff
+        "coordinator_max_restarts": 1000,
+        "progress": False,
+    }
     try:
         with raydp.launch(
             name="fbdense", dp_size=4, dp_size_local=2, engine_kwargs={"step_delay_s": 0.005}, **restarts

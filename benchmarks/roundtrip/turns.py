@@ -47,6 +47,7 @@ ROUNDS = 3  # rounds of each system measured on its own (Ray's)
 OURS, FLOOR = "raydp (DP=2)", "raw ZMQ + msgspec (2 server procs)"
 CURVE = "raydp over TCP + CURVE (the cross-node path)"
 TCP, PIPE = "raydp over TCP, auth='none'", "raw ZMQ PUSH/PULL + msgspec, one pipe (the second floor)"
+UNWATCHED = "raydp, progress watchdog off (step_timeout_s=None)"
 
 
 class Runner(Protocol):
@@ -83,13 +84,15 @@ def _raydp_runners(stack: contextlib.ExitStack[Any], sizes: Sizes) -> dict[str, 
 
     clusters: dict[str, Any] = {}
 
-    def cluster(auth: str) -> Any:  # launched on first use, closed with the stack
-        if auth not in clusters:
-            name = "bench" if auth == "curve" else f"bench-{auth}"
-            clusters[auth] = stack.enter_context(
-                raydp.launch(name=name, dp_size=DP_SIZE, engine=ECHO_ENGINE, progress=False, auth=auth)
+    def cluster(auth: str, watched: bool = True) -> Any:  # launched on first use, closed with the stack
+        key = f"{auth}{'' if watched else '-unwatched'}"
+        if key not in clusters:
+            name = "bench" if key == "curve" else f"bench-{key}"
+            timeout = {} if watched else {"step_timeout_s": None}
+            clusters[key] = stack.enter_context(
+                raydp.launch(name=name, dp_size=DP_SIZE, engine=ECHO_ENGINE, progress=False, auth=auth, **timeout)
             )
-        return clusters[auth]
+        return clusters[key]
 
     def from_elsewhere(auth: str) -> Any:
         """A client that takes the cross-node path: not on the engines' node, so TCP (CURVE with it)."""
@@ -103,6 +106,7 @@ def _raydp_runners(stack: contextlib.ExitStack[Any], sizes: Sizes) -> dict[str, 
         many: lambda: ManyRunner(cluster("curve").client(), sizes.window),
         CURVE: lambda: EchoRunner(RaydpTarget(from_elsewhere("curve")), sizes),
         TCP: lambda: EchoRunner(RaydpTarget(from_elsewhere("none")), sizes),
+        UNWATCHED: lambda: EchoRunner(RaydpTarget(cluster("curve", watched=False).client()), sizes),
     }
 
 
@@ -213,6 +217,12 @@ def _floor_ratios(results: list[RoundTrip]) -> list[str]:
                 f"same-node IPC / {name.removeprefix('raydp over ')} pipelined = "
                 f"{ours.pipelined_rps / other.pipelined_rps:.2f} (>= 1){_ratio_range(ours, other)}"
             )
+    unwatched = found.get(UNWATCHED)
+    if ours and unwatched:
+        lines.append(
+            f"watchdog on / off pipelined = {ours.pipelined_rps / unwatched.pipelined_rps:.2f} (~1: it costs "
+            f"one clock read per loop turn){_ratio_range(ours, unwatched)}"
+        )
     if many and pipe:
         lines.append(
             f"submit_many / one raw pipe = {many.pipelined_rps / pipe.pipelined_rps:.2f} "
@@ -226,7 +236,7 @@ def round_trip_table(results: list[RoundTrip], sizes: Sizes) -> list[str]:
     lines = [
         f"### Request round trips (DP=2, prompt of {len(PROMPT)} tokens, max_tokens=1)",
         "",
-        f"The first six systems are open at once and take {sizes.turns} turns, in rotating order: each turn, "
+        f"The first seven systems are open at once and take {sizes.turns} turns, in rotating order: each turn, "
         f"a pipelined window of {sizes.pipelined_s:g} s ({sizes.window} in flight) and {sizes.sequential} "
         f"requests one at a time each; figures are medians over turns, ratios are taken turn by turn. The IPC, "
         f"TCP + CURVE and submit_many rows are three clients of one cluster (a client off the engines' node "

@@ -18,10 +18,18 @@ from raydp.cli.signals import install_stop_handlers
 from raydp.cli.vllm_flags import is_vllm
 from raydp.client.balancer import POLICIES
 from raydp.config import AutoscalingConfig
-from raydp.errors import ConfigError
+from raydp.errors import ConfigError, EngineDeadError, StartupError
+from raydp.serve.readiness import PROBE_PROMPT
 from raydp.serve.settings import ServeEnvironment, ServerSettings
 
-PRESETS = SERVING_PRESETS
+# A server restarts a dead rank by default, as Ray Serve restarts a replica and Kubernetes a pod:
+# nobody is there to decide. 3 restarts within the 10-minute window (Kubernetes resets a pod's
+# backoff after 10 minutes of running well): a rank that fails more often than that fails for a
+# reason a restart will not fix (a bad device, a request that crashes its engine each time), and
+# each restart reloads the model. Repeats wait 2 s, doubling up to 60 s (the config's defaults:
+# Kubernetes starts at 10 s, but a model load already spaces engine restarts by tens of seconds).
+SERVE_MAX_RESTARTS = 3
+PRESETS = {**SERVING_PRESETS, "max_restarts": SERVE_MAX_RESTARTS}
 CONFIG_FLAGS = (
     "name",
     "dp_size",
@@ -34,6 +42,9 @@ CONFIG_FLAGS = (
     "placement_strategy",
     "node_allowlist",
     "max_restarts",
+    "restart_window_s",
+    "restart_backoff_s",
+    "step_timeout_s",
     "transport",
     "auth",
     "detached",
@@ -47,8 +58,10 @@ def add_parser(sub: Any) -> None:
         description="Launch a data-parallel cluster and N API server processes sharing one "
         "listening socket, with an OpenAI-compatible HTTP API (POST /v1/completions, "
         "GET /v1/models; POST /v1/generate, GET /health, GET /metrics), optionally behind API keys and "
-        "over HTTPS. Exits non-zero naming the "
-        "component if any engine, the coordinator or an API server dies; Ctrl-C shuts "
+        "over HTTPS. A dead or hung rank is restarted (--max-restarts per --restart-window-s); one "
+        "past its budget stays down and the others serve on, degraded. Exits non-zero naming the "
+        "component once no rank lives, or the coordinator or an API server is down for good "
+        "(with --fail-stop: at the first death); Ctrl-C shuts "
         f"everything down cleanly. Engines by short name: {', '.join(sorted(ENGINES))}; "
         "or a 'module:Class' path.",
     )
@@ -77,6 +90,12 @@ def add_parser(sub: Any) -> None:
         help="ray (default): actors on the Ray cluster; mp: local processes, no Ray",
     )
     p.add_argument("--address", default=None, help="Ray address (default: ambient cluster or a local one)")
+    p.add_argument(
+        "--fail-stop",
+        action="store_true",
+        help="no restarts, and stop serving at the first death of any rank (for a batch job that must not "
+        "run short); the default restarts a dead rank and serves on without it once its budget is spent",
+    )
     p.add_argument(
         "--graceful-shutdown-s",
         type=float,
@@ -160,6 +179,12 @@ def run(args: argparse.Namespace) -> int:
     from raydp.api import launch
 
     config = with_engine_flags(config_from_args(args, CONFIG_FLAGS, PRESETS), args, {})
+    if args.fail_stop:
+        if getattr(args, "max_restarts", 0):
+            raise ConfigError(
+                f"--max-restarts={args.max_restarts!r}: --fail-stop restarts nothing; give one of the two"
+            )
+        config = config.with_changes(max_restarts=0)
     if args.autoscale is not None:
         scaling = AutoscalingConfig.parse(args.autoscale)
         size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.dp_size))
@@ -169,13 +194,53 @@ def run(args: argparse.Namespace) -> int:
     install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
     with cluster:
         urls = _start_api_servers(cluster, args, settings)
+        _first_generation(cluster, config.startup_timeout_s)
         print(
             f"raydp {cluster.name}: {cluster.dp_size} ranks, {args.lb_mode} API servers at "
             f"{' '.join(urls)} (POST /v1/completions, /v1/chat/completions); Ctrl-C to stop",
             flush=True,
         )
-        cluster.wait()  # a stop signal raises here, and the with-block closes everything
+        serve_until_down(cluster, fail_stop=args.fail_stop)  # a stop signal raises here; the with-block closes
     return 0
+
+
+def _first_generation(cluster: Any, timeout_s: float) -> None:
+    """Every rank generates one token before the banner: a rank that loaded but cannot generate fails startup."""
+    with cluster.client() as client:
+        handles = [client.submit(PROBE_PROMPT, max_tokens=1, rank=rank) for rank in range(cluster.dp_size)]
+        for rank, handle in enumerate(handles):
+            try:
+                handle.result(timeout=timeout_s)
+            except TimeoutError:
+                raise StartupError(
+                    f"engine rank {rank} generated no token within startup_timeout_s={timeout_s:g}"
+                ) from None
+
+
+def serve_until_down(cluster: Any, fail_stop: bool) -> None:
+    """Wait, saying each rank death as it comes; raise once the service is down (see the command's help)."""
+    if fail_stop:
+        cluster.wait()
+        return
+    said = 0
+    while True:
+        cluster.wait(timeout=0.5, degraded_ok=True)
+        deaths = cluster.deaths
+        for death in deaths[said:]:
+            _say_death(cluster, death, deaths)
+        said = len(deaths)
+
+
+def _say_death(cluster: Any, death: Exception, deaths: list[Any]) -> None:
+    """A rank down for good leaves the service degraded: say so (the death itself is logged already)."""
+    if getattr(death, "restarting", False) or not isinstance(death, EngineDeadError):
+        return
+    down = {d.rank for d in deaths if isinstance(d, EngineDeadError) and not d.restarting}
+    print(
+        f"raydp {cluster.name}: engine rank {death.rank} stays down (its restart budget is spent): serving degraded "
+        f"on {cluster.dp_size - len(down)} of {cluster.dp_size} ranks",
+        flush=True,
+    )
 
 
 def _server_settings(args: argparse.Namespace, engine: object = None) -> ServerSettings:

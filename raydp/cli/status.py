@@ -79,13 +79,18 @@ def report(status: ClusterStatus) -> dict[str, Any]:
                 "work": state.work[r] if r < len(state.work) and state.work[r] >= 0 else None,
                 "prefix_cache_hit_rate": _hit_rate(state.prefix_cache, r),
                 "deaths": state.deaths[r],
+                "hangs": state.hangs[r] if r < len(state.hangs) else 0,
                 "restarts": state.restarts[r],
                 "state": f"dead ({state.dead[r]})" if r in state.dead else "serving",
             }
         )
+    down = sum(r["state"] != "serving" for r in ranks)
     return {
         "name": status.name,
         "dp_size": len(ranks),
+        "health": "serving"
+        if not down
+        else (f"degraded ({down} of {len(ranks)} ranks down)" if down < len(ranks) else "down"),
         "wave": state.wave,
         "running": state.running,
         "lockstep": info.lockstep,
@@ -111,9 +116,11 @@ def format_report(report: dict[str, Any]) -> str:
     wave = f"wave {report['wave']} ({'running' if report['running'] else 'paused'})"
     lines = [
         f"cluster {report['name']}: {report['dp_size']} ranks, {mode}, {wave}, "
-        f"engine {report['engine']}, capacity {report['capacity']}"
+        f"engine {report['engine']}, capacity {report['capacity']}, {report['health']}"
     ]
-    rows = [["rank", "node", "devices", "waiting", "running", "work", "cache hits", "deaths", "restarts", "state"]]
+    rows = [
+        ["rank", "node", "devices", "waiting", "running", "work", "cache hits", "deaths", "hangs", "restarts", "state"]
+    ]
     for r in report["ranks"]:
         devices = f"{report['accelerator']} {','.join(r['devices'])}" if r["devices"] else "-"
         work = "-" if r.get("work") is None else str(r["work"])
@@ -128,6 +135,7 @@ def format_report(report: dict[str, Any]) -> str:
                 work,
                 hits,
                 str(r["deaths"]),
+                str(r["hangs"]),
                 str(r["restarts"]),
                 r["state"],
             ]

@@ -51,6 +51,7 @@ def describe(
         dead=dict(state.dead),
         deaths=list(state.deaths),
         restarts=list(state.restarts),
+        hangs=list(state.hangs),
         dropped=dropped + state.rejected,
         broadcasts=broadcasts,
         subscribed=sorted(subscribed),

@@ -37,6 +37,7 @@ class Restored(msgspec.Struct, frozen=True):
     nodes: dict[int, str] = {}
     deaths: list[int] = []
     restarts: list[int] = []
+    hangs: list[int] = []
 
 
 @dataclass

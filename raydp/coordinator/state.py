@@ -24,6 +24,7 @@ from raydp.coordinator.cache import CachePictures
 from raydp.coordinator.hold import GangHold
 from raydp.coordinator.publish import describe, snapshot
 from raydp.coordinator.resync import WITHHOLD_S, Restored, ResyncTracker
+from raydp.errors import DeathCause
 from raydp.wire.control import (
     CacheReport,
     CacheWanted,
@@ -70,6 +71,7 @@ class CoordinatorState:
     moved: dict[int, list[str]] = field(default_factory=dict)
     deaths: list[int] = field(default_factory=list)  # per rank, for operators (raydp status, metrics)
     restarts: list[int] = field(default_factory=list)
+    hangs: list[int] = field(default_factory=list)  # deaths whose cause was a hang
     rejected: int = 0
     size: int = -1  # ranks clients route new requests to; the rest drain (-1: all)
     nodes: dict[int, str] = field(default_factory=dict)  # node of each rank in ``moved``
@@ -93,6 +95,7 @@ class CoordinatorState:
         self.work = (self.work + [-1] * n)[:n]
         self.deaths = (self.deaths + [0] * n)[:n]
         self.restarts = (self.restarts + [0] * n)[:n]
+        self.hangs = (self.hangs + [0] * n)[:n]
         self.cache.resize(n)
         for table in (self.dead, self.moved, self.nodes):
             for rank in [r for r in table if r >= n]:  # a removed rank's notices go with it
@@ -112,6 +115,7 @@ class CoordinatorState:
         self.nodes = {r: node for r, node in restored.nodes.items() if 0 <= r < n}
         self.deaths = (list(restored.deaths) + [0] * n)[:n]
         self.restarts = (list(restored.restarts) + [0] * n)[:n]
+        self.hangs = (list(restored.hangs) + [0] * n)[:n]
         self.resync = ResyncTracker(set(range(n)) - set(self.dead), now, self.stats_interval_s)
         self.changed = True
 
@@ -239,6 +243,7 @@ class CoordinatorState:
         if isinstance(msg, EngineDead):
             if msg.rank not in self.dead:  # the same death may be reported twice
                 self.deaths[msg.rank] += 1
+                self.hangs[msg.rank] += msg.cause == DeathCause.HUNG.value
             self.dead[msg.rank] = msg.cause
             self.cache.forget(msg.rank)
             self.counts[msg.rank] = [0, 0]

@@ -12,6 +12,7 @@ Modules:
 - ``executor``: what an engine sees of its device workers, and what a worker implements;
 - ``host``: one rank in any process (build the engine, handshake, run the loop);
 - ``loop``: the per-rank step loop;
+- ``watchdog``: the loop on a thread of its own, watched for a turn that outlives ``step_timeout_s``;
 - ``sockets``: its sockets and how it waits on them;
 - ``cache_report``: sending an engine's prefix-cache events to the coordinator;
 - ``outbox``: its non-blocking sends to clients;

@@ -23,8 +23,9 @@ from raydp.engine.executor import WORKER_CLASS_ATTR, Executor, ExecutorFactory, 
 from raydp.engine.lockstep import LockstepRank
 from raydp.engine.loop import COUNTERS, EngineLoop
 from raydp.engine.sockets import EngineSockets
+from raydp.engine.watchdog import run_watched, startup_deadline
 from raydp.engine.waves import EngineWaves
-from raydp.errors import ConfigError
+from raydp.errors import ConfigError, EngineHungError
 from raydp.logs import configure_component_logging
 from raydp.wire.control import Regroup
 from raydp.wire.endpoints import CoordinatorEndpoints
@@ -89,13 +90,14 @@ class EngineHost:
         factory = check_engine_class(engine_cls, config.engine) if engine_cls else load_engine_class(config.engine)
         self.executor: Executor | None = None
         try:
-            self.executor = self._start_workers(factory, device_ids, executor_factory)
-            context = EngineContext(
-                rank, local_rank, config.dp_size, config.world_size, node_id, device_ids, self.executor
-            )
-            if self.executor is None:  # with workers, each worker sees only its own device
-                set_device_visibility(config.accelerator, device_ids)
-            self.engine = factory(context, **config.engine_kwargs)
+            with startup_deadline(config.startup_timeout_s, f"engine rank {rank} on node {node_id[:12]}"):
+                self.executor = self._start_workers(factory, device_ids, executor_factory)
+                context = EngineContext(
+                    rank, local_rank, config.dp_size, config.world_size, node_id, device_ids, self.executor
+                )
+                if self.executor is None:  # with workers, each worker sees only its own device
+                    set_device_visibility(config.accelerator, device_ids)
+                self.engine = factory(context, **config.engine_kwargs)
         except BaseException:
             self._close_workers()
             raise
@@ -198,11 +200,24 @@ class EngineHost:
                 timeout_s=self.config.handshake_timeout_s,
             )
             self._serve(init, inputs, opts)
+        except EngineHungError as exc:
+            # The stuck loop thread still holds the engine, its workers and its sockets:
+            # closing them from here could block too. The process ends (its backend
+            # kills it), and that frees them; only the socket files are removed here.
+            with self._lock:
+                self._loop = None
+            if self.on_failure is not None:
+                self.on_failure(exc)
+            self.ipc_dir.remove()
+            raise
         except BaseException as exc:
             if self.on_failure is not None:  # before the (slow) teardown, so the death is known at once
                 self.on_failure(exc)
+            with self._lock:
+                self._loop = None
+            self._release()
             raise
-        finally:
+        else:
             with self._lock:
                 self._loop = None
             self._release()
@@ -244,7 +259,11 @@ class EngineHost:
                 self._loop = loop
                 if self._failure is not None:  # a worker died during the handshake
                     loop.fail(self._failure)
-            loop.run()
+            run_watched(loop.run, loop.clock, self.config.step_timeout_s, self._hung, f"raydp-dp{self.rank}-loop")
+
+    def _hung(self, seconds: float, where: str) -> EngineHungError:
+        logger.error("rank %d made no progress for %.1fs; its loop thread is in:\n%s", self.rank, seconds, where)
+        return EngineHungError(self.rank, self.node_id, seconds, where)
 
     def _make_loop(self, init: Init, sockets: EngineSockets) -> EngineLoop:
         parallel = init.parallel

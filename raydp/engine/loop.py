@@ -33,6 +33,7 @@ from raydp.engine.executor import WORKER_DESCRIBE, Executor
 from raydp.engine.lockstep import LockstepRank
 from raydp.engine.outbox import Outbox
 from raydp.engine.sockets import EngineSockets
+from raydp.engine.watchdog import TurnClock
 from raydp.errors import ProtocolError
 from raydp.wire.codec import encode
 from raydp.wire.control import EngineReport, EngineStats, Resync, SendCache, Shutdown, engine_broadcast_decoder
@@ -98,6 +99,7 @@ class EngineLoop:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._drops = DropLog(logger, f"rank {rank}")
         self._cache = CacheReporter(engine, rank, self._to_coordinator, stats_interval_s)
+        self.clock = TurnClock()  # read by the host's watchdog from another thread
 
     # ---- the loop ---------------------------------------------------------------
 
@@ -106,7 +108,9 @@ class EngineLoop:
         try:
             self._publish_load(force=True)  # at once, not after the first (possibly idle) poll
             has_work, stepping = self._recheck()
+            clock = self.clock
             while not self._stopping:
+                clock.turn_started = time.monotonic()
                 if self._failure is not None:
                     raise self._failure
                 if self.sockets.apply_move():  # the coordinator moved: tell the new one the load at once
@@ -175,6 +179,7 @@ class EngineLoop:
             self._send_outputs(self.engine.step())
         else:
             self.engine.execute_dummy_batch()
+        self.clock.steps += 1
         left = self.engine.has_unfinished()
         if self.lockstep is not None:
             self.lockstep.after_step(left)

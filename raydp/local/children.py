@@ -9,6 +9,7 @@ control pipe (``wait_for_engines``, ``wait_for_rank``, ``state``,
 
 from __future__ import annotations
 
+import os
 import threading
 from multiprocessing.connection import Connection
 from typing import Any
@@ -16,11 +17,12 @@ from typing import Any
 import msgspec
 
 from raydp.config import RaydpConfig
-from raydp.errors import ComponentDeadError, DeathCause
+from raydp.errors import ComponentDeadError, DeathCause, EngineHungError
 from raydp.processes import leave_last_words, on_stop_signals, set_process_title, watch_parent
 from raydp.wire.transport import socket_options
 
 LOCAL_NODE = "local"
+HUNG_EXIT_CODE = 70  # EX_SOFTWARE; the death pipe carries the reason
 
 
 def send(conn: Connection, value: Any) -> None:
@@ -50,6 +52,9 @@ def engine_main(config: RaydpConfig, rank: int, addresses: list[str], prefix: st
         on_stop_signals(host.shutdown)
         watch_parent(death_pipe, host.shutdown)
         host.run(addresses)
+    except EngineHungError as exc:
+        last_words(exc)
+        os._exit(HUNG_EXIT_CODE)  # the stuck loop thread would hold the interpreter's teardown
     except BaseException as exc:
         last_words(exc)
         raise
@@ -64,7 +69,8 @@ class LastWords(msgspec.Struct, frozen=True):
 
 def encode_death(exc: BaseException) -> bytes:
     cause = exc.cause.value if isinstance(exc, ComponentDeadError) else DeathCause.ENGINE_ERROR.value
-    return msgspec.msgpack.encode(LastWords(cause, f"{type(exc).__name__}: {exc}"))
+    message = exc.detail if isinstance(exc, EngineHungError) else f"{type(exc).__name__}: {exc}"
+    return msgspec.msgpack.encode(LastWords(cause, message))
 
 
 def decode_death(words: bytes | None) -> LastWords | None:

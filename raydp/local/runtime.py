@@ -136,7 +136,7 @@ class ProcessRuntime:
                 {r.rank: True for r in records},
                 init_for,
                 cfg.config_hash(),
-                cfg.startup_timeout_s,
+                cfg.startup_wait_s,
                 liveness=lambda: self.check_alive(records),
                 progress=progress,
             )

@@ -13,6 +13,7 @@ Modules:
 - ``ranks``: the rank table, one ``RankRecord`` per rank;
 - ``runtime``: the ``Runtime`` interface the backends implement;
 - ``restart``: restarting one dense rank (the one restart procedure of both backends);
+- ``budget``: a dense rank's restart budget: restarts per sliding window, and the backoff before each;
 - ``gang``: restarting a lockstep gang;
 - ``coordinator_restart``: restarting the coordinator at its addresses;
 - ``scaling``: growing and shrinking a running cluster, step by step;

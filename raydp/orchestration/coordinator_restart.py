@@ -134,5 +134,6 @@ class CoordinatorRestarts:
                 nodes={ep.rank: ep.node_id for ep in o.endpoints.engines},
                 deaths=[reports.death_counts.get(r, 0) for r in range(n)],
                 restarts=[reports.restart_counts.get(r, 0) for r in range(n)],
+                hangs=[reports.hang_counts.get(r, 0) for r in range(n)],
             )
         return o.coordinator_endpoints, restored

@@ -79,7 +79,7 @@ class Orchestrator:
         self.dp_master = ""
         self.dp_size = config.dp_size  # what a rank's INIT says: the size now (a scale change moves it)
         self.wave = 0  # the wave a rank joining a running lockstep cluster starts in
-        self.dense = DenseRestarts(self, config.max_restarts)
+        self.dense = DenseRestarts(self, config)
         self.gang = GangRestarts(self, config.max_restarts if runtime.restarts_gangs else 0)
         self.coordinator_restarts = CoordinatorRestarts(
             self, config.coordinator_max_restarts if runtime.restarts_coordinator else 0

@@ -17,7 +17,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from raydp.errors import DeathCause, EngineDeadError
+from raydp.errors import DeathCause, EngineDeadError, engine_death
 
 if TYPE_CHECKING:
     from raydp.orchestration.core import Orchestrator
@@ -43,7 +43,7 @@ class GangRestarts:
         if rank not in o.table:
             return
         restarting = self.left > 0 and not o.closing()
-        o.reports.died(EngineDeadError(rank, o.table[rank].node_id, cause, detail, restarting))
+        o.reports.died(engine_death(rank, o.table[rank].node_id, cause, detail, restarting))
         if not restarting:
             if not self.stopped:
                 self.stopped = True

@@ -1,7 +1,8 @@
 """Restarting one dense rank: in its own placement, or re-placed when its node died.
 
 A dense rank serves alone, so it restarts alone while its budget
-(``max_restarts``, per rank) lasts: the dead engine is ended and waited for
+(``max_restarts`` per rank within ``restart_window_s``, each repeat after an
+exponential backoff: :mod:`raydp.orchestration.budget`) lasts: the dead engine is ended and waited for
 (its name and resources must be free), a successor is created with the
 devices the rank had (or, after a node death, in a new placement on the nodes
 that remain, probed afresh), it handshakes, subscribes to the coordinator,
@@ -15,8 +16,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from raydp.backend import RestartBudget
-from raydp.errors import DeathCause, EngineDeadError
+from raydp.config import RaydpConfig
+from raydp.errors import DeathCause, engine_death
+from raydp.orchestration.budget import RestartBudget
 from raydp.orchestration.ranks import RankRecord
 from raydp.orchestration.runtime import CoordinatorUnavailableError
 
@@ -29,35 +31,45 @@ logger = logging.getLogger("raydp.manager")
 class DenseRestarts:
     """The dense restart policy of one cluster (callers hold the orchestrator's report lock)."""
 
-    def __init__(self, orchestrator: Orchestrator, max_restarts: int) -> None:
+    def __init__(self, orchestrator: Orchestrator, config: RaydpConfig) -> None:
         self.o = orchestrator
-        self.budget = RestartBudget(max_restarts)  # granted at startup and on scale-ups
+        self.budget = RestartBudget(  # granted at startup and on scale-ups
+            config.max_restarts,
+            window_s=config.restart_window_s,
+            backoff_s=config.restart_backoff_s,
+            backoff_max_s=config.restart_backoff_max_s,
+        )
 
     def on_death(self, rank: int, cause: DeathCause, detail: str) -> None:
         """Report the death, restarting the rank on a thread of its own if the policy allows."""
         o = self.o
         if rank not in o.table:
             return  # a rank a scale-down removed meanwhile
-        restarting = self.may_restart(rank, cause)
-        o.reports.died(EngineDeadError(rank, o.table[rank].node_id, cause, detail, restarting))
-        if restarting:
-            o.in_background(f"raydp-restart-{rank}", self.restart, rank, cause)
+        delay = self.may_restart(rank, cause)
+        o.reports.died(engine_death(rank, o.table[rank].node_id, cause, detail, delay is not None))
+        if delay is not None:
+            o.in_background(f"raydp-restart-{rank}", self.restart, rank, cause, delay)
 
-    def may_restart(self, rank: int, cause: DeathCause) -> bool:
+    def may_restart(self, rank: int, cause: DeathCause) -> float | None:
+        """The backoff before restarting ``rank``, or None when it stays down."""
         if self.o.closing():
-            return False
+            return None
         if cause is DeathCause.NODE_DIED and not self.o.table[rank].owns_group:
-            return False  # the user's own group died with its node: not ours to re-place
+            return None  # the user's own group died with its node: not ours to re-place
         return self.budget.take(rank)
 
-    def restart(self, rank: int, cause: DeathCause) -> None:
-        """End the old engine, start its successor, rejoin it; see the module docstring."""
+    def restart(self, rank: int, cause: DeathCause, delay_s: float = 0.0) -> None:
+        """End the old engine, start its successor after ``delay_s``, rejoin it; see the module docstring."""
         o = self.o
         record = o.table[rank]
         try:
             # An engine whose step raised is still alive, holding its name and its
             # resources: it must be gone before its successor can take them.
             o.rt.kill([record])
+            if delay_s > 0:
+                logger.warning("engine rank %d restarts in %.1fs (backoff)", rank, delay_s)
+                if o.owned.stop.wait(delay_s):
+                    return  # closing: no successor
             if cause is DeathCause.NODE_DIED:
                 record = self.replace(record)
             with o.owned.lock:

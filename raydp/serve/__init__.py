@@ -20,6 +20,7 @@ Modules:
 - ``api_keys``: the bearer-key check, as ASGI middleware;
 - ``responses``: JSON bodies and server-sent events;
 - ``metrics``: Prometheus metrics of one API server process;
+- ``readiness``: ``GET /ready``, a one-token probe of every rank (a route, or middleware in vLLM's app);
 - ``rank_series``: raydp's per-rank series, described once: read at scrape time (raydp's server) or
   pushed into the default registry (vLLM's front-end, multiprocess mode included);
 - ``server``: uvicorn on a socket that N processes share, over HTTP or HTTPS;

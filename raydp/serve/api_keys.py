@@ -4,7 +4,7 @@ With keys configured, every request to a ``/v1/`` route (and ``/metrics``
 when protected) must carry ``Authorization: Bearer KEY`` with one of them,
 as OpenAI's SDKs send their ``api_key``. Anything else gets a 401 in
 OpenAI's error shape (code ``invalid_api_key``) with ``WWW-Authenticate:
-Bearer``, before the body is read. ``/health`` stays open for probes.
+Bearer``, before the body is read. ``/health`` and ``/ready`` stay open for probes.
 
 Why digests: the presented key is hashed and compared with every configured
 key's SHA-256 digest by :func:`hmac.compare_digest`, all of them, every time.

@@ -7,12 +7,13 @@ Routes:
   tokenizer's chat template (:mod:`.chat`);
 * ``POST /v1/generate``: ``{"prompt_token_ids", "max_tokens", "rank"?}`` -> ``{"token_ids"}``;
 * ``GET /v1/models``: the one model served, in OpenAI's list shape;
-* ``GET /health``: ``{"status": "ok", "client_index": i, "client_count": n}``;
+* ``GET /health``: ``{"status": "ok", "client_index": i, "client_count": n}`` (liveness: the process answers);
+* ``GET /ready``: 200 while ``ready_quorum`` ranks generate a one-token probe, else 503 (:mod:`.readiness`);
 * ``GET /metrics``: Prometheus metrics of this process (:mod:`.metrics`).
 
 With ``api_keys``, the ``/v1/`` routes (and ``/metrics`` if
 ``protect_metrics``) need one of them as a bearer token (:mod:`.api_keys`);
-``/health`` never does. Text is encoded and decoded with the server's
+``/health`` and ``/ready`` never do. Text is encoded and decoded with the server's
 tokenizer (:mod:`raydp.text`).
 Every error is JSON in OpenAI's error shape (:mod:`.api_errors`). The app
 runs under any ASGI server; :func:`~raydp.serve.server.serve_on_socket` is the
@@ -42,6 +43,7 @@ from raydp.serve.completions import GenerationRoutes
 from raydp.serve.draining import InFlight
 from raydp.serve.generation import ClientGoneError
 from raydp.serve.metrics import CLIENT_GONE, ApiMetrics, RequestMetrics
+from raydp.serve.readiness import READY_PATH, Readiness
 from raydp.serve.responses import JSON
 from raydp.serve.settings import MAX_TOKENS_LIMIT, ServerSettings
 from raydp.text.tokenizer import load_tokenizer
@@ -60,13 +62,14 @@ def build_app(
     tokenizer: str | None = None,
     api_keys: Sequence[str] = (),
     protect_metrics: bool = False,
+    ready_quorum: int = 1,
 ) -> Starlette:
     """The API app: ``model`` is the id it serves; ``tokenizer`` a local directory with the
     Hugging Face tokenizer for text and chat (default: the byte tokenizer); token ids must be below
     ``vocab_size`` (default: the tokenizer's vocabulary if one is given, else any id < 2**31);
     ``metrics`` defaults to a fresh :class:`ApiMetrics` of ``client``; ``in_flight`` tracks its
     running requests, for a server that stops (:mod:`.draining`); ``api_keys`` and
-    ``protect_metrics`` as in :class:`~raydp.serve.settings.ServerSettings`."""
+    ``protect_metrics`` and ``ready_quorum`` as in :class:`~raydp.serve.settings.ServerSettings`."""
     ServerSettings(
         model=model,
         max_body_bytes=max_body_bytes,
@@ -76,6 +79,7 @@ def build_app(
         tokenizer=tokenizer,
         api_keys=tuple(api_keys),
         protect_metrics=protect_metrics,
+        ready_quorum=ready_quorum,
     )  # ConfigError
     text = load_tokenizer(tokenizer)  # raises ConfigError
     if vocab_size is None and tokenizer is not None:
@@ -97,6 +101,12 @@ def build_app(
     async def health(request: Request) -> Response:
         return JSON({"status": "ok", "client_index": client.client_index, "client_count": client.client_count})
 
+    readiness = Readiness(client, ready_quorum)
+
+    async def ready(request: Request) -> Response:
+        status, body = await readiness.verdict()
+        return JSON(body, status_code=status)
+
     async def models(request: Request) -> Response:
         card = {"id": model, "object": "model", "created": created, "owned_by": "raydp"}
         return JSON({"object": "list", "data": [card]})
@@ -111,6 +121,7 @@ def build_app(
         Route("/v1/generate", generation.generate, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route(READY_PATH, ready, methods=["GET"]),
         Route("/metrics", scrape, methods=["GET"]),
     ]
 

@@ -14,6 +14,7 @@
   engines that report ``work()`` (what routing breaks ties by);
 * ``raydp_rank_dead{rank}``: 1 while the coordinator reports the rank dead;
 * ``raydp_rank_deaths_total{rank}``: live-to-dead changes this process saw
+* ``raydp_rank_hangs_total{rank}``: those whose cause was a hang its watchdog caught
   (snapshots are looked at every ``WATCH_INTERVAL_S`` and at each scrape);
 * ``raydp_api_server_info{client_index,client_count}``: which of the N
   processes sharing the port answered this scrape.
@@ -34,7 +35,7 @@ from prometheus_client.exposition import choose_encoder
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from raydp.client.client import Client
-from raydp.serve.rank_series import DEATHS, SnapshotCollector
+from raydp.serve.rank_series import DEATHS, HANGS, DeathWatch, SnapshotCollector, count_deaths
 
 WATCH_INTERVAL_S = 0.5
 CLIENT_GONE = 499  # nginx's "client closed request": nobody received an answer
@@ -63,7 +64,8 @@ class ApiMetrics:
         )
         self.tokens = Counter("raydp_generated_tokens", "tokens sent to clients", registry=r)
         self.deaths = Counter(*DEATHS, ["rank"], registry=r)
-        self._dead_now: set[int] = set()
+        self.hangs = Counter(*HANGS, ["rank"], registry=r)
+        self._watch = DeathWatch()
         r.register(SnapshotCollector(client))
 
     def record_request(self, route: str, status: int, seconds: float) -> None:
@@ -72,13 +74,7 @@ class ApiMetrics:
 
     def observe_deaths(self) -> None:
         """Count the ranks that went from live to dead since the last look (event-loop thread only)."""
-        snap = self.client.snapshot()
-        if snap is None:
-            return
-        dead = set(snap.dead)
-        for rank in dead - self._dead_now:
-            self.deaths.labels(str(rank)).inc()
-        self._dead_now = dead
+        count_deaths(self._watch.new_deaths(self.client), self.deaths, self.hangs)
 
     @contextlib.asynccontextmanager
     async def watching(self, interval_s: float = WATCH_INTERVAL_S) -> AsyncIterator[None]:

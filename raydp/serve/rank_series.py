@@ -23,6 +23,7 @@ from prometheus_client import Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from raydp.client.client import Client
+from raydp.errors import DeathCause
 from raydp.wire.blocks import hit_rate
 
 PUSH_INTERVAL_S = 0.5
@@ -79,6 +80,30 @@ MIGRATIONS = (
     "streams moved to a live rank after theirs died mid-stream (--migration-limit)",
 )
 DEATHS = ("raydp_rank_deaths", "live-to-dead changes of a rank seen by this server")
+HANGS = ("raydp_rank_hangs", "deaths seen by this server whose cause was a hang (no progress for step_timeout_s)")
+
+
+class DeathWatch:
+    """The ranks that went from live to dead since the last look, with their causes."""
+
+    def __init__(self) -> None:
+        self._dead: set[int] = set()
+
+    def new_deaths(self, client: Client) -> list[tuple[int, str]]:
+        snap = client.snapshot()
+        if snap is None:
+            return []
+        dead = set(snap.dead)
+        new = [(rank, snap.dead[rank]) for rank in sorted(dead - self._dead)]
+        self._dead = dead
+        return new
+
+
+def count_deaths(new: list[tuple[int, str]], deaths: Counter, hangs: Counter) -> None:
+    for rank, cause in new:
+        deaths.labels(str(rank)).inc()
+        if cause == DeathCause.HUNG.value:
+            hangs.labels(str(rank)).inc()
 
 
 class SnapshotCollector:
@@ -115,8 +140,9 @@ class PushedRankSeries:
         self._gauges = [(g, Gauge(g.name, g.help, ["rank"], multiprocess_mode="mostrecent")) for g in RANK_GAUGES]
         self._migrations = Counter(*MIGRATIONS)
         self._deaths = Counter(*DEATHS, ["rank"])
+        self._hangs = Counter(*HANGS, ["rank"])
         self._moved = 0
-        self._dead: set[int] = set()
+        self._watch = DeathWatch()
 
     def update(self) -> None:
         for gauge, metric in self._gauges:
@@ -126,12 +152,7 @@ class PushedRankSeries:
         if moved > self._moved:
             self._migrations.inc(moved - self._moved)
             self._moved = moved
-        snap = self.client.snapshot()
-        if snap is not None:
-            dead = set(snap.dead)
-            for rank in dead - self._dead:
-                self._deaths.labels(str(rank)).inc()
-            self._dead = dead
+        count_deaths(self._watch.new_deaths(self.client), self._deaths, self._hangs)
 
     async def run(self, interval_s: float = PUSH_INTERVAL_S) -> None:
         while True:

@@ -197,6 +197,7 @@ def serve_forever(
             tokenizer=s.tokenizer,
             api_keys=[k.get_secret_value() for k in s.api_keys],
             protect_metrics=s.protect_metrics,
+            ready_quorum=s.ready_quorum,
         )
         serve_on_socket(
             sock,

@@ -63,6 +63,9 @@ class ServerSettings(BaseModel):
         f"one's by this (score: {WAITING_WEIGHT} per waiting request, 1 per running)",
     )
     max_restarts: int = Field(3, ge=0, description="times a dead server process is spawned again on the socket")
+    ready_quorum: int = Field(
+        1, ge=1, description="GET /ready answers 200 while this many ranks generate a one-token probe (else 503)"
+    )
     migration_limit: int = Field(
         0,
         ge=0,

@@ -33,6 +33,7 @@ from raydp.client.client import Client
 from raydp.models import vllm_config
 from raydp.models.vllm_native import NativeCodec
 from raydp.serve.rank_series import PushedRankSeries
+from raydp.serve.readiness import Readiness, ReadyMiddleware, install
 from raydp.serve.settings import ServerSettings
 from raydp.serve.vllm_core import RaydpCoreClient
 from raydp.wire.endpoints import ClusterEndpoints
@@ -68,7 +69,8 @@ def frontend_argv(settings: ServerSettings, sock: socket.socket) -> list[str]:
         argv += ["--ssl-cert-reqs", "2"]  # ssl.CERT_REQUIRED: a client certificate is a must, as raydp's server asks
     if settings.api_keys:
         argv += ["--api-key", *(key.get_secret_value() for key in settings.api_keys)]
-    return argv
+    # GET /ready, answered before vLLM's routes and its key check (probes carry no key).
+    return [*argv, "--middleware", f"{ReadyMiddleware.__module__}.{ReadyMiddleware.__name__}"]
 
 
 def serve_vllm_forever(
@@ -86,17 +88,23 @@ def serve_vllm_forever(
     args = serve_args(frontend_argv(settings, sock))
     client = settings.client(endpoints, client_index, client_count, node_id, ranks)
     try:
-        asyncio.run(_serve(sock, args, client, (client_index, client_count), stop))
+        asyncio.run(_serve(sock, args, client, (client_index, client_count), stop, settings.ready_quorum))
     finally:
         client.close()
 
 
 async def _serve(
-    sock: socket.socket, args: argparse.Namespace, client: Client, index: tuple[int, int], stop: threading.Event | None
+    sock: socket.socket,
+    args: argparse.Namespace,
+    client: Client,
+    index: tuple[int, int],
+    stop: threading.Event | None,
+    ready_quorum: int = 1,
 ) -> None:
     from vllm.entrypoints.launchers.api_server.entry import build_and_serve
 
     engine = _async_llm(args, lambda: RaydpCoreClient(client, NativeCodec()), index)
+    install(Readiness(client, ready_quorum))
     # raydp's per-rank series beside vLLM's own on vLLM's /metrics (multiprocess mode too: see rank_series).
     series = PushedRankSeries(client)
     tasks = [asyncio.ensure_future(series.run())]

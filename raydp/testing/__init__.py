@@ -7,6 +7,7 @@ the top layer). The chaos soak runs as ``python -m raydp.testing.chaos``.
 Modules:
 
 - ``chaos``: the seeded chaos soak: steady load while random faults hit a cluster, every request accounted for;
+- ``hangs``: engines that hang on purpose (in a step, a dummy batch, or while starting), without Ray;
 - ``faults``: fault injectors against a running cluster, and the probes that time detection and recovery;
 - ``fault_load``: steady driver and HTTP load that records how every request ended;
 - ``leftovers``: what a closed cluster left behind (actors, placement groups, socket directories);

@@ -145,6 +145,7 @@ def soak(seed: int, minutes: float, hosts: str = "local") -> Summary:
             progress=False,
             engine_kwargs={"step_delay_s": 0.01},
             max_restarts=10_000,
+            restart_backoff_s=0,  # the soak times recovery itself, not the policy's backoff
             coordinator_max_restarts=10_000,
             **master,
         )

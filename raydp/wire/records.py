@@ -37,6 +37,7 @@ class CoordinatorStatus(msgspec.Struct, frozen=True):
     resynced: bool  # a restarted coordinator has heard every live rank again
     # per rank: [prompt tokens looked up in its prefix cache, tokens found]; empty when no engine reports one
     prefix_cache: list[list[int]] = []
+    hangs: list[int] = []  # per rank, since launch: deaths whose cause was a hang its watchdog caught
 
 
 class APIServerRecord(msgspec.Struct, frozen=True):

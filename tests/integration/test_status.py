@@ -52,7 +52,8 @@ def test_status_shows_ranks_devices_load_restarts_and_api_servers(two_nodes: Any
         assert all(len(r["devices"]) == 1 for r in report["ranks"]), report["ranks"]  # one logical GPU each
         assert [r["restarts"] for r in report["ranks"]] == [0, 0, 1]
         assert [r["deaths"] for r in report["ranks"]] == [0, 0, 1]
-        assert all(r["state"] == "serving" for r in report["ranks"])
+        assert [r["hangs"] for r in report["ranks"]] == [0, 0, 0]  # killed, not hung
+        assert all(r["state"] == "serving" for r in report["ranks"]) and report["health"] == "serving"
         assert [r["work"] for r in report["ranks"]] == [0, 0, 0]  # echo engines report work(); all idle
         # Rank 1 looked nothing up; rank 2's probes after its restart have no full block to find.
         assert [r["prefix_cache_hit_rate"] for r in report["ranks"]] == [0.5, None, 0.0]
@@ -62,6 +63,9 @@ def test_status_shows_ranks_devices_load_restarts_and_api_servers(two_nodes: Any
         table = status(address=two_nodes.address)  # every running cluster, as a table
         assert table.returncode == 0, table.stderr
         assert "cluster stat: 3 ranks, dense" in table.stdout and servers.url in table.stdout
+        assert any(
+            line.startswith("cluster stat:") and line.endswith(", serving") for line in table.stdout.splitlines()
+        )
         header = [
             "rank",
             "node",
@@ -72,6 +76,7 @@ def test_status_shows_ranks_devices_load_restarts_and_api_servers(two_nodes: Any
             "cache",
             "hits",
             "deaths",
+            "hangs",
             "restarts",
             "state",
         ]

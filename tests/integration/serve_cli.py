@@ -1,0 +1,90 @@
+"""``raydp serve`` as a user runs it: a child process, its banner, its URL, its ranks' processes, its end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+import psutil
+
+
+class ServeProcess:
+    """``raydp serve FLAGS`` started with a quiet log; :meth:`banner` waits for it to serve."""
+
+    def __init__(self, *flags: str, env: dict[str, str] | None = None) -> None:
+        self.flags = flags
+        full_env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAYDP_LOG_LEVEL": "WARNING", **(env or {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "raydp", "serve", *flags],
+            env=full_env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.url = ""
+
+    def banner(self) -> str:
+        """The banner line (its URL kept in :attr:`url`); fails naming the exit and stderr if none came."""
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        line = self.proc.stdout.readline()
+        if "Ctrl-C to stop" not in line:
+            self.proc.wait(timeout=30)
+            err = self.proc.stderr.read()[-3000:]
+            raise AssertionError(f"no banner ({line!r}); exit {self.proc.returncode}: {err}")
+        self.url = line.split(" at ")[1].split(" ")[0]
+        return line
+
+    def rank_pid(self, name: str, rank: int) -> int:
+        """The pid of engine rank ``rank`` of cluster ``name`` (its process title names both)."""
+        title = f"raydp::{name} dp{rank} "
+        seen = []
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                line = " ".join(child.cmdline())
+            except psutil.Error as exc:
+                line = repr(exc)
+            if line.startswith(title):
+                return int(child.pid)
+            seen.append(line[:80])
+        raise AssertionError(f"no process titled {title!r} among {seen}")
+
+    def kill_rank(self, name: str, rank: int) -> int:
+        pid = self.rank_pid(name, rank)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def get(self, path: str, timeout: float = 10.0) -> tuple[int, Any]:
+        """``GET url+path`` -> (status, JSON body or text), error statuses included."""
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
+                status, raw = response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read()
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, raw.decode()
+
+    def stop(self) -> tuple[int, str, str]:
+        """Ctrl-C (if still running), then ``(returncode, stdout rest, stderr)``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            out, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate(timeout=10)
+        return self.proc.returncode, out, err
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.stop()

@@ -1,0 +1,153 @@
+"""Hung ranks: the watchdog ends a rank that makes no progress, it restarts, and no request is lost."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import raydp
+from tests.integration.helpers import assert_nothing_left, wait_until
+
+HANGING = "raydp.testing.hangs:HangingEchoEngine"
+STEP_TIMEOUT_S = 2.0
+DETECTION_BOUND_S = STEP_TIMEOUT_S + 2.0  # the issue's bound: the timeout plus two seconds
+
+
+def _serves(client: Any, rank: int) -> bool:
+    try:
+        return bool(client.generate([rank + 1], max_tokens=1, rank=rank, timeout=5) == [rank + 1])
+    except raydp.RaydpError:
+        return False
+
+
+def _await_hang(cluster: Any, since: float) -> raydp.EngineHungError:
+    assert wait_until(lambda: bool(cluster.deaths), timeout=DETECTION_BOUND_S + 5), "no hang was reported"
+    detected = time.monotonic() - since
+    (death,) = cluster.deaths
+    assert isinstance(death, raydp.EngineHungError), death
+    # Detection within the bound, counted from the submissions (the hang begins just after them).
+    assert detected <= DETECTION_BOUND_S, f"detected after {detected:.1f}s"
+    assert death.seconds_without_progress >= STEP_TIMEOUT_S
+    assert "block_forever" in death.where and "hangs.py" in death.where, death.where
+    assert "stuck in block_forever" in str(death)
+    return death
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["ray", "mp"])
+def test_a_rank_hung_in_step_is_ended_restarted_and_loses_no_request(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if backend == "ray":
+        request.getfixturevalue("two_nodes")
+    name = f"hung-{backend}"
+    engine_kwargs = {
+        "hang_in": "step",
+        "hang_at_step": 3,
+        "ranks": [1],
+        "once_dir": str(tmp_path),
+        "step_delay_s": 0.01,
+        "max_running": 2,
+    }
+    with raydp.launch(
+        name=name,
+        dp_size=2,
+        backend=backend,
+        engine=HANGING,
+        engine_kwargs=engine_kwargs,
+        max_restarts=1,
+        step_timeout_s=STEP_TIMEOUT_S,
+        progress=False,
+    ) as cluster:
+        client = cluster.client(migration_limit=2)
+        since = time.monotonic()
+        # Streams that will have streamed tokens when rank 1 hangs (they migrate), and requests
+        # that are queued behind them (max_running=2: they have streamed nothing, and are retried).
+        # One-token prompts: an echo of the prompt plus what streamed is still all 7s, so the
+        # count proves nothing was repeated or dropped across the move.
+        streams = [client.submit([7], max_tokens=12, migratable=True) for _ in range(4)]
+        queued = [client.submit([5], max_tokens=3, retryable=True) for _ in range(4)]
+        death = _await_hang(cluster, since)
+        assert death.rank == 1 and death.restarting
+        assert [h.result(timeout=60) for h in streams] == [[7] * 12] * 4
+        assert client.migrations >= 1, "no stream was cut by the hang"
+        assert [h.result(timeout=60) for h in queued] == [[5, 5, 5]] * 4
+        assert wait_until(lambda: _serves(client, 1), timeout=90), "rank 1 came back"
+        assert cluster.wait(timeout=0.2) is None, "a recovered hang does not end wait()"
+    assert_nothing_left(name, timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_a_lockstep_rank_hung_in_its_dummy_batch_restarts_the_gang(two_nodes: Any, tmp_path: Path) -> None:
+    engine_kwargs = {"hang_in": "dummy", "hang_at_step": 2, "ranks": [0], "once_dir": str(tmp_path)}
+    with raydp.launch(
+        name="hung-gang",
+        dp_size=2,
+        lockstep=True,
+        engine=HANGING,
+        engine_kwargs={**engine_kwargs, "step_delay_s": 0.01},
+        max_restarts=1,
+        step_timeout_s=STEP_TIMEOUT_S,
+        progress=False,
+    ) as cluster:
+        client = cluster.client()
+        since = time.monotonic()
+        # Rank 1's request makes rank 0 run dummy batches in the same wave; its second one hangs, and
+        # rank 1 then waits for it at the wave's next all-reduce, long before its 1,000 tokens are out.
+        handle = client.submit([4], max_tokens=1000, rank=1)
+        assert wait_until(lambda: bool(cluster.deaths), timeout=DETECTION_BOUND_S + 5)
+        detected = time.monotonic() - since
+        # Rank 0 hangs in its dummy batch; rank 1 then waits in the all-reduce for it: whichever of
+        # the two the watchdogs name first, the gang restarts.
+        first = cluster.deaths[0]
+        assert isinstance(first, raydp.EngineHungError), first
+        assert first.restarting and detected <= DETECTION_BOUND_S, (first, detected)
+        with pytest.raises(raydp.EngineDeadError):
+            handle.result(timeout=30)  # pinned to a rank of the gang: it fails typed, it is not lost
+        assert wait_until(lambda: _serves(client, 0) and _serves(client, 1), timeout=120), "the gang came back"
+    assert_nothing_left("hung-gang", timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_engine_is_never_declared_hung() -> None:
+    # Each step takes half the timeout: slow, but every turn completes.
+    with raydp.launch(
+        name="slow-mp",
+        dp_size=1,
+        backend="mp",
+        engine_kwargs={"step_delay_s": STEP_TIMEOUT_S / 2},
+        step_timeout_s=STEP_TIMEOUT_S,
+        progress=False,
+    ) as cluster:
+        assert cluster.client().generate([1, 2], max_tokens=6, timeout=60) == [1, 2, 1, 2, 1, 2]
+        assert cluster.deaths == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["ray", "mp"])
+def test_a_rank_wedged_while_starting_fails_the_launch_with_its_stack(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    if backend == "ray":
+        request.getfixturevalue("two_nodes")
+    name = f"wedged-{backend}"
+    started = time.monotonic()
+    with pytest.raises(raydp.StartupError) as info:
+        raydp.launch(
+            name=name,
+            dp_size=2,
+            backend=backend,
+            engine=HANGING,
+            engine_kwargs={"hang_in": "startup", "ranks": [1]},
+            startup_timeout_s=3,
+            progress=False,
+        )
+    took = time.monotonic() - started
+    message = str(info.value)
+    assert "engine rank 1" in message and "did not start within startup_timeout_s=3" in message, message
+    assert "block_forever" in message and "hangs.py" in message, message
+    assert took < 3 + 12, f"the launch failed after {took:.1f}s"
+    assert_nothing_left(name, timeout=30)
