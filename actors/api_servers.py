@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raydp.backend import DeathListener, notify
+from raydp.backend import APIServerGroup, APIServerSpec, DeathListener, notify
 from raydp.errors import ComponentDeadError, ProcessDeadError
 from raydp.names import NAMESPACE
 from raydp.serve.settings import ServerSettings
@@ -79,18 +78,11 @@ class APIServerHost:
 class RemoteAPIServers:
     """The launcher's handle on one :class:`APIServerHost`: its URL, its death, its end."""
 
-    def __init__(
-        self,
-        endpoints: ClusterEndpoints,
-        node_id: str,
-        count: int,
-        port: int,
-        ranks: Sequence[int] | None,
-        label: str,
-        settings: ServerSettings | None = None,
-    ) -> None:
-        self.node_id, self.count, self.label = node_id, count, label
-        self.ranks = list(ranks) if ranks is not None else None
+    def __init__(self, spec: APIServerSpec) -> None:
+        endpoints, node_id, port, settings, label = spec.endpoints, spec.node_id, spec.port, spec.settings, spec.label
+        self.node_id, self.count, self.label = node_id, spec.count, spec.label
+        self.ranks = list(spec.ranks)
+        count = spec.count
         self._listeners: list[DeathListener] = []
         self._closed = threading.Event()
         self._actor = (
@@ -134,3 +126,10 @@ class RemoteAPIServers:
         except Exception as exc:  # already dead: nothing left to stop
             logger.debug("API server host shutdown: %r", exc)
         ray.kill(self._actor, no_restart=True)
+
+
+class HostsRemoteAPIServers:
+    """What the Ray backends share: API servers on a rank's node, under a small actor pinned there."""
+
+    def start_api_servers(self, spec: APIServerSpec) -> APIServerGroup:
+        return RemoteAPIServers(spec)

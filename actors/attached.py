@@ -18,11 +18,11 @@ from typing import Any
 
 import ray
 
-from raydp.backend import APIServerGroup, DeathListener, MovedListener, RestartListener, ScaleListener
+from raydp.actors.api_servers import HostsRemoteAPIServers
+from raydp.backend import DeathListener, MovedListener, RestartListener, ScaleListener
 from raydp.config import RaydpConfig
 from raydp.errors import ConfigError, CoordinatorDeadError, DeathCause
 from raydp.names import NAMESPACE, coordinator_name
-from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
 from raydp.wire.records import APIServerRecord, ClusterStatus, CoordinatorStatus
 
@@ -30,7 +30,7 @@ CALL_TIMEOUT_S = 30.0
 _SUFFIX = coordinator_name("")
 
 
-class AttachedBackend:
+class AttachedBackend(HostsRemoteAPIServers):
     """A running cluster, reached by name; see the module docstring. Make one with :meth:`find`."""
 
     def __init__(self, name: str, endpoints: ClusterEndpoints, config: RaydpConfig) -> None:
@@ -104,20 +104,6 @@ class AttachedBackend:
         target = supervisor if supervisor is not None else find_coordinator(self.name)
         method = target.register_api_servers if supervisor is not None else target.add_api_servers
         ray.get(method.remote(record), timeout=CALL_TIMEOUT_S)
-
-    def start_api_servers(
-        self,
-        endpoints: ClusterEndpoints,
-        node_id: str,
-        ranks: list[int],
-        count: int,
-        port: int,
-        label: str,
-        settings: ServerSettings | None = None,
-    ) -> APIServerGroup:
-        from raydp.actors.api_servers import RemoteAPIServers
-
-        return RemoteAPIServers(endpoints, node_id, count, port, ranks, label, settings)
 
 
 def find_coordinator(name: str) -> Any:

@@ -22,7 +22,7 @@ from raydp.actors.watch import check_started
 from raydp.config import RaydpConfig
 from raydp.errors import StartupError
 from raydp.orchestration.ranks import RankRecord
-from raydp.orchestration.runtime import CoordinatorUnavailableError, InitFor, Progress
+from raydp.orchestration.runtime import CoordinatorUnavailableError, InitFor, Progress, join_ranks
 from raydp.wire.handshake import HandshakeResult, HandshakeServer
 from raydp.wire.security import CurveKeys, guard
 from raydp.wire.transport import IpcDir
@@ -66,24 +66,24 @@ class RankJoining:
         cfg, owned = self.config, self.owned
         ctx = self._open_frontend()
         server = HandshakeServer(ctx, self.sock_opts, transport=cfg.transport, ipc_dir=owned.ipc_dir)
-        try:
+        refs: dict[Any, int] = {}
+
+        def start(addresses: list[str]) -> None:
             for record in records:
-                record.run_ref = record.handle.run.remote(server.addresses)
+                record.run_ref = record.handle.run.remote(addresses)
                 owned.run_refs.append(record.run_ref)
-            refs = self.watched([*watched, *records])
-            result = server.run(
-                {r.rank: r.node_id == self.driver_node_id for r in records},
-                init_for,
-                cfg.config_hash(),
-                cfg.startup_wait_s,
-                liveness=lambda: self.check_live(refs),
-                progress=progress,
-            )
-        finally:
-            server.close()
-        for record in records:
-            record.capacity = result.ready[record.rank].capacity
-        return result
+            refs.update(self.watched([*watched, *records]))
+
+        return join_ranks(
+            server,
+            records,
+            start,
+            lambda r: r.node_id == self.driver_node_id,
+            init_for,
+            cfg,
+            lambda: self.check_live(refs),
+            progress,
+        )
 
     def _open_frontend(self) -> zmq.Context[zmq.Socket[bytes]]:
         owned = self.owned

@@ -19,21 +19,21 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup
 
+from raydp.actors.api_servers import HostsRemoteAPIServers
 from raydp.actors.owned import Owned
 from raydp.actors.runtime import RayRuntime
-from raydp.backend import APIServerGroup, DeathListener, MovedListener, RestartListener, ScaleListener
+from raydp.backend import DeathListener, MovedListener, RestartListener, ScaleListener
 from raydp.config import RaydpConfig
 from raydp.errors import ComponentDeadError, RaydpError, StartupError
 from raydp.orchestration.core import Orchestrator, weak_report
 from raydp.orchestration.ranks import RankRecord
-from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
 from raydp.wire.records import APIServerRecord, CoordinatorStatus
 from raydp.wire.security import CurveKeys
 from raydp.wire.transport import ipc_prefix, socket_options
 
 
-class ActorManager:
+class ActorManager(HostsRemoteAPIServers):
     """Owns one raydp cluster's actors and groups; see the module docstring."""
 
     def __init__(
@@ -115,21 +115,6 @@ class ActorManager:
     def register_api_servers(self, record: APIServerRecord) -> None:
         self.runtime.api_server_records.append(record)
         self.runtime.tell_coordinator(self._owned.coordinator.add_api_servers.remote(record), "the API servers")
-
-    def start_api_servers(
-        self,
-        endpoints: ClusterEndpoints,
-        node_id: str,
-        ranks: list[int],
-        count: int,
-        port: int,
-        label: str,
-        settings: ServerSettings | None = None,
-    ) -> APIServerGroup:
-        """On the rank's node, under a small actor pinned there."""
-        from raydp.actors.api_servers import RemoteAPIServers
-
-        return RemoteAPIServers(endpoints, node_id, count, port, ranks, label, settings)
 
     def on_death(self, listener: DeathListener) -> None:
         self.orchestrator.reports.on_death(listener)

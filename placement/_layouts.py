@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from raydp.config import PlacementStrategy
+from raydp.errors import RaydpError
 from raydp.placement.inventory import Inventory, NodeInfo
 from raydp.placement.plan import CPU, PlacementPlan, RankPlacement
 
@@ -35,7 +36,7 @@ class Request:
     allowed: frozenset[str] | None
 
 
-class InfeasibleError(Exception):
+class InfeasibleError(RaydpError):
     """Internal: the request does not fit; the message says why (one clause)."""
 
 

@@ -96,22 +96,27 @@ class Backend(Protocol):
         """Note where API servers listen, so that ``raydp status`` can list them."""
         ...
 
-    def start_api_servers(
-        self,
-        endpoints: ClusterEndpoints,
-        node_id: str,
-        ranks: list[int],
-        count: int,
-        port: int,
-        label: str,
-        settings: Any = None,
-    ) -> APIServerGroup:
-        """Start ``count`` API servers on node ``node_id`` that route to ``ranks`` (hybrid and external modes).
-
-        ``settings``: their :class:`~raydp.serve.settings.ServerSettings` (None: the defaults); typed
-        loosely here because this layer sits below ``serve``.
-        """
+    def start_api_servers(self, spec: APIServerSpec) -> APIServerGroup:
+        """Start the API servers ``spec`` describes (hybrid and external modes)."""
         ...
+
+
+@dataclass(frozen=True)
+class APIServerSpec:
+    """``count`` API servers on node ``node_id`` that route to ``ranks``, on ``port`` (0: any free one).
+
+    ``label`` names the group (its host actor, under Ray); ``settings`` is their
+    :class:`~raydp.serve.settings.ServerSettings` (None: the defaults), typed
+    loosely here because this layer sits below ``serve``.
+    """
+
+    endpoints: ClusterEndpoints
+    node_id: str
+    ranks: list[int]
+    count: int
+    port: int
+    label: str
+    settings: Any = None
 
 
 def notify(listeners: Sequence[DeathListener], err: ComponentDeadError) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from raydp.backend import APIServerGroup, Backend
+from raydp.backend import APIServerGroup, APIServerSpec, Backend
 from raydp.config import RaydpConfig
 from raydp.errors import (
     ClusterClosedError,
@@ -176,9 +176,8 @@ class Cluster:
         started: list[APIServerGroup] = []
         try:
             for node_id, ranks, count, port in groups:
-                servers = self._manager.start_api_servers(
-                    self.endpoints, node_id, ranks, count, port, f"{mode}-dp{ranks[0]}", settings
-                )
+                spec = APIServerSpec(self.endpoints, node_id, ranks, count, port, f"{mode}-dp{ranks[0]}", settings)
+                servers = self._manager.start_api_servers(spec)
                 started.append(servers)
                 self._adopt(servers, mode, node_id, ranks, count)
         except BaseException:

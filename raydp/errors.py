@@ -25,6 +25,17 @@ Every error raydp raises on purpose derives from :class:`RaydpError`, so
 
 Errors that describe a component death carry structured fields (``rank``,
 ``node_id``, ``cause``) so callers can react without parsing messages.
+
+A few subclasses live beside the code that raises them and never reach a
+caller of raydp's API (each is caught where it is raised): ``ApiError`` and
+``ClientGoneError`` (an HTTP handler's answer, a client that hung up),
+``CoordinatorUnavailableError`` (a sequence that waited on a dead
+coordinator), ``LinkClosedError`` (a device worker's channel; also a
+``ConnectionError``), ``InfeasibleError`` (the planner's dead end). They
+derive from :class:`RaydpError` all the same. ``raydp.cli.signals.Stop`` is
+the one exception on purpose outside the tree: it is a ``KeyboardInterrupt``,
+so that a stop signal unwinds like Ctrl-C through code that catches
+``Exception``.
 """
 
 from __future__ import annotations

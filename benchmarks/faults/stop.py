@@ -22,6 +22,7 @@ from typing import Any
 from benchmarks.faults.table import REPO, FaultRow, Tally, log
 from raydp.testing.http_call import Call as HttpCall
 from raydp.testing.leftovers import live_actors, live_groups, socket_dirs, wait_until
+from raydp.testing.serve_cli import ServeProcess
 
 GRACE_S = 2.0
 LONG = 100_000  # tokens: minutes at 20 ms a step
@@ -138,66 +139,36 @@ def sigterm_row(trials: int, backend: str) -> FaultRow:
     on_ray = ["--address", "local", "--accelerator", "CPU", "--dp-size", "1"] if backend == "ray" else []
     for trial in range(trials):
         name = f"fbterm{backend}{trial}"
-        env = {**os.environ, "PYTHONPATH": str(REPO), "RAYDP_LOG_LEVEL": "WARNING", "RAYDP_ENGINE_KWARGS": SLOW_ENGINE}
-        with tempfile.TemporaryFile("w+") as err:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "raydp",
-                    "serve",
-                    "--backend",
-                    backend,
-                    "--name",
-                    name,
-                    "--engine",
-                    "echo",
-                    "--api-servers",
-                    "2",
-                    "--port",
-                    "0",
-                    "--graceful-shutdown-s",
-                    f"{GRACE_S:g}",
-                    *on_ray,
-                ],
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                cwd=REPO,
-            )
+        flags = ("--backend", backend, "--name", name, "--engine", "echo", "--api-servers", "2", "--port", "0")
+        with ServeProcess(
+            *flags,
+            "--graceful-shutdown-s",
+            f"{GRACE_S:g}",
+            *on_ray,
+            env={"RAYDP_ENGINE_KWARGS": SLOW_ENGINE},
+            cwd=str(REPO),
+        ) as server:
             try:
-                assert proc.stdout is not None
-                banner = proc.stdout.readline()
-                if "Ctrl-C to stop" not in banner:
-                    proc.wait(timeout=30)
-                    err.seek(0)
-                    tally.errors.append(f"#{trial + 1}: no banner: {err.read()[-300:]}")
-                    continue
-                host, port = banner.split(" at http://")[1].split(" ")[0].split(":")
-                address = (host, int(port))
-                children = psutil.Process(proc.pid).children(recursive=True)
-                calls = in_flight(address, name)
-                sent: list[float] = []
-                probe, refused = refused_probe(address, sent)
-                sent.append(time.monotonic())
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=60)
-                took = time.monotonic() - sent[0]
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+                server.banner()
+            except AssertionError as exc:
+                tally.errors.append(f"#{trial + 1}: {str(exc)[-300:]}")
+                continue
+            address = server.address
+            children = psutil.Process(server.proc.pid).children(recursive=True)
+            calls = in_flight(address, name)
+            sent: list[float] = []
+            probe, refused = refused_probe(address, sent)
+            sent.append(time.monotonic())
+            code, _, stderr = server.stop(signal.SIGTERM)
+            took = time.monotonic() - sent[0]
             probe.join(timeout=10)
-            err.seek(0)
-            stderr = err.read()
         settle(tally, calls, trial)
         tally.detect_s.append(refused[0][0] if refused else math.nan)
         tally.back_s.append(took)
         _, alive = psutil.wait_procs(children, timeout=15)
         left = [p.pid for p in alive if p.name() != "raylet"]  # the local Ray's raylet is Ray's, not raydp's
-        if proc.returncode != 128 + signal.SIGTERM or "everything was shut down" not in stderr:
-            tally.errors.append(f"#{trial + 1}: exit {proc.returncode}: {stderr[-300:]}")
+        if code != 128 + signal.SIGTERM or "everything was shut down" not in stderr:
+            tally.errors.append(f"#{trial + 1}: exit {code}: {stderr[-300:]}")
         if left or socket_dirs(name):
             tally.errors.append(f"#{trial + 1}: left behind: processes {left}, dirs {socket_dirs(name)}")
         log(f"{label} #{trial + 1}: refused after {refused}, exit after {took:.2f}s: {[c.outcome() for c in calls]}")

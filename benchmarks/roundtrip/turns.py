@@ -88,7 +88,7 @@ def _raydp_runners(stack: contextlib.ExitStack[Any], sizes: Sizes) -> dict[str, 
         key = f"{auth}{'' if watched else '-unwatched'}"
         if key not in clusters:
             name = "bench" if key == "curve" else f"bench-{key}"
-            timeout = {} if watched else {"step_timeout_s": None}
+            timeout: dict[str, Any] = {} if watched else {"step_timeout_s": None}
             clusters[key] = stack.enter_context(
                 raydp.launch(name=name, dp_size=DP_SIZE, engine=ECHO_ENGINE, progress=False, auth=auth, **timeout)
             )

@@ -22,16 +22,6 @@ Modules:
 - ``gloo_interface``: which network interface gloo binds to.
 """
 
-from typing import Any
-
-from raydp.engine.core import EngineContext, EngineCore, load_engine_class
+from raydp.engine.core import EngineContext, EngineCore
 
 __all__ = ["EngineContext", "EngineCore"]
-
-
-def __getattr__(name: str) -> Any:
-    # EchoEngine moved to raydp.models.echo: the old import still works, with a
-    # DeprecationWarning, loaded by path since the engine runtime sits below models.
-    if name == "EchoEngine":
-        return load_engine_class("raydp.engine:EchoEngine")
-    raise AttributeError(f"module 'raydp.engine' has no attribute {name!r}")

@@ -1,7 +1,9 @@
 """The engine core interface users implement, and how engine classes are loaded by path.
 
 An engine core is a stateful step loop that owns its rank's devices. raydp
-calls it from one thread only: requests and aborts arrive between steps,
+calls it from one thread at a time: it is built on its process's main
+thread, then driven from its rank's loop thread only (requests and aborts
+arrive between steps),
 ``step()`` advances every running request by one iteration and returns what it
 produced. Implementations need not be thread-safe.
 """
@@ -9,7 +11,6 @@ produced. Implementations need not be thread-safe.
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -17,17 +18,6 @@ from typing import Any, Protocol, runtime_checkable
 from raydp.engine.executor import Executor
 from raydp.errors import ConfigError
 from raydp.wire.protocol import Output, Request
-
-# The reference engines moved from raydp.engine to raydp.models; configs, scripts
-# and saved commands still name the old modules, so those paths keep loading.
-# Mapped by string: the engine runtime never imports the models above it.
-_MOVED_MODULES = {
-    f"raydp.engine.{name}": f"raydp.models.{name}" for name in ("tiny_lm", "tp_lm", "tp_layers", "echo_workers")
-}
-_MOVED_CLASSES = {
-    ("raydp.engine", "EchoEngine"): "raydp.models.echo",
-    ("raydp.engine.core", "EchoEngine"): "raydp.models.echo",
-}
 
 
 @dataclass(frozen=True)
@@ -86,27 +76,9 @@ class EngineCore(Protocol):
     def shutdown(self) -> None: ...
 
 
-def current_path(path: str) -> str:
-    """``path`` (``'module:Class'``) with a module the reference engines left rewritten to their new one.
-
-    Warns (DeprecationWarning) when it rewrites, naming the path to use instead.
-    """
-    module_name, _, attr = path.partition(":")
-    moved = _MOVED_MODULES.get(module_name) or _MOVED_CLASSES.get((module_name, attr.split(".")[0]))
-    if moved is None:
-        return path
-    new = f"{moved}:{attr}"
-    warnings.warn(
-        f"{path!r} is deprecated: the reference engines moved to raydp.models; use {new!r}",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return new
-
-
 def load_engine_class(path: str) -> Callable[..., EngineCore]:
     """Import ``'package.module:Class'`` and check it looks like an engine core."""
-    module_name, _, attr = current_path(path).partition(":")
+    module_name, _, attr = path.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):

@@ -21,6 +21,7 @@ the worker and carrying its traceback text; a worker's death as
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -55,6 +56,18 @@ class WorkerContext:
     @property
     def tag(self) -> str:
         return f"dp{self.dp_rank} tp{self.tp_rank} node {self.node_id[:8]}"
+
+    def describe(self) -> dict[str, Any]:
+        """Where the worker runs and which devices its process sees, for operators and tests."""
+        return {
+            "dp_rank": self.dp_rank,
+            "tp_rank": self.tp_rank,
+            "node_id": self.node_id,
+            "pid": os.getpid(),
+            "device": self.device,
+            "device_ids": list(self.device_ids),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
 
 
 @runtime_checkable

@@ -19,7 +19,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 
-from raydp.backend import APIServerGroup, DeathListener, MovedListener, RestartListener, ScaleListener
+from raydp.backend import APIServerGroup, APIServerSpec, DeathListener, MovedListener, RestartListener, ScaleListener
 from raydp.config import RaydpConfig
 from raydp.errors import ComponentDeadError, ConfigError
 from raydp.local.children import LOCAL_NODE
@@ -27,7 +27,6 @@ from raydp.local.runtime import LocalOwned, ProcessRuntime
 from raydp.orchestration.core import Orchestrator, weak_report
 from raydp.orchestration.ranks import RankTable
 from raydp.processes import Proc
-from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
 from raydp.wire.records import APIServerRecord, CoordinatorStatus
 from raydp.wire.transport import ipc_prefix, socket_options
@@ -89,20 +88,13 @@ class ProcessManager:
     def register_api_servers(self, record: APIServerRecord) -> None:
         """``raydp status`` reads Ray clusters only: a local cluster keeps no registry."""
 
-    def start_api_servers(
-        self,
-        endpoints: ClusterEndpoints,
-        node_id: str,
-        ranks: list[int],
-        count: int,
-        port: int,
-        label: str,
-        settings: ServerSettings | None = None,
-    ) -> APIServerGroup:
+    def start_api_servers(self, spec: APIServerSpec) -> APIServerGroup:
         """Every rank is on this machine: local processes, on loopback."""
         from raydp.serve.processes import APIServerProcessManager
 
-        return APIServerProcessManager(endpoints, count, port=port, node_id=node_id, ranks=ranks, settings=settings)
+        return APIServerProcessManager(
+            spec.endpoints, spec.count, port=spec.port, node_id=spec.node_id, ranks=spec.ranks, settings=spec.settings
+        )
 
     def start(self) -> ClusterEndpoints:
         try:

@@ -31,7 +31,7 @@ from raydp.errors import DeathCause, ProcessDeadError, StartupError, describe_ex
 from raydp.local.children import LOCAL_NODE, coordinator_main, decode_death, engine_main, recv, send
 from raydp.names import coordinator_name, rank_name
 from raydp.orchestration.ranks import RankRecord, RankTable
-from raydp.orchestration.runtime import InitFor, Progress
+from raydp.orchestration.runtime import InitFor, Progress, join_ranks
 from raydp.processes import Proc, last_words, shutdown, spawn, watch_processes
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
 from raydp.wire.handshake import HandshakeResult, HandshakeServer
@@ -118,7 +118,8 @@ class ProcessRuntime:
             owned.ctx = zmq.Context()
             owned.ipc_dir = IpcDir(f"{self.ipc_prefix}-frontend")
         server = HandshakeServer(owned.ctx, self.sock_opts, transport="ipc", ipc_dir=owned.ipc_dir)
-        try:
+
+        def start(addresses: list[str]) -> None:
             with owned.lock:  # close() must not miss a process started behind its back (a restart's)
                 if owned.released:
                     raise StartupError(f"cluster {cfg.name!r} is closing")
@@ -128,23 +129,14 @@ class ProcessRuntime:
                         engine_main,
                         cfg,
                         record.rank,
-                        server.addresses,
+                        addresses,
                         self.ipc_prefix,
                         rank=record.rank,
                     )
-            result = server.run(
-                {r.rank: True for r in records},
-                init_for,
-                cfg.config_hash(),
-                cfg.startup_wait_s,
-                liveness=lambda: self.check_alive(records),
-                progress=progress,
-            )
-        finally:
-            server.close()
-        for record in records:
-            record.capacity = result.ready[record.rank].capacity
-        return result
+
+        return join_ranks(
+            server, records, start, lambda r: True, init_for, cfg, lambda: self.check_alive(records), progress
+        )
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any, rank: int | None = None) -> Proc:
         proc = spawn(self.mp, name, target, *args, rank=rank)

@@ -8,7 +8,6 @@ where each worker runs and which devices it sees.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from raydp.engine.core import EngineContext
@@ -30,17 +29,7 @@ class EchoWorker:
         return step_input
 
     def describe(self) -> dict[str, Any]:
-        ctx = self.context
-        return {
-            "dp_rank": ctx.dp_rank,
-            "tp_rank": ctx.tp_rank,
-            "node_id": ctx.node_id,
-            "pid": os.getpid(),
-            "device": ctx.device,
-            "device_ids": list(ctx.device_ids),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "steps": self.steps,
-        }
+        return {**self.context.describe(), "steps": self.steps}
 
     def all_reduce_sum(self, value: float) -> float:
         """Sum ``value`` over the rank's device group: proves the group is formed."""

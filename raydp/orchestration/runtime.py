@@ -15,10 +15,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from raydp.config import RaydpConfig
 from raydp.coordinator.resync import Restored
+from raydp.errors import RaydpError
 from raydp.orchestration.ranks import RankRecord
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
-from raydp.wire.handshake import HandshakeResult
+from raydp.wire.handshake import HandshakeResult, HandshakeServer
 from raydp.wire.protocol import Init
 from raydp.wire.records import AutoscaleDecision, CoordinatorStatus
 
@@ -26,7 +28,7 @@ InitFor = Callable[[int], Init]
 Progress = Callable[[int, int], None]
 
 
-class CoordinatorUnavailableError(Exception):
+class CoordinatorUnavailableError(RaydpError):
     """The coordinator died while a sequence waited on it (its own death is reported apart)."""
 
 
@@ -134,3 +136,32 @@ class Runtime(Protocol):
     def publish(self, endpoints: ClusterEndpoints, handed: bool) -> None:
         """Record the cluster where ``attach`` and ``raydp status`` find it (``handed``: the whole record)."""
         ...
+
+
+def join_ranks(
+    server: HandshakeServer,
+    records: Sequence[RankRecord],
+    start: Callable[[list[str]], None],
+    same_node: Callable[[RankRecord], bool],
+    init_for: InitFor,
+    config: RaydpConfig,
+    liveness: Callable[[], None],
+    progress: Progress | None,
+) -> HandshakeResult:
+    """Start ``records`` (``start`` gets the handshake's addresses), run them through the handshake on
+    ``server`` (closed after, whatever happens) and copy each one's capacity from its READY."""
+    try:
+        start(server.addresses)
+        result = server.run(
+            {r.rank: same_node(r) for r in records},
+            init_for,
+            config.config_hash(),
+            config.startup_wait_s,
+            liveness=liveness,
+            progress=progress,
+        )
+    finally:
+        server.close()
+    for record in records:
+        record.capacity = result.ready[record.rank].capacity
+    return result

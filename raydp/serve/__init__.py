@@ -31,5 +31,4 @@ Modules:
 - ``vllm_server``: vLLM's own OpenAI server in an API server process, over raydp's ranks;
 - ``vllm_core``: ``RaydpCoreClient``, vLLM's engine core client over raydp's client (routing,
   outputs, aborts, utility calls, retries and stream migration);
-- ``tokenizer``: the byte tokenizer's old home, re-exporting :mod:`raydp.text.byte_tokenizer`.
 """

@@ -46,7 +46,7 @@ _TYPES = {
 }
 
 
-class ApiError(Exception):
+class ApiError(RaydpError):
     """An error answer: raised anywhere in a handler, rendered by :func:`api_error_handler`."""
 
     def __init__(
@@ -72,6 +72,8 @@ class ApiError(Exception):
 
 def from_raydp_error(exc: RaydpError) -> ApiError:
     """The answer to a request the client could not serve."""
+    if isinstance(exc, ApiError):  # already an answer
+        return exc
     if isinstance(exc, ConfigError):
         return ApiError(400, str(exc))
     if isinstance(exc, ShuttingDownError):

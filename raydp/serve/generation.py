@@ -29,7 +29,7 @@ from raydp.wire.sampling import Sampling
 T = TypeVar("T")
 
 
-class ClientGoneError(Exception):
+class ClientGoneError(RaydpError):
     """The HTTP client hung up before its answer."""
 
 

@@ -7,7 +7,8 @@ the top layer). The chaos soak runs as ``python -m raydp.testing.chaos``.
 Modules:
 
 - ``chaos``: the seeded chaos soak: steady load while random faults hit a cluster, every request accounted for;
-- ``hangs``: engines that hang on purpose (in a step, a dummy batch, or while starting), without Ray;
+- ``hangs``: engines that hang on purpose (in a step, a dummy batch, while starting, in vLLM's executor);
+- ``serve_cli``: ``raydp serve`` run as a user runs it: its banner, URL, rank processes, probes and end;
 - ``faults``: fault injectors against a running cluster, and the probes that time detection and recovery;
 - ``fault_load``: steady driver and HTTP load that records how every request ended;
 - ``leftovers``: what a closed cluster left behind (actors, placement groups, socket directories);

@@ -3,7 +3,8 @@
 Run as ``.venv/bin/python -m raydp.testing.chaos --seed S --minutes M [--json]`` (under
 ``flock /tmp/raydp-ray.lock`` on a shared machine). It starts its own local Ray
 (a head and one worker node, 2 logical GPUs each), launches DP=4 ranks of
-``WorkerEchoEngine`` (one device worker per rank) with restarts allowed, and two
+``WorkerEchoEngine`` (one device worker per rank; its ``HangableWorkerEchoEngine``
+form, which can hang on demand) with restarts allowed, and two
 API server processes. Load: a driver client (``retryable`` requests) and HTTP
 clients, each bounded in concurrency and rate. Faults (``faults.KINDS``): every
 kind once, in a seeded order, then seeded random kinds, at seeded random gaps;
@@ -61,11 +62,14 @@ from raydp.testing.fault_load import DriverLoad, HttpLoad, Ledger, LoadShape, Re
 from raydp.testing.faults import KINDS, NETNS_KINDS, Fault, Injector, LocalRay, actor_processes, wait_for
 from raydp.testing.leftovers import live_actors, live_groups, socket_dirs, wait_until
 
-ENGINE = "raydp.models.echo_workers:WorkerEchoEngine"
+ENGINE = "raydp.testing.hangs:HangableWorkerEchoEngine"  # WorkerEchoEngine, plus a hang on demand
+# A hung rank is ended after this: short, to soak many faults, yet far above a turn of these engines
+# (10 ms steps) even on 2 busy cores.
+STEP_TIMEOUT_S = 4.0
 WARMUP_S = 8.0
 # Ray's node death (a partition: the health check's 3 failed 500 ms probes, and then some on a busy box);
 # a process death is seen within 0.1 s
-DETECT_TIMEOUT_S = {"node-remove": 60.0, "partition": 60.0}
+DETECT_TIMEOUT_S = {"node-remove": 60.0, "partition": 60.0, "rank-hang": STEP_TIMEOUT_S + 10.0}
 RECOVER_TIMEOUT_S = 120.0
 GAP_S = (1.0, 4.0)  # between one fault's recovery and the next fault
 RSS_SLACK, FD_SLACK = 64 << 20, 48
@@ -146,6 +150,7 @@ def soak(seed: int, minutes: float, hosts: str = "local") -> Summary:
             engine_kwargs={"step_delay_s": 0.01},
             max_restarts=10_000,
             restart_backoff_s=0,  # the soak times recovery itself, not the policy's backoff
+            step_timeout_s=STEP_TIMEOUT_S,
             coordinator_max_restarts=10_000,
             **master,
         )

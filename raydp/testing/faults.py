@@ -5,6 +5,8 @@ head and worker nodes, one IP). :class:`Injector` kills what a raydp
 cluster is made of, the way it dies in production:
 
 * a rank's engine process: ``SIGKILL`` of its pid, or ``ray.kill``;
+* a rank that hangs: its loop blocks for good in an engine call (engines with a
+  ``hang_now`` utility, :mod:`raydp.testing.hangs`), and its watchdog must end it;
 * a device worker of a rank (engines with a ``worker_class``): ``SIGKILL``;
 * the coordinator: ``SIGKILL`` or ``ray.kill``;
 * an API server process (``cluster.serve_api``): ``SIGKILL``;
@@ -45,12 +47,14 @@ from raydp.serve.processes import APIServerProcessManager
 KINDS = (
     "rank-sigkill",
     "rank-ray-kill",
+    "rank-hang",
     "worker-sigkill",
     "coordinator-sigkill",
     "coordinator-ray-kill",
     "api-server-sigkill",
     "node-remove",
 )
+HANG_CALL_TIMEOUT_S = 120.0
 # On namespace hosts a partition takes the place of node removal (the test cluster's remove_node has no hosts there).
 NETNS_KINDS = (*KINDS[:-1], "partition")
 
@@ -120,6 +124,8 @@ class Injector:
             return self.kill_rank(rank)
         if kind == "rank-ray-kill":
             return self.ray_kill_rank(rank)
+        if kind == "rank-hang":
+            return self.hang_rank(rank)
         if kind == "worker-sigkill":
             return self.kill_worker(rank)
         if kind == "coordinator-sigkill":
@@ -149,6 +155,20 @@ class Injector:
         actor = ray.get_actor(rank_name(self.cluster.name, rank), namespace=NAMESPACE)
         fault = self._fault("rank-ray-kill", f"rank {rank}", ranks=(rank,))
         ray.kill(actor, no_restart=True)
+        return fault
+
+    def hang_rank(self, rank: int) -> Fault:
+        """Block the rank's loop for good (its engine's ``hang_now`` utility never returns): its watchdog
+        must end it after ``step_timeout_s``. The call waits on a thread of its own until the rank is dead."""
+        fault = self._fault("rank-hang", f"rank {rank}", ranks=(rank,))
+
+        def call() -> None:
+            try:
+                self.control.call_utility(rank, "hang_now", timeout=HANG_CALL_TIMEOUT_S)
+            except (raydp.RaydpError, TimeoutError):
+                pass  # the rank's death fails the call: expected
+
+        threading.Thread(target=call, name=f"hang-rank-{rank}", daemon=True).start()
         return fault
 
     def kill_worker(self, rank: int) -> Fault:

@@ -7,6 +7,14 @@ With ``once_dir`` set, each rank hangs once per directory: the hang leaves a
 marker file there, so the rank's successor serves normally, as a restarted
 rank does after a transient wedge.
 
+:class:`HangableWorkerEchoEngine` (the chaos soak's engine) hangs on demand:
+its ``hang_now`` utility never returns, so the loop turn that runs it never
+ends, as a step that blocks does.
+
+:class:`HangingVllmEngine` is a real vLLM engine core whose model executor
+blocks forever in ``execute_model`` at its Nth call on chosen ranks (a worker
+stuck in a forward pass, as a rank stuck in a collective looks from its engine).
+
 Every hang blocks in :func:`block_forever`, so a watchdog's stack names it.
 """
 
@@ -18,6 +26,8 @@ from typing import Any, Literal
 
 from raydp.engine.core import EngineContext
 from raydp.models.echo import EchoEngine
+from raydp.models.echo_workers import WorkerEchoEngine
+from raydp.models.vllm import VllmEngine
 from raydp.wire.protocol import Output
 
 HangPoint = Literal["step", "dummy", "startup"]
@@ -27,6 +37,27 @@ def block_forever() -> None:
     """Never returns: the innermost Python frame of a hung rank in these tests."""
     while True:
         time.sleep(3600)
+
+
+class _HangSwitch:
+    """Whether the Nth call of something hangs, on this rank, once per ``once_dir``."""
+
+    def __init__(self, rank: int, hang_at: int, ranks: list[int] | None, once_dir: str | None) -> None:
+        if hang_at < 1:
+            raise ValueError(f"hang_at_step={hang_at!r}: must be an int >= 1")
+        self.hang_at, self._calls = hang_at, 0
+        self._armed = ranks is None or rank in ranks
+        self._marker = Path(once_dir) / f"hung-dp{rank}" if once_dir else None
+
+    def call(self) -> None:
+        self._calls += 1
+        if not self._armed or self._calls != self.hang_at:
+            return
+        if self._marker is not None:
+            if self._marker.exists():
+                return
+            self._marker.touch()
+        block_forever()
 
 
 class HangingEchoEngine(EchoEngine):
@@ -45,32 +76,48 @@ class HangingEchoEngine(EchoEngine):
     ) -> None:
         if hang_in not in ("step", "dummy", "startup"):
             raise ValueError(f"hang_in={hang_in!r}: must be 'step', 'dummy' or 'startup'")
-        if hang_at_step < 1:
-            raise ValueError(f"hang_at_step={hang_at_step!r}: must be an int >= 1")
+        self._hang = _HangSwitch(context.rank, hang_at_step, ranks, once_dir)
         super().__init__(context, **echo)
-        self.hang_in, self.hang_at = hang_in, hang_at_step
-        self._armed = ranks is None or context.rank in ranks
-        self._marker = Path(once_dir) / f"hung-dp{context.rank}" if once_dir else None
-        self._calls = 0
+        self.hang_in = hang_in
         if hang_in == "startup":
-            self._maybe_hang()
-
-    def _maybe_hang(self) -> None:
-        self._calls += 1
-        if not self._armed or self._calls != self.hang_at:
-            return
-        if self._marker is not None:
-            if self._marker.exists():
-                return
-            self._marker.touch()
-        block_forever()
+            self._hang.call()
 
     def step(self) -> list[Output]:
         if self.hang_in == "step":
-            self._maybe_hang()
+            self._hang.call()
         return super().step()
 
     def execute_dummy_batch(self) -> None:
         if self.hang_in == "dummy":
-            self._maybe_hang()
+            self._hang.call()
         super().execute_dummy_batch()
+
+
+class HangableWorkerEchoEngine(WorkerEchoEngine):
+    """The echo engine with device workers, plus a utility that hangs its rank's loop for good."""
+
+    def hang_now(self) -> None:
+        block_forever()
+
+
+class HangingVllmEngine(VllmEngine):
+    """vLLM's engine core whose executor hangs in its ``hang_at_step``-th ``execute_model`` on ``ranks``."""
+
+    def __init__(
+        self,
+        context: EngineContext,
+        hang_at_step: int = 3,
+        ranks: list[int] | None = None,
+        once_dir: str | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        switch = _HangSwitch(context.rank, hang_at_step, ranks, once_dir)
+        super().__init__(context, **engine_kwargs)
+        executor = self.core.model_executor
+        execute = executor.execute_model
+
+        def execute_model(*args: Any, **kwargs: Any) -> Any:
+            switch.call()
+            return execute(*args, **kwargs)
+
+        executor.execute_model = execute_model

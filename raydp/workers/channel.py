@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import msgspec
 import zmq
 
-from raydp.errors import ProtocolError
+from raydp.errors import ProtocolError, RaydpError
 from raydp.wire.security import CurveKeys
 from raydp.wire.transport import IpcDir, SocketOptions, make_socket, node_ip
 
@@ -81,7 +81,7 @@ call_decoder = msgspec.msgpack.Decoder(Call)
 reply_decoder = msgspec.msgpack.Decoder(Reply)
 
 
-class LinkClosedError(ConnectionError):
+class LinkClosedError(RaydpError, ConnectionError):
     """The peer closed its end (for a worker: its process ended)."""
 
 

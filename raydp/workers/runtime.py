@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from raydp.engine.core import current_path
 from raydp.engine.executor import WORKER_DESCRIBE, Worker, WorkerContext
 from raydp.engine.gloo_interface import use_interface_of
-from raydp.errors import ConfigError
+from raydp.errors import ConfigError, RaydpError
 from raydp.wire.transport import node_ip
 from raydp.workers.channel import RPC, STEP, STOP, Call, Link, LinkClosedError, Reply, call_decoder, call_encoder
 
@@ -53,16 +51,7 @@ class WorkerRuntime:
 
     def describe(self) -> dict[str, Any]:
         """Where this worker runs and what it sees, for operators and tests."""
-        ctx = self.context
-        return {
-            "dp_rank": ctx.dp_rank,
-            "tp_rank": ctx.tp_rank,
-            "node_id": ctx.node_id,
-            "pid": os.getpid(),
-            "device": ctx.device,
-            "device_ids": list(ctx.device_ids),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        }
+        return self.context.describe()
 
     def serve(self, link: Link, on_idle: Callable[[], None] | None = None) -> None:
         """Answer calls on ``link`` until STOP, the driver's end closing, or :meth:`stop`.
@@ -125,8 +114,8 @@ class WorkerRuntime:
                 dist.destroy_process_group()
 
 
-class _StoppedError(Exception):
-    pass
+class _StoppedError(RaydpError):
+    """The worker was told to stop while it waited for a call."""
 
 
 def load_worker_class(worker_class: str | type) -> type:
@@ -140,7 +129,7 @@ def _import_class(path: str) -> type:
     """Import ``module:Class`` (as engine classes are, without their method check)."""
     import importlib
 
-    module_name, _, attr = current_path(path).partition(":")  # a reference engine's old module still loads
+    module_name, _, attr = path.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KINDS = {
     "rank-sigkill",
     "rank-ray-kill",
+    "rank-hang",
     "worker-sigkill",
     "coordinator-sigkill",
     "coordinator-ray-kill",

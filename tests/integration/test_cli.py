@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 from ray.cluster_utils import Cluster
 
+from raydp.testing.serve_cli import ServeProcess
 from tests.integration.helpers import socket_dirs
 
 
@@ -33,28 +34,19 @@ def test_help_runs(command: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_serve_answers_http_and_ctrl_c_shuts_everything_down() -> None:
-    proc = raydp_cli(
-        "serve", "--backend", "mp", "--name", "clisrv", "--engine", "echo", "--api-servers", "2", "--port", "0"
-    )
-    try:
-        assert proc.stdout is not None
-        banner = proc.stdout.readline()
-        assert "Ctrl-C to stop" in banner, banner + (proc.stderr.read() if proc.poll() is not None else "")
-        url = banner.split(" at ")[1].split(" ")[0]
+    flags = ("--backend", "mp", "--name", "clisrv", "--engine", "echo", "--api-servers", "2", "--port", "0")
+    with ServeProcess(*flags) as server:
+        server.banner()
         req = urllib.request.Request(
-            f"{url}/v1/generate",
+            f"{server.url}/v1/generate",
             json.dumps({"prompt_token_ids": [4], "max_tokens": 2}).encode(),
             {"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert json.loads(resp.read()) == {"token_ids": [4, 4]}
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130
-    assert "stopped by SIGINT; everything was shut down" in proc.stderr.read()
+        code, _, err = server.stop(signal.SIGINT, timeout=30)
+    assert code == 130
+    assert "stopped by SIGINT; everything was shut down" in err
     assert socket_dirs("clisrv") == []
 
 
@@ -70,44 +62,20 @@ def test_sigterm_on_a_background_serve_shuts_everything_down(backend: str) -> No
     name = f"bgterm{backend}"
     # On Ray, a local one of its own (not a test cluster that may be running): one rank of CPU bundles.
     on_ray = ("--address", "local", "--accelerator", "CPU", "--dp-size", "1") if backend == "ray" else ()
-    proc = raydp_cli(
-        "serve",
-        "--backend",
-        backend,
-        "--name",
-        name,
-        "--engine",
-        "echo",
-        "--api-servers",
-        "2",
-        "--port",
-        "0",
-        *on_ray,
-        preexec_fn=_ignore_sigint,
-    )
-    try:
-        assert proc.stdout is not None
-        banner = proc.stdout.readline()
-        if "Ctrl-C to stop" not in banner:
-            proc.wait(timeout=30)
-            pytest.fail(f"no banner ({banner!r}); exit {proc.returncode}: {proc.stderr.read()[-3000:]}")
-        url = banner.split(" at ")[1].split(" ")[0]
+    flags = ("--backend", backend, "--name", name, "--engine", "echo", "--api-servers", "2", "--port", "0", *on_ray)
+    with ServeProcess(*flags, preexec_fn=_ignore_sigint) as server:
+        server.banner()
         req = urllib.request.Request(
-            f"{url}/v1/generate",
+            f"{server.url}/v1/generate",
             json.dumps({"prompt_token_ids": [6], "max_tokens": 2}).encode(),
             {"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert json.loads(resp.read()) == {"token_ids": [6, 6]}
-        children = psutil.Process(proc.pid).children(recursive=True)
+        children = psutil.Process(server.proc.pid).children(recursive=True)
         assert children, "the API servers (and, on mp, the engines) are child processes"
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stderr = proc.stderr.read() if proc.stderr else ""
-    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+        code, _, stderr = server.stop(signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, stderr[-3000:]
     assert "stopped by SIGTERM; everything was shut down" in stderr
     assert "Traceback" not in stderr and "Aborted" not in stderr, stderr[-3000:]
     _, alive = psutil.wait_procs(children, timeout=15)
@@ -117,17 +85,10 @@ def test_sigterm_on_a_background_serve_shuts_everything_down(backend: str) -> No
 
 def serve_banner(*flags: str, env: dict[str, str]) -> str:
     """Start ``raydp serve`` on the mp backend, read its banner, stop it with Ctrl-C."""
-    proc = raydp_cli("serve", "--backend", "mp", "--engine", "echo", "--port", "0", *flags, extra_env=env)
-    try:
-        assert proc.stdout is not None
-        banner = proc.stdout.readline()
-        assert "Ctrl-C to stop" in banner, banner + (proc.stderr.read() if proc.poll() is not None else "")
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
+    with ServeProcess("--backend", "mp", "--engine", "echo", "--port", "0", *flags, env=env) as server:
+        banner = server.banner()
+        server.stop(signal.SIGINT, timeout=30)
         return banner
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 @pytest.mark.timeout(120)

@@ -9,9 +9,13 @@ from typing import Any
 import pytest
 
 import raydp
+from raydp.wire.sampling import Sampling
 from tests.integration.helpers import assert_nothing_left, wait_until
+from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference, want_reference
 
 HANGING = "raydp.testing.hangs:HangingEchoEngine"
+VLLM_PROMPT = [5, 6, 7, 8, 9]
+VLLM_EXPECTED = want_reference([(VLLM_PROMPT, {"temperature": 0.0, "max_tokens": 24, "ignore_eos": True})])
 STEP_TIMEOUT_S = 2.0
 DETECTION_BOUND_S = STEP_TIMEOUT_S + 2.0  # the bound: the timeout plus two seconds
 
@@ -151,3 +155,38 @@ def test_a_rank_wedged_while_starting_fails_the_launch_with_its_stack(
     assert "block_forever" in message and "hangs.py" in message, message
     assert took < 3 + 12, f"the launch failed after {took:.1f}s"
     assert_nothing_left(name, timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_vllm_rank_whose_executor_hangs_is_ended_restarted_and_its_streams_go_on_unbroken(tmp_path: Path) -> None:
+    model = tiny_model()
+    (expected,) = vllm_reference(model, VLLM_EXPECTED)
+    hang = {"hang_at_step": 6, "ranks": [1], "once_dir": str(tmp_path)}  # after a prefill and 4 decode steps
+    timeout_s = 5.0  # a step of the small model takes ~0.1 s here
+    with raydp.launch(
+        name="hung-vllm",
+        dp_size=2,
+        accelerator="CPU",
+        backend="mp",
+        engine="raydp.testing.hangs:HangingVllmEngine",
+        engine_kwargs={"model": str(model), **ENGINE_KWARGS, **hang},
+        max_restarts=1,
+        step_timeout_s=timeout_s,
+        progress=False,
+    ) as cluster:
+        client = cluster.client(migration_limit=1)
+        greedy = Sampling(ignore_eos=True)
+        streams = [client.submit(VLLM_PROMPT, 24, migratable=True, sampling=greedy) for _ in range(4)]
+        assert wait_until(lambda: bool(cluster.deaths), timeout=60), "no hang was reported"
+        # Timed from the moment the executor blocked: the marker is touched just before it does.
+        detected = time.time() - (tmp_path / "hung-dp1").stat().st_mtime
+        (death,) = cluster.deaths
+        assert isinstance(death, raydp.EngineHungError) and death.rank == 1 and death.restarting, death
+        assert detected <= timeout_s + 2.0, f"detected {detected:.1f}s after the hang began"
+        assert "block_forever" in death.where and "execute_model" in death.where, death.where
+        # Greedy streams cut by the hang go on from their last token elsewhere: vLLM's unbroken answer.
+        assert [h.result(timeout=120) for h in streams] == [expected] * 4
+        assert client.migrations >= 1, "no stream was cut by the hang"
+        assert wait_until(lambda: _serves(client, 1), timeout=180), "rank 1 came back with its model"
+    assert_nothing_left("hung-vllm", timeout=30)

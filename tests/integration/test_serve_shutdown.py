@@ -10,10 +10,7 @@ a reset or a cut-off chunked body, and one stream goes through the official
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -23,23 +20,13 @@ import psutil
 import pytest
 
 from raydp.testing.http_call import Call
+from raydp.testing.serve_cli import ServeProcess
 from tests.integration.helpers import socket_dirs
 from tests.integration.http_helpers import shutting_down
 
 LONG = 100_000  # tokens: minutes at 20 ms a step
 GRACE_S = 2.0
 SLOW_ENGINE = {"RAYDP_ENGINE_KWARGS": json.dumps({"step_delay_s": 0.02})}
-
-
-def raydp_serve(*flags: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAYDP_LOG_LEVEL": "WARNING", **SLOW_ENGINE}
-    return subprocess.Popen(
-        [sys.executable, "-m", "raydp", "serve", *flags],
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
 
 
 def sdk_stream(url: str, model: str, out: dict[str, Any]) -> threading.Thread:
@@ -64,7 +51,7 @@ def test_sigterm_answers_every_running_request_then_exits(backend: str) -> None:
     name = f"drain{backend}"
     # On Ray, a local one of its own (not a test cluster that may be running): one rank of CPU bundles.
     on_ray = ("--address", "local", "--accelerator", "CPU", "--dp-size", "1") if backend == "ray" else ()
-    proc = raydp_serve(
+    server = ServeProcess(
         "--backend",
         backend,
         "--name",
@@ -78,17 +65,12 @@ def test_sigterm_answers_every_running_request_then_exits(backend: str) -> None:
         "--graceful-shutdown-s",
         f"{GRACE_S:g}",
         *on_ray,
+        env=SLOW_ENGINE,
     )
-    try:
-        assert proc.stdout is not None and proc.stderr is not None
-        banner = proc.stdout.readline()
-        if "Ctrl-C to stop" not in banner:
-            proc.wait(timeout=30)
-            pytest.fail(f"no banner ({banner!r}); exit {proc.returncode}: {proc.stderr.read()[-3000:]}")
-        url = banner.split(" at ")[1].split(" ")[0]
-        host, port = url.removeprefix("http://").split(":")
-        address = (host, int(port))
-        children = psutil.Process(proc.pid).children(recursive=True)
+    with server:
+        server.banner()
+        url, address = server.url, server.address
+        children = psutil.Process(server.proc.pid).children(recursive=True)
         plain = [
             Call(address, "/v1/completions", {"model": name, "prompt": [1], "max_tokens": LONG}),
             Call(address, "/v1/generate", {"prompt_token_ids": [2], "max_tokens": LONG}),
@@ -107,15 +89,10 @@ def test_sigterm_answers_every_running_request_then_exits(backend: str) -> None:
         # 0.6 s of tokens left once it has started: it ends within the grace period.
         short = Call(address, "/v1/completions", {"model": name, "prompt": [4], "max_tokens": 30, "stream": True})
         assert short.started.wait(30)
-        proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
-        proc.wait(timeout=60)
+        code, _, stderr = server.stop(signal.SIGTERM)
         took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stderr = proc.stderr.read() if proc.stderr else ""
-    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert code == 128 + signal.SIGTERM, stderr[-3000:]
     assert "stopped by SIGTERM; everything was shut down" in stderr
     assert "Traceback" not in stderr, stderr[-3000:]
     assert GRACE_S <= took < GRACE_S + 15, f"exit {took:.1f}s after SIGTERM"

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 import openai
 import pytest
 
+from raydp.testing.serve_cli import ServeProcess
 from tests.integration.helpers import wait_until
-from tests.integration.serve_cli import ServeProcess
 
 pytestmark = pytest.mark.timeout(180)
 ENGINE_ENV = {"RAYDP_ENGINE_KWARGS": json.dumps({"step_delay_s": 0.005})}

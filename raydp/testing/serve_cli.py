@@ -1,4 +1,8 @@
-"""``raydp serve`` as a user runs it: a child process, its banner, its URL, its ranks' processes, its end."""
+"""``raydp serve`` as a user runs it: a child process, its banner, its URL, its ranks' processes, its end.
+
+Its stderr goes to a file, not a pipe: a server that logs much (deaths,
+restarts, Ray's own lines) would block on a full pipe nobody reads.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from typing import Any
@@ -17,26 +22,40 @@ import psutil
 class ServeProcess:
     """``raydp serve FLAGS`` started with a quiet log; :meth:`banner` waits for it to serve."""
 
-    def __init__(self, *flags: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *flags: str, env: dict[str, str] | None = None, cwd: str | None = None, **popen: Any) -> None:
         self.flags = flags
-        full_env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAYDP_LOG_LEVEL": "WARNING", **(env or {})}
-        self.proc = subprocess.Popen(
+        root = cwd or os.getcwd()
+        full_env = {**os.environ, "PYTHONPATH": root, "RAYDP_LOG_LEVEL": "WARNING", **(env or {})}
+        self._err = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in __exit__, read until then
+        self.proc: subprocess.Popen[str] = subprocess.Popen(
             [sys.executable, "-m", "raydp", "serve", *flags],
             env=full_env,
             text=True,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self._err,
+            cwd=root,
+            **popen,
         )
         self.url = ""
 
+    @property
+    def address(self) -> tuple[str, int]:
+        """``(host, port)`` of :attr:`url`."""
+        host, port = self.url.split("://")[1].split(":")
+        return host, int(port)
+
+    def stderr(self) -> str:
+        """What it wrote to stderr so far."""
+        self._err.seek(0)
+        return str(self._err.read())
+
     def banner(self) -> str:
         """The banner line (its URL kept in :attr:`url`); fails naming the exit and stderr if none came."""
-        assert self.proc.stdout is not None and self.proc.stderr is not None
+        assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if "Ctrl-C to stop" not in line:
             self.proc.wait(timeout=30)
-            err = self.proc.stderr.read()[-3000:]
-            raise AssertionError(f"no banner ({line!r}); exit {self.proc.returncode}: {err}")
+            raise AssertionError(f"no banner ({line!r}); exit {self.proc.returncode}: {self.stderr()[-3000:]}")
         self.url = line.split(" at ")[1].split(" ")[0]
         return line
 
@@ -71,16 +90,16 @@ class ServeProcess:
         except ValueError:
             return status, raw.decode()
 
-    def stop(self) -> tuple[int, str, str]:
-        """Ctrl-C (if still running), then ``(returncode, stdout rest, stderr)``."""
+    def stop(self, signum: int = signal.SIGINT, timeout: float = 60.0) -> tuple[int, str, str]:
+        """``signum`` (if still running), then ``(returncode, stdout rest, stderr)``; killed past ``timeout``."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(signum)
         try:
-            out, err = self.proc.communicate(timeout=60)
+            out, _ = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            out, err = self.proc.communicate(timeout=10)
-        return self.proc.returncode, out, err
+            out, _ = self.proc.communicate(timeout=10)
+        return self.proc.returncode, out, self.stderr()
 
     def __enter__(self) -> ServeProcess:
         return self
@@ -88,3 +107,4 @@ class ServeProcess:
     def __exit__(self, *exc: object) -> None:
         if self.proc.poll() is None:
             self.stop()
+        self._err.close()
