@@ -2,7 +2,7 @@
 
 A third row serves the same load through vLLM's own OpenAI front-end (what
 ``raydp serve --engine vllm`` runs) over an engine that answers at once
-(:class:`~raydp.models.vllm_instant.InstantVllmEngine`): raydp's own server
+(:class:`~raydp.models.vllm.instant.InstantVllmEngine`): raydp's own server
 against vLLM's, with no engine cost in either.
 
 Both systems serve OpenAI's ``POST /v1/completions`` over loopback with the
@@ -92,7 +92,7 @@ def raydp_http() -> Iterator[str]:
 @contextlib.contextmanager
 def raydp_vllm_frontend_http() -> Iterator[str]:
     """The same cluster, with vLLM's own front-end in the API servers, over an engine that answers at once
-    (:class:`~raydp.models.vllm_instant.InstantVllmEngine`): the new front-end alone against the old."""
+    (:class:`~raydp.models.vllm.instant.InstantVllmEngine`): the new front-end alone against the old."""
     import raydp
     from raydp.models.checkpoint import default_model_dir, make_model
     from raydp.serve.settings import ServerSettings
@@ -100,7 +100,7 @@ def raydp_vllm_frontend_http() -> Iterator[str]:
     model = str(make_model(default_model_dir()))  # its tokenizer and config; no weights are loaded
     settings = ServerSettings(vllm_args=("--model", model, "--served-model-name", MODEL, "--disable-log-stats"))
     cluster = raydp.launch(
-        name=MODEL, dp_size=DP_SIZE, engine="raydp.models.vllm_instant:InstantVllmEngine", progress=False
+        name=MODEL, dp_size=DP_SIZE, engine="raydp.models.vllm.instant:InstantVllmEngine", progress=False
     )
     try:
         servers = cluster.serve_api(API_SERVERS, port=0, settings=settings)

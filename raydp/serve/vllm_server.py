@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from raydp.client.client import Client
-from raydp.models import vllm_config
-from raydp.models.vllm_native import NativeCodec
+from raydp.models.vllm import config as vllm_config
+from raydp.models.vllm.native import NativeCodec
 from raydp.serve.rank_series import PushedRankSeries
 from raydp.serve.readiness import Readiness, ReadyMiddleware, install
 from raydp.serve.settings import ServerSettings

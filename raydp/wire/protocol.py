@@ -47,7 +47,7 @@ class Request(WireMessage, gc=False):
 
     ``native`` carries the engine's own encoding of the request when the
     front-end speaks the engine's language (vLLM's ``EngineCoreRequest`` in
-    vLLM's msgpack, see :mod:`raydp.models.vllm_native`); the fields above
+    vLLM's msgpack, see :mod:`raydp.models.vllm.native`); the fields above
     still say what routing, load booking and migration need: the prompt, and
     the token budget. A migrated native request keeps its ``native`` bytes and
     carries the streamed tokens at the end of ``prompt_token_ids``.

@@ -8,9 +8,9 @@ import pytest
 
 from raydp.cli import vllm_flags
 from raydp.errors import ConfigError
-from raydp.models import vllm_config
 from raydp.models.checkpoint import make_model
-from raydp.models.vllm_requests import Tracked, finish_reason, sampling_params
+from raydp.models.vllm import config as vllm_config
+from raydp.models.vllm.requests import Tracked, finish_reason, sampling_params
 from raydp.wire.sampling import Sampling
 
 pytestmark = pytest.mark.timeout(120)
@@ -78,7 +78,7 @@ def test_a_stop_string_completed_across_tokens_is_seen_and_work_counts_down(tmp_
 def test_vllms_cache_events_become_raydp_block_names_and_evictions_undo_them() -> None:
     from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
-    from raydp.models.vllm_cache import VllmCacheEvents
+    from raydp.models.vllm.cache import VllmCacheEvents
     from raydp.wire.blocks import block_digests
 
     def stored(hashes: list[int], parent: int | None, tokens: list[int], **extra: object) -> BlockStored:
@@ -113,7 +113,7 @@ def test_kv_events_are_turned_on_unless_the_user_configured_them_and_the_users_p
     from vllm.config import KVEventsConfig
     from vllm.distributed.kv_events import BlockStored, KVEventBatch
 
-    from raydp.models.vllm_cache import TeePublisher, VllmCacheEvents, events_config
+    from raydp.models.vllm.cache import TeePublisher, VllmCacheEvents, events_config
 
     ours = events_config({"model": "m"})["kv_events_config"]
     assert ours.enable_kv_cache_events and ours.publisher == "null"

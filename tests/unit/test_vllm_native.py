@@ -7,8 +7,8 @@ import pytest
 
 from raydp.cli import vllm_flags
 from raydp.errors import ConfigError
-from raydp.models.vllm_native import NativeCodec, check_no_pickle, typed_args
-from raydp.models.vllm_requests import resumed
+from raydp.models.vllm.native import NativeCodec, check_no_pickle, typed_args
+from raydp.models.vllm.requests import resumed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -143,7 +143,7 @@ def test_the_instant_engine_answers_vllms_request_at_once_in_vllms_output() -> N
     from vllm.v1.engine import FinishReason
 
     from raydp.engine.core import EngineContext
-    from raydp.models.vllm_instant import InstantVllmEngine
+    from raydp.models.vllm.instant import InstantVllmEngine
     from raydp.wire.protocol import Request
 
     codec = NativeCodec()

@@ -5,7 +5,7 @@ raydp device workers (one per device bundle, each given its device by Ray,
 their deaths watched by raydp). Each of them hosts one vLLM worker
 (``WorkerWrapperBase``: vLLM's ``CPUWorker`` or ``Worker`` for CUDA), built by
 :meth:`VllmWorker.vllm_init`. The engine core's side is
-:class:`~raydp.models.vllm_executor.RaydpVllmExecutor`.
+:class:`~raydp.models.vllm.executor.RaydpVllmExecutor`.
 
 What crosses raydp's channel to them (the rank's private channel: Unix
 sockets in its 0700 IPC directory, or CURVE TCP to its own workers; never a
@@ -45,7 +45,7 @@ from typing import Any
 
 from raydp.engine.executor import WorkerContext
 
-logger = logging.getLogger("raydp.models.vllm_workers")
+logger = logging.getLogger("raydp.models.vllm.workers")
 
 
 def dumps(obj: Any) -> bytes:
@@ -68,7 +68,7 @@ class VllmWorker:
     """
 
     def __init__(self, context: WorkerContext) -> None:
-        from raydp.models.vllm_config import set_process_environment
+        from raydp.models.vllm.config import set_process_environment
 
         set_process_environment()
         self.context = context

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from raydp.engine.core import EngineContext
-from raydp.models.vllm_native import NativeCodec
+from raydp.models.vllm.native import NativeCodec
 from raydp.wire.protocol import Output, Request
 
 TOKEN = 7

@@ -6,7 +6,7 @@ memory profiling, KV-cache specs, warm-up, ...) go out as raydp
 ``collective_rpc`` calls, and each step (vLLM 0.32's ``execute_model`` and
 then ``sample_tokens``) as one raydp ``execute_step`` over the rank's own
 channel, never a Ray call. What crosses, and how it is encoded, is in
-:mod:`raydp.models.vllm_workers`. A worker's death reaches the rank through
+:mod:`raydp.models.vllm.workers`. A worker's death reaches the rank through
 raydp's executor (``WorkerDeadError``), which fails the rank as for any engine.
 """
 
@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from raydp.engine.executor import Executor as RaydpExecutor
-from raydp.models.vllm_workers import dumps, loads
+from raydp.models.vllm.workers import dumps, loads
 
 
 def executor_class(workers: RaydpExecutor, init_method: str) -> type[Any]:

