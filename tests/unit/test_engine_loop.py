@@ -27,6 +27,7 @@ from raydp.wire.control import (
 )
 from raydp.wire.protocol import Abort, OutputBatch, Request, RequestBatch, RequestType, UtilityCall, output_decoder
 from raydp.wire.transport import SocketOptions, make_socket
+from tests.unit.loop_thread import run_loop
 
 OPTS = SocketOptions()
 
@@ -86,20 +87,7 @@ def start(
     sub.connect("inproc://broadcast")
     sockets = EngineSockets(ctx, inputs, push, sub, rank=0)
     loop = EngineLoop(engine, 0, sockets, stats_interval_s=stats_interval_s)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            loop.run()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            sockets.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert broadcast.poll(5000), "the engine subscribes to the broadcast socket"
-    broadcast.recv()
+    thread, errors = run_loop(loop, sockets, broadcast)
     return Rig(ctx, loop, thread, collect, broadcast, errors)
 
 

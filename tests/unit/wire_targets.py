@@ -82,6 +82,7 @@ from raydp.wire.protocol import (
 )
 from raydp.wire.security import CurveKeys, guard
 from raydp.wire.transport import SocketOptions, make_socket
+from tests.unit.loop_thread import run_loop
 
 MAX_BYTES = 1 << 20  # every fuzzed target's maximum message size
 KEYS = CurveKeys.generate()  # the cluster's keys in every CURVE case
@@ -365,20 +366,7 @@ def start_engine(auth: str, ctx: zmq.Context[zmq.Socket[bytes]]) -> EngineTarget
         rank=0,
     )
     loop = EngineLoop(EchoEngine(EngineContext(0, 0, 1, 1, "n")), 0, sockets, stats_interval_s=0.01)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            loop.run()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            sockets.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert broadcast.poll(5000), "the engine subscribes to the broadcast socket"
-    broadcast.recv()
+    thread, errors = run_loop(loop, sockets, broadcast)
     return EngineTarget(ctx, loop, thread, errors, address, broadcast)
 
 
