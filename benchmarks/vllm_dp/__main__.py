@@ -38,6 +38,7 @@ def options_from(args: argparse.Namespace) -> Options:
         workload,
         turns=base.turns if args.turns is None else args.turns,
         faults=not args.no_faults,
+        hangs=not args.no_hangs,
         model_dir=args.model_dir,
         systems=tuple(args.system or SYSTEMS),
         fault_window_s=args.fault_window,
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--omp-threads", type=int, default=1, help="OMP_NUM_THREADS of every engine (default 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model-dir", help="checkpoint directory (default: build the small model into the cache)")
-    parser.add_argument("--no-faults", action="store_true", help="leave out the fault turns")
+    parser.add_argument("--no-faults", action="store_true", help="leave out the kill turns")
+    parser.add_argument("--no-hangs", action="store_true", help="leave out the hang turns")
     parser.add_argument("--fault-window", type=float, default=90.0, help="seconds to watch after the kill")
     parser.add_argument("--system", action="append", choices=SYSTEMS, help="run only this system (repeatable)")
     parser.add_argument("--dataset", action="append", choices=DATASETS, help="run only this workload (repeatable)")

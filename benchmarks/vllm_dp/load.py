@@ -205,6 +205,30 @@ def ms(value: float | None) -> float | None:
     return None if value is None else value * 1000
 
 
+async def _metrics(url: str) -> str:
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as answer,
+        ):
+            return await answer.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return ""
+
+
+async def hangs_counted(url: str) -> float:
+    """The hangs raydp's API server counted (``raydp_rank_hangs_total``, summed over ranks)."""
+    text = await _metrics(url)
+    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith("raydp_rank_hangs_total{"))
+
+
+async def all_ranks_live(url: str) -> bool:
+    """Whether raydp's API server reports every rank live (no ``raydp_rank_dead{...} 1``)."""
+    text = await _metrics(url)
+    dead = [x for x in text.splitlines() if x.startswith("raydp_rank_dead{")]
+    return bool(dead) and all(float(x.split()[-1]) == 0.0 for x in dead)
+
+
 async def rank_live(url: str, rank: int) -> bool:
     """Whether raydp's API server reports ``rank`` live (``raydp_rank_dead{rank=...} 0`` on its /metrics)."""
     try:

@@ -20,15 +20,17 @@ from benchmarks.common import log
 from benchmarks.vllm_dp.bench_serve import bench_serve, dataset_args
 from benchmarks.vllm_dp.load import (
     Sample,
+    all_ranks_live,
     client_session,
     closed_loop,
     completion_body,
+    hangs_counted,
     make_prompts,
     rank_live,
     stream_completion,
     wait_ready,
 )
-from benchmarks.vllm_dp.servers import Server, ServerError, spawn, title_of
+from benchmarks.vllm_dp.servers import REPO, Server, ServerError, spawn, title_of
 
 SYSTEMS = ("raydp", "vllm", "vllm-ray", "serve-llm")
 DATASETS = ("random", "prefix")
@@ -69,6 +71,7 @@ class Options:
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 300.0
     fault_window_s: float = 90.0
+    hangs: bool = True  # the hang turn too (vLLM's executor blocked in one engine)
     omp_threads: int = 1
     size: str = "tiny"
     datasets: tuple[str, ...] = DATASETS
@@ -108,10 +111,13 @@ class TurnResult:
 
 @dataclass
 class FaultResult:
-    """The fault turn of one system: rank 1's engine SIGKILLed under load; times in s from the kill."""
+    """A fault turn of one system under load: rank 1's engine SIGKILLed (``kill``), or one engine's executor
+    blocked in ``execute_model`` for good (``hang``); times in s from the fault."""
 
     system: str
+    kind: str = "kill"
     target: str = ""
+    detected_s: float | None = None  # the hang: raydp's /metrics counted it (raydp_rank_hangs_total)
     startup_s: float | None = None
     in_flight: int = 0  # requests running at the kill
     in_flight_failed: int = 0
@@ -146,6 +152,7 @@ class VllmReport:
     engine_flags: list[str] = field(default_factory=list)
     size: str = "tiny"
     parameters: int = 0
+    fault_window_s: float = 90.0
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -228,11 +235,13 @@ def run_turn(
     result: R,
     load: Callable[[Setup, Server, R], Coroutine[Any, Any, object]],
     dataset: str = "random",
+    env: dict[str, str] | None = None,
 ) -> R:
     """One fresh server start under ``load``; a failed turn is reported in ``result``, not fatal."""
     # raydp runs as its users would for the workload: the prefix policy where prompts share prefixes.
     extra: list[str] = ["--balancer", "prefix"] if system == "raydp" and dataset == "prefix" else []
-    server = spawn(system, setup.model, [*setup.flags, *extra], setup.log_dir, tag, setup.opts.omp_threads)
+    flags = [*setup.flags, *extra]
+    server = spawn(system, setup.model, flags, setup.log_dir, tag, setup.opts.omp_threads, env)
     try:
         asyncio.run(load(setup, server, result))
     except Exception as exc:
@@ -274,6 +283,44 @@ async def fault_load(setup: Setup, server: Server, result: FaultResult) -> None:
     tally(result, samples, kill_at)
 
 
+HANG_AT_CALL = 120  # the Nth execute_model of an engine blocks: past the warm-up, early in the load
+HANG_HOOK = Path(__file__).resolve().parent / "hang_hook"
+
+
+def hang_env(marker: Path) -> dict[str, str]:
+    """What arms :mod:`hang_hook <benchmarks.vllm_dp.hang_hook.sitecustomize>` in the server's processes."""
+    return {"PYTHONPATH": f"{HANG_HOOK}:{REPO}", "RAYDP_BENCH_HANG": f"{HANG_AT_CALL}:{marker}"}
+
+
+async def hang_load(setup: Setup, server: Server, result: FaultResult) -> None:
+    """Closed-loop load until one engine's executor blocks (its marker appears); watched as after a kill."""
+    w, window = setup.opts.workload, setup.opts.fault_window_s
+    marker = Path(server_marker(server))
+    result.startup_s = await wait_ready(server, setup.opts.startup_timeout_s)
+    await warm_up(server, w, setup.vocab, setup.opts.request_timeout_s)
+    samples: list[Sample] = []
+    stop = asyncio.Event()
+    hang_at = time.monotonic()
+    async with client_session(w.concurrency) as session:
+        workers = [
+            asyncio.create_task(fault_worker(session, server, setup, samples, stop, i)) for i in range(w.concurrency)
+        ]
+        try:
+            await until(marker.exists, 120.0)
+            hang_at = time.monotonic() - max(0.0, time.time() - marker.stat().st_mtime)
+            result.target = f"execute_model call {HANG_AT_CALL} of the first engine there"
+            log(f"{server.system}: an engine's executor blocked")
+            result.ended = await watch(server, samples, hang_at, window, result)
+        finally:
+            stop.set()
+            await finish(workers, 30.0)
+    tally(result, samples, hang_at)
+
+
+def server_marker(server: Server) -> str:
+    return str(server.log_path.with_suffix(".hung"))
+
+
 async def fault_worker(
     session: aiohttp.ClientSession, server: Server, setup: Setup, samples: list[Sample], stop: asyncio.Event, index: int
 ) -> None:
@@ -309,8 +356,12 @@ async def watch(server: Server, samples: list[Sample], kill_at: float, window_s:
             result.exited_s, result.exit_code = now - kill_at, server.proc.returncode
             await asyncio.sleep(2.0)  # the requests in flight see the end
             return "server exited"
-        if result.rank_back_s is None and server.system == "raydp":
-            live = await rank_live(server.url, KILLED_RANK)
+        raydp, hang = server.system == "raydp", result.kind == "hang"
+        if raydp and hang and result.detected_s is None and await hangs_counted(server.url) > 0:
+            result.detected_s = now - kill_at
+        if result.rank_back_s is None and raydp:
+            # The hang hits whichever engine gets there first: back means every rank live again.
+            live = await all_ranks_live(server.url) if hang else await rank_live(server.url, KILLED_RANK)
             seen_dead = seen_dead or not live
             if live and seen_dead:
                 result.rank_back_s = now - kill_at
@@ -354,6 +405,11 @@ def fault_turn(setup: Setup, system: str) -> FaultResult:
     return run_turn(setup, system, "fault", FaultResult(system), fault_load)
 
 
+def hang_turn(setup: Setup, system: str) -> FaultResult:
+    marker = setup.log_dir / f"{system}-hang.hung"  # server_marker() of the server this turn spawns
+    return run_turn(setup, system, "hang", FaultResult(system, kind="hang"), hang_load, env=hang_env(marker))
+
+
 def build_model(model_dir: str | None, size: str) -> str:
     from raydp.models.checkpoint import default_model_dir, make_model
 
@@ -372,6 +428,7 @@ def run_benchmark(opts: Options) -> VllmReport:
     log_dir = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     setup = Setup(opts, model, vocab, engine_flags(w), log_dir, make_prompts(w.requests, w.prompt_len, vocab, w.seed))
     report = VllmReport(asdict(w), model_dir=model, log_dir=str(log_dir), engine_flags=setup.flags, size=opts.size)
+    report.fault_window_s = opts.fault_window_s
     report.parameters = parameter_count(model)
     for dataset in opts.datasets:
         for turn in range(opts.turns):
@@ -381,6 +438,10 @@ def run_benchmark(opts: Options) -> VllmReport:
         served = [s for s in opts.systems if any(t.system == s and t.error is None for t in report.turns)]
         for system in served:
             report.faults.append(fault_turn(setup, system))
+    if opts.hangs:
+        served = [s for s in opts.systems if any(t.system == s and t.error is None for t in report.turns)]
+        for system in served:
+            report.faults.append(hang_turn(setup, system))
     return report
 
 

@@ -52,6 +52,8 @@ def server_command(system: str, model: str, port: int, name: str, flags: list[st
             "1",
             "--migration-limit",  # a stream cut by the fault turn's kill goes on on the other rank
             "1",
+            "--step-timeout-s",  # the hang turn's bound (the default, 300 s, is vLLM's own execute_model bound)
+            str(STEP_TIMEOUT_S),
             "--host",
             "127.0.0.1",
             "--port",
@@ -82,6 +84,7 @@ def server_command(system: str, model: str, port: int, name: str, flags: list[st
 
 
 STOP_GRACE_S = 30  # SIGTERM to SIGKILL, in s
+STEP_TIMEOUT_S = 15  # raydp's: a rank's loop turn past it is a hang
 
 
 # Every server runs under this supervisor, which gets SIGTERM (PR_SET_PDEATHSIG, 1) if the bench dies in any
@@ -199,7 +202,15 @@ def title_of(p: psutil.Process) -> str:
         return "?"
 
 
-def spawn(system: str, model: str, flags: list[str], log_dir: Path, tag: str, omp_threads: int = 1) -> Server:
+def spawn(
+    system: str,
+    model: str,
+    flags: list[str],
+    log_dir: Path,
+    tag: str,
+    omp_threads: int = 1,
+    extra_env: dict[str, str] | None = None,
+) -> Server:
     name = f"bv{os.getpid()}{tag}"
     port = free_port()
     log_path = log_dir / f"{system}-{tag}.log"
@@ -210,7 +221,7 @@ def spawn(system: str, model: str, flags: list[str], log_dir: Path, tag: str, om
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=server_env(omp_threads),
+            env={**server_env(omp_threads), **(extra_env or {})},
             cwd=REPO,
             start_new_session=True,
         )

@@ -1,10 +1,11 @@
-"""The vLLM benchmark's table: load medians per system, their ratios, stop times and the fault turn."""
+"""The vLLM benchmark's table: load medians per system, their ratios, stop times and the fault turns."""
 
 from __future__ import annotations
 
 import statistics
 
 from benchmarks.vllm_dp.run import (
+    HANG_AT_CALL,
     KILLED_RANK,
     STARTUP_TARGET,
     SYSTEMS,
@@ -14,6 +15,7 @@ from benchmarks.vllm_dp.run import (
     TurnResult,
     VllmReport,
 )
+from benchmarks.vllm_dp.servers import STEP_TIMEOUT_S
 
 METRICS = (
     ("tok_s", "output tok/s"),
@@ -142,6 +144,26 @@ def fault_table(faults: list[FaultResult]) -> list[str]:
     return lines
 
 
+def hang_table(hangs: list[FaultResult], window_s: float) -> list[str]:
+    lines = [
+        "| system | hang detected (s) | in flight at the hang: failed | started after: ok / failed "
+        "| first OK after the hang (s) | all ranks live again (s) | watch ended | commonest error |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for f in hangs:
+        if f.error is not None:
+            lines.append(f"| {LABELS[f.system]} | failed: {f.error[:200]} | | | | | | |")
+            continue
+        detected = _fmt(f.detected_s) if f.system == "raydp" else f"never (watched {window_s:g} s)"
+        back = _fmt(f.rank_back_s) if f.system == "raydp" else "n/a (no restart)"
+        error = next(iter(f.errors), "")
+        lines.append(
+            f"| {LABELS[f.system]} | {detected} | {f.in_flight_failed}/{f.in_flight} | {f.after_ok} / {f.after_failed} "
+            f"| {_fmt(f.first_ok_s)} | {back} | {f.ended} | {error.replace('|', '/')} |"
+        )
+    return lines
+
+
 def vllm_table(report: VllmReport) -> list[str]:
     w = report.workload
     turns = max((t.turn for t in report.turns), default=-1) + 1
@@ -164,13 +186,24 @@ def vllm_table(report: VllmReport) -> list[str]:
         sub = VllmReport(report.workload, turns=mine)
         lines += ["", f"Workload: {label}", "", *load_table(sub, systems), "", *ratio_lines(mine)]
     lines += ["", stop_line(report, systems)]
-    if report.faults:
+    kills = [f for f in report.faults if f.kind == "kill"]
+    hangs = [f for f in report.faults if f.kind == "hang"]
+    if kills:
         lines += [
             "",
             f"Fault: SIGKILL rank {KILLED_RANK}'s engine process under the same load (raydp with "
             "--max-restarts 1); times from the kill.",
             "",
-            *fault_table(report.faults),
+            *fault_table(kills),
+        ]
+    if hangs:
+        lines += [
+            "",
+            f"Hang: the first engine whose executor reaches its {HANG_AT_CALL}th `execute_model` blocks there for "
+            "good, under the same load (`benchmarks/vllm_dp/hang_hook`, the same injection in both systems; raydp "
+            f"with `--step-timeout-s {STEP_TIMEOUT_S}`); times from the block.",
+            "",
+            *hang_table(hangs, report.fault_window_s),
         ]
     lines += ["", f"Server logs: {report.log_dir}"]
     return lines

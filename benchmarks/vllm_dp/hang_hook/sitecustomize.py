@@ -1,0 +1,64 @@
+"""The hang turn's injection (``benchmarks.vllm_dp``): on PYTHONPATH, with ``RAYDP_BENCH_HANG=N:MARKER``.
+
+The first vLLM engine (of any system: vLLM's own engine cores and raydp's
+ranks run the same ``UniProcExecutor``) whose executor reaches its Nth
+``execute_model`` blocks there for good, as a rank stuck in a collective or a
+kernel does; creating ``MARKER`` (exclusively) says when, and makes it the only
+one. The patch is applied when vLLM's module is imported, so every other
+process this path reaches pays nothing.
+"""
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import time
+
+_SPEC = os.environ.get("RAYDP_BENCH_HANG", "")
+_TARGET = "vllm.v1.executor.uniproc_executor"
+
+
+def _block_forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def _patch(module) -> None:  # type: ignore[no-untyped-def]
+    cls = module.UniProcExecutor
+    original = cls.execute_model
+    at, marker = _SPEC.split(":", 1)
+    calls = [0]
+
+    def execute_model(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] == int(at):
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                _block_forever()
+        return original(self, *args, **kwargs)
+
+    cls.execute_model = execute_model
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+        if fullname != _TARGET:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):  # type: ignore[no-untyped-def]
+            exec_module(module)
+            _patch(module)
+
+        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+if _SPEC:
+    sys.meta_path.insert(0, _PatchOnImport())
