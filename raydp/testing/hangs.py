@@ -103,6 +103,14 @@ class HangableWorkerEchoEngine(WorkerEchoEngine):
 class HangingVllmEngine(VllmEngine):
     """vLLM's engine core whose executor hangs in its ``hang_at_step``-th ``execute_model`` on ``ranks``."""
 
+    HANG_KWARGS = ("hang_at_step", "ranks", "once_dir")
+
+    @classmethod
+    def check_engine_kwargs(cls, config: Any) -> None:
+        """vLLM's own check, of the kwargs that are vLLM's (the hang's are this class's)."""
+        kwargs = {k: v for k, v in config.engine_kwargs.items() if k not in cls.HANG_KWARGS}
+        super().check_engine_kwargs(config.with_changes(engine_kwargs=kwargs))
+
     def __init__(
         self,
         context: EngineContext,

@@ -27,6 +27,14 @@ def _serves(client: Any, rank: int) -> bool:
         return False
 
 
+def _generates(client: Any, rank: int) -> bool:
+    """Whether ``rank`` answers a one-token request (a model's token, whatever it is)."""
+    try:
+        return len(client.generate(VLLM_PROMPT, max_tokens=1, rank=rank, timeout=10)) == 1
+    except raydp.RaydpError:
+        return False
+
+
 def _await_hang(cluster: Any, since: float) -> raydp.EngineHungError:
     assert wait_until(lambda: bool(cluster.deaths), timeout=DETECTION_BOUND_S + 5), "no hang was reported"
     detected = time.monotonic() - since
@@ -188,5 +196,5 @@ def test_a_vllm_rank_whose_executor_hangs_is_ended_restarted_and_its_streams_go_
         # Greedy streams cut by the hang go on from their last token elsewhere: vLLM's unbroken answer.
         assert [h.result(timeout=120) for h in streams] == [expected] * 4
         assert client.migrations >= 1, "no stream was cut by the hang"
-        assert wait_until(lambda: _serves(client, 1), timeout=180), "rank 1 came back with its model"
+        assert wait_until(lambda: _generates(client, 1), timeout=180), "rank 1 came back with its model"
     assert_nothing_left("hung-vllm", timeout=30)
