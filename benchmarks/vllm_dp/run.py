@@ -71,7 +71,7 @@ class Options:
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 300.0
     fault_window_s: float = 90.0
-    hangs: bool = True  # the hang turn too (vLLM's executor blocked in one engine)
+    hangs: bool = True  # the hang turn too (one vLLM worker blocked in execute_model)
     omp_threads: int = 1
     size: str = "tiny"
     datasets: tuple[str, ...] = DATASETS
@@ -283,7 +283,7 @@ async def fault_load(setup: Setup, server: Server, result: FaultResult) -> None:
     tally(result, samples, kill_at)
 
 
-HANG_AT_CALL = 120  # the Nth execute_model of an engine blocks: past the warm-up, early in the load
+HANG_AT_CALL = 120  # the Nth execute_model of a worker blocks: past the warm-up, early in the load
 HANG_HOOK = Path(__file__).resolve().parent / "hang_hook"
 
 
@@ -293,7 +293,7 @@ def hang_env(marker: Path) -> dict[str, str]:
 
 
 async def hang_load(setup: Setup, server: Server, result: FaultResult) -> None:
-    """Closed-loop load until one engine's executor blocks (its marker appears); watched as after a kill."""
+    """Closed-loop load until one worker's ``execute_model`` blocks (its marker appears); watched as after a kill."""
     w, window = setup.opts.workload, setup.opts.fault_window_s
     marker = Path(server_marker(server))
     result.startup_s = await wait_ready(server, setup.opts.startup_timeout_s)
@@ -308,8 +308,8 @@ async def hang_load(setup: Setup, server: Server, result: FaultResult) -> None:
         try:
             await until(marker.exists, 120.0)
             hang_at = time.monotonic() - max(0.0, time.time() - marker.stat().st_mtime)
-            result.target = f"execute_model call {HANG_AT_CALL} of the first engine there"
-            log(f"{server.system}: an engine's executor blocked")
+            result.target = f"execute_model call {HANG_AT_CALL} of the first worker there"
+            log(f"{server.system}: a worker's execute_model blocked")
             result.ended = await watch(server, samples, hang_at, window, result)
         finally:
             stop.set()

@@ -199,7 +199,7 @@ def vllm_table(report: VllmReport) -> list[str]:
     if hangs:
         lines += [
             "",
-            f"Hang: the first engine whose executor reaches its {HANG_AT_CALL}th `execute_model` blocks there for "
+            f"Hang: the first vLLM worker whose `execute_model` reaches its {HANG_AT_CALL}th call blocks there for "
             "good, under the same load (`benchmarks/vllm_dp/hang_hook`, the same injection in both systems; raydp "
             f"with `--step-timeout-s {STEP_TIMEOUT_S}`); times from the block.",
             "",

@@ -1,11 +1,12 @@
 """The hang turn's injection (``benchmarks.vllm_dp``): on PYTHONPATH, with ``RAYDP_BENCH_HANG=N:MARKER``.
 
-The first vLLM engine (of any system: vLLM's own engine cores and raydp's
-ranks run the same ``UniProcExecutor``) whose executor reaches its Nth
-``execute_model`` blocks there for good, as a rank stuck in a collective or a
-kernel does; creating ``MARKER`` (exclusively) says when, and makes it the only
-one. The patch is applied when vLLM's module is imported, so every other
-process this path reaches pays nothing.
+The first vLLM worker (of any system: vLLM's own, in the worker process
+its DP engine cores' ``MultiprocExecutor`` starts, and raydp's, inside each
+rank's ``UniProcExecutor``) whose ``execute_model`` reaches its Nth call
+blocks there for good, as a worker stuck in a kernel or a collective does;
+creating ``MARKER`` (exclusively) says when, and makes it the only one. The
+patch is applied when vLLM's module is imported, so every other process this
+path reaches pays nothing.
 """
 
 import importlib.abc
@@ -15,7 +16,7 @@ import sys
 import time
 
 _SPEC = os.environ.get("RAYDP_BENCH_HANG", "")
-_TARGET = "vllm.v1.executor.uniproc_executor"
+_TARGET = "vllm.v1.worker.gpu_worker"  # its Worker is CPUWorker's base too
 
 
 def _block_forever() -> None:
@@ -24,7 +25,7 @@ def _block_forever() -> None:
 
 
 def _patch(module) -> None:  # type: ignore[no-untyped-def]
-    cls = module.UniProcExecutor
+    cls = module.Worker
     original = cls.execute_model
     at, marker = _SPEC.split(":", 1)
     calls = [0]
