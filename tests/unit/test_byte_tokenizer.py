@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raydp.serve import tokenizer
+from raydp.text import byte_tokenizer as tokenizer
 
 pytestmark = pytest.mark.timeout(60)
 
