@@ -434,12 +434,12 @@ def run_benchmark(opts: Options) -> VllmReport:
         for turn in range(opts.turns):
             for system in opts.systems:  # alternating: a slow minute of the machine hits every system
                 report.turns.append(measure(setup, system, turn, dataset))
-    if opts.faults:  # the systems that served: a fault turn of one that cannot start says nothing new
-        served = [s for s in opts.systems if any(t.system == s and t.error is None for t in report.turns)]
+    # The systems that served: a fault turn of one that cannot start says nothing new (with --turns 0, all).
+    served = [s for s in opts.systems if not report.turns or any(t.system == s and not t.error for t in report.turns)]
+    if opts.faults:
         for system in served:
             report.faults.append(fault_turn(setup, system))
     if opts.hangs:
-        served = [s for s in opts.systems if any(t.system == s and t.error is None for t in report.turns)]
         for system in served:
             report.faults.append(hang_turn(setup, system))
     return report
