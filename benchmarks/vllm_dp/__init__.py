@@ -47,6 +47,9 @@ and, for raydp, the time until the restarted rank is live again (its
 its process group and every descendant seen), and runs under a small
 supervisor that stops it if the bench itself dies, so nothing is left running.
 
+The hang turn's injection is ``hang_hook/sitecustomize.py``: not a module of
+this package, but a folder put first on the servers' ``PYTHONPATH``.
+
 Modules:
 
 - ``run``: the turns and the fault turn;

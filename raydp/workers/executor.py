@@ -150,6 +150,7 @@ class ChannelExecutor:
                 reply = self._recv(tp, time.monotonic() + POLL_SLICE_S * 20, self.check_health, expect_seq=False)
                 ctx = self.contexts[tp]
                 why = str(reply.value) if not reply.ok else "an unexpected reply to a step"
+                self._peer_death_first()
                 self._broken = f"worker tp{tp} of rank {self.dp_rank} failed a step"
                 raise WorkerError(ctx.dp_rank, tp, ctx.node_id, "execute_step", why)
 
@@ -195,6 +196,15 @@ class ChannelExecutor:
     def _results(self, method: str, replies: list[Any]) -> list[Any]:
         for tp, reply in enumerate(replies):
             if not reply.ok:
+                self._peer_death_first()
                 ctx = self.contexts[tp]
                 raise WorkerError(ctx.dp_rank, tp, ctx.node_id, method, str(reply.value))
         return [r.value for r in replies]
+
+    def _peer_death_first(self) -> None:
+        """A worker's error in a collective is most often its peer's death (gloo: 'connection reset by peer'):
+        the monitor gets a moment to report one, and a death found is the rank's cause, not the echo."""
+        deadline = time.monotonic() + MONITOR_GRACE_S
+        while self._dead is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.check_health()

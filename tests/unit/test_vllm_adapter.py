@@ -33,11 +33,14 @@ def test_fields_raydp_owns_are_refused_naming_them(kwargs: dict[str, object], sa
         vllm_config.check_kwargs(kwargs, 1, 1)
 
 
-def test_an_unknown_vllm_field_is_refused_naming_it_and_known_ones_pass_through() -> None:
+def test_an_unknown_vllm_field_is_refused_naming_it_and_known_ones_pass_through(tmp_path: Path) -> None:
+    # A local directory: with the hub offline (as a rank sets it, and as an earlier test in this process may
+    # have), vLLM resolves any other model name on the hub's local cache.
+    model = str(tmp_path)
     with pytest.raises(ConfigError, match=r"engine_kwargs\.max_modle_len: not a vLLM engine argument"):
-        vllm_config.engine_args({"model": "m", "max_modle_len": 5}, 1, 1)
-    args = vllm_config.engine_args({"model": "m", "max_model_len": 77, "enforce_eager": True}, 1, 1)
-    assert (args.model, args.max_model_len, args.enforce_eager, args.tensor_parallel_size) == ("m", 77, True, 1)
+        vllm_config.engine_args({"model": model, "max_modle_len": 5}, 1, 1)
+    args = vllm_config.engine_args({"model": model, "max_model_len": 77, "enforce_eager": True}, 1, 1)
+    assert (args.model, args.max_model_len, args.enforce_eager, args.tensor_parallel_size) == (model, 77, True, 1)
 
 
 def test_vllms_own_flags_become_engine_kwargs_that_differ_from_its_defaults() -> None:
