@@ -154,7 +154,12 @@ def hang_table(hangs: list[FaultResult], window_s: float) -> list[str]:
         if f.error is not None:
             lines.append(f"| {LABELS[f.system]} | failed: {f.error[:200]} | | | | | | |")
             continue
-        detected = _fmt(f.detected_s) if f.system == "raydp" else f"never (watched {window_s:g} s)"
+        if f.system == "raydp":
+            detected = _fmt(f.detected_s)
+        elif f.exited_s is not None:
+            detected = f"its server exited at {f.exited_s:.1f} (rc {f.exit_code})"
+        else:
+            detected = f"never (watched {window_s:g} s)"
         back = _fmt(f.rank_back_s) if f.system == "raydp" else "n/a (no restart)"
         error = next(iter(f.errors), "")
         lines.append(
