@@ -52,7 +52,8 @@ this package, but a folder put first on the servers' ``PYTHONPATH``.
 
 Modules:
 
-- ``run``: the turns and the fault turn;
+- ``run``: the turns;
+- ``faults``: the fault turns: a killed engine, a hung worker;
 - ``table``: the table;
 - ``bench_serve``: ``vllm bench serve`` against one server, its result;
 - ``serve_llm``: Ray Serve LLM's data-parallel app, as a server process;

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 
+from benchmarks.vllm_dp.faults import HANG_AT_CALL
 from benchmarks.vllm_dp.run import (
-    HANG_AT_CALL,
     KILLED_RANK,
     STARTUP_TARGET,
     SYSTEMS,
