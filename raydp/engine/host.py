@@ -175,6 +175,7 @@ class EngineHost:
     def run(self, handshake_addresses: list[str]) -> None:
         """Handshake, then serve until Shutdown; raises what the engine raised."""
         opts = socket_options(self.config, self._curve)
+        hung = False
         try:
             inputs, addresses = bind_inputs(self.ctx, opts, self.config.transport, self.ipc_dir)
 
@@ -200,27 +201,21 @@ class EngineHost:
                 timeout_s=self.config.handshake_timeout_s,
             )
             self._serve(init, inputs, opts)
-        except EngineHungError as exc:
-            # The stuck loop thread still holds the engine, its workers and its sockets:
-            # closing them from here could block too. The process ends (its backend
-            # kills it), and that frees them; only the socket files are removed here.
-            with self._lock:
-                self._loop = None
-            if self.on_failure is not None:
-                self.on_failure(exc)
-            self.ipc_dir.remove()
-            raise
         except BaseException as exc:
+            hung = isinstance(exc, EngineHungError)
             if self.on_failure is not None:  # before the (slow) teardown, so the death is known at once
                 self.on_failure(exc)
-            with self._lock:
-                self._loop = None
-            self._release()
             raise
-        else:
+        finally:
             with self._lock:
                 self._loop = None
-            self._release()
+            if hung:
+                # The stuck loop thread still holds the engine, its workers and its sockets: closing
+                # them from here could block too. The process ends (its backend kills it), and that
+                # frees them; only the socket files are removed here.
+                self.ipc_dir.remove()
+            else:
+                self._release()
 
     def _release(self) -> None:
         """Each step runs even if an earlier one raises; the engine's own error stays the cause."""
