@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,11 @@ def _serves(client: Any, rank: int) -> bool:
         return bool(client.generate([rank + 1], max_tokens=1, rank=rank, timeout=5) == [rank + 1])
     except raydp.RaydpError:
         return False
+
+
+def _metrics(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+        return str(answer.read().decode())
 
 
 def _generates(client: Any, rank: int) -> bool:
@@ -75,6 +81,7 @@ def test_a_rank_hung_in_step_is_ended_restarted_and_loses_no_request(
         progress=False,
     ) as cluster:
         client = cluster.client(migration_limit=2)
+        servers = cluster.serve_api(1, port=0)
         since = time.monotonic()
         # Streams that will have streamed tokens when rank 1 hangs (they migrate), and requests
         # that are queued behind them (max_running=2: they have streamed nothing, and are retried).
@@ -84,6 +91,8 @@ def test_a_rank_hung_in_step_is_ended_restarted_and_loses_no_request(
         queued = [client.submit([5], max_tokens=3, retryable=True) for _ in range(4)]
         death = _await_hang(cluster, since)
         assert death.rank == 1 and death.restarting
+        # An API server counts the hang on /metrics.
+        assert wait_until(lambda: 'raydp_rank_hangs_total{rank="1"} 1.0' in _metrics(servers.url), timeout=15)
         assert [h.result(timeout=60) for h in streams] == [[7] * 12] * 4
         assert client.migrations >= 1, "no stream was cut by the hang"
         assert [h.result(timeout=60) for h in queued] == [[5, 5, 5]] * 4
