@@ -36,7 +36,7 @@ def recv(conn: Connection, kind: Any) -> Any:
 
 def engine_main(config: RaydpConfig, rank: int, addresses: list[str], prefix: str, death_pipe: Connection) -> None:
     from raydp.engine.host import EngineHost
-    from raydp.local.executor import MPExecutor
+    from raydp.local.executor import MPExecutor, rank_device_ids
 
     said: list[bool] = []
 
@@ -46,7 +46,10 @@ def engine_main(config: RaydpConfig, rank: int, addresses: list[str], prefix: st
             leave_last_words(death_pipe, encode_death(exc))
 
     try:
-        host = EngineHost(config, rank, rank, LOCAL_NODE, LOCAL_NODE, ipc_prefix=prefix, executor_factory=MPExecutor)
+        devices = rank_device_ids(rank, config.world_size)
+        host = EngineHost(
+            config, rank, rank, LOCAL_NODE, LOCAL_NODE, devices, ipc_prefix=prefix, executor_factory=MPExecutor
+        )
         host.on_failure = last_words
         set_process_title(f"raydp::{host.tag}")
         on_stop_signals(host.shutdown)

@@ -176,10 +176,14 @@ class MPExecutor(ChannelExecutor):
             self._rendezvous.close()
 
 
+def rank_device_ids(rank: int, world_size: int) -> tuple[str, ...]:
+    """Rank r takes devices r*world_size.. of this machine (logical ones where it has none)."""
+    return tuple(str(rank * world_size + tp) for tp in range(world_size))
+
+
 def _context(spec: WorkerGroupSpec, tp: int) -> WorkerContext:
-    """Rank r's workers take devices r*world_size.. of this machine (where it has any)."""
-    ids = spec.device_ids[tp : tp + 1] or (str(spec.dp_rank * spec.world_size + tp),)
+    ids = spec.device_ids[tp : tp + 1] or rank_device_ids(spec.dp_rank, spec.world_size)[tp : tp + 1]
     return WorkerContext(spec.dp_rank, tp, spec.world_size, spec.node_id, "cpu", ids)
 
 
-__all__ = ["MPExecutor", "check_device_count"]
+__all__ = ["MPExecutor", "check_device_count", "rank_device_ids"]

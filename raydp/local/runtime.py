@@ -29,6 +29,7 @@ from raydp.config import RaydpConfig
 from raydp.coordinator.resync import Restored
 from raydp.errors import DeathCause, ProcessDeadError, StartupError, describe_exit
 from raydp.local.children import LOCAL_NODE, coordinator_main, decode_death, engine_main, recv, send
+from raydp.local.executor import check_device_count, rank_device_ids
 from raydp.names import coordinator_name, rank_name
 from raydp.orchestration.ranks import RankRecord, RankTable
 from raydp.orchestration.runtime import InitFor, Progress, join_ranks
@@ -93,7 +94,13 @@ class ProcessRuntime:
         """Nothing is reserved for a local rank."""
 
     def probe_devices(self, records: Sequence[RankRecord]) -> list[Any]:
-        return [() for _ in records]
+        """This machine's devices, r*world_size.. for rank r: a ConfigError, before any process, where too few."""
+        ws = self.config.world_size
+        if records:
+            top = max(r.rank for r in records)
+            what = f"dp_size={top + 1} with world_size={ws} (devices per rank)"
+            check_device_count(self.config.accelerator, (top + 1) * ws, what)
+        return [rank_device_ids(r.rank, ws) for r in records]
 
     def resolve_devices(self, probes: Sequence[Any]) -> list[tuple[str, ...]]:
         return [tuple(p) for p in probes]

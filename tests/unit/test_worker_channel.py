@@ -13,7 +13,7 @@ import pytest
 
 from raydp.engine.executor import WorkerContext
 from raydp.errors import ConfigError, DeathCause, ProtocolError, WorkerDeadError, WorkerError
-from raydp.local.executor import check_device_count
+from raydp.local.executor import check_device_count, rank_device_ids
 from raydp.wire.transport import IpcDir, SocketOptions
 from raydp.workers.channel import (
     STEP,
@@ -240,3 +240,8 @@ def test_the_device_count_check_names_both_numbers() -> None:
         check_device_count("GPU", 4, "world_size=4", have=2)
     check_device_count("GPU", 2, "world_size=2", have=2)
     check_device_count("CPU", 64, "world_size=64", have=0)  # CPU workers need no device
+
+
+def test_local_ranks_take_consecutive_devices_of_their_own() -> None:
+    assert [rank_device_ids(r, 2) for r in range(3)] == [("0", "1"), ("2", "3"), ("4", "5")]
+    assert rank_device_ids(3, 1) == ("3",)
