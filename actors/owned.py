@@ -11,7 +11,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raydp.backend import OwnedResources
+from raydp.orchestration.owned import OwnedResources
 from raydp.orchestration.ranks import RankTable
 from raydp.placement.groups import remove_groups
 from raydp.wire.transport import remove_cluster_ipc_dirs

@@ -24,13 +24,13 @@ from typing import Any
 import msgspec
 import zmq
 
-from raydp.backend import OwnedResources
 from raydp.config import RaydpConfig
 from raydp.coordinator.resync import Restored
 from raydp.errors import DeathCause, ProcessDeadError, StartupError, describe_exit
 from raydp.local.children import LOCAL_NODE, coordinator_main, decode_death, engine_main, recv, send
 from raydp.local.executor import check_device_count, rank_device_ids
 from raydp.names import coordinator_name, rank_name
+from raydp.orchestration.owned import OwnedResources
 from raydp.orchestration.ranks import RankRecord, RankTable
 from raydp.orchestration.runtime import InitFor, Progress, join_ranks
 from raydp.processes import Proc, last_words, shutdown, spawn, watch_processes

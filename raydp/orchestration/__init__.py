@@ -9,8 +9,12 @@ here imports Ray or assumes which process it runs in.
 
 Modules:
 
-- ``core``: ``Orchestrator``, one cluster's state, its startup, and deaths routed to their policies;
+- ``core``: ``Orchestrator``, which builds a cluster's state and controls, starts it, and routes deaths to policies;
+- ``state``: ``ClusterState``, the cluster's shared facts, changed only through named transitions;
+- ``controls``: ``Controls``, what each policy gets (never the orchestrator itself);
 - ``ranks``: the rank table, one ``RankRecord`` per rank;
+- ``reports``: ``DeathReports``, a death told to the coordinator and then to the listeners;
+- ``owned``: ``OwnedResources``, what a launch owns on the launching side, released once;
 - ``runtime``: the ``Runtime`` interface the backends implement;
 - ``restart``: restarting one dense rank (the one restart procedure of both backends);
 - ``budget``: a dense rank's restart budget: restarts per sliding window, and the backoff before each;

@@ -25,15 +25,16 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from raydp.config import AutoscalingConfig
 from raydp.errors import RaydpError
+from raydp.orchestration.controls import Controls
+from raydp.wire.endpoints import ClusterEndpoints
 from raydp.wire.records import AutoscaleDecision
 
-if TYPE_CHECKING:
-    from raydp.orchestration.core import Orchestrator
+Scale = Callable[[int, float], ClusterEndpoints]
 
 logger = logging.getLogger("raydp.autoscaler")
 
@@ -98,8 +99,9 @@ class AutoscalePolicy:
 class Autoscaler:
     """Applies an :class:`AutoscalePolicy` to a running cluster, on a thread of its own."""
 
-    def __init__(self, orchestrator: Orchestrator, config: AutoscalingConfig) -> None:
-        self.o = orchestrator
+    def __init__(self, controls: Controls, scale: Scale, config: AutoscalingConfig) -> None:
+        self.c = controls
+        self.scale = scale  # the orchestrator's: one scale change at a time, whoever asks
         self.config = config
         self.policy = AutoscalePolicy(config)
         self.thread: threading.Thread | None = None
@@ -109,7 +111,7 @@ class Autoscaler:
         self.thread.start()
 
     def run(self) -> None:
-        stop = self.o.owned.stop
+        stop = self.c.owned.stop
         while not stop.wait(self.config.interval_s):
             try:
                 self.step(time.monotonic())
@@ -118,18 +120,18 @@ class Autoscaler:
 
     def step(self, now: float) -> None:
         """Read the load, decide, and make the change (blocking until it is done)."""
-        state = self.o.rt.coordinator_state()
+        state = self.c.rt.coordinator_state()
         ongoing = sum(sum(state.counts[r]) for r in range(min(state.routable, len(state.counts))))
-        current = len(self.o.table)
+        current = len(self.c.table)
         self.policy.observe(now, ongoing)
         want = self.policy.decide(now, current)
         if want is None:
-            self.o.rt.record_autoscale(AutoscaleDecision(current, current, "", time.time()))
+            self.c.rt.record_autoscale(AutoscaleDecision(current, current, "", time.time()))
             return
         logger.warning("autoscaler: %d -> %d ranks: %s", current, want.size, want.reason)
-        self.o.rt.record_autoscale(AutoscaleDecision(current, want.size, want.reason, time.time()))
+        self.c.rt.record_autoscale(AutoscaleDecision(current, want.size, want.reason, time.time()))
         try:
-            self.o.scale(want.size, self.config.drain_timeout_s)
+            self.scale(want.size, self.config.drain_timeout_s)
         except RaydpError as exc:
             logger.error("autoscaler: scaling to %d ranks failed, serving on with %d: %s", want.size, current, exc)
-        self.o.rt.record_autoscale(AutoscaleDecision(len(self.o.table), want.size, want.reason, time.time()))
+        self.c.rt.record_autoscale(AutoscaleDecision(len(self.c.table), want.size, want.reason, time.time()))

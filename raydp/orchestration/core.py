@@ -1,8 +1,9 @@
 """The :class:`Orchestrator`: one cluster's control sequences, over a :class:`~raydp.orchestration.runtime.Runtime`.
 
-It owns the rank table and what startup learned (the coordinator's
-addresses, the DP rendezvous, the endpoints), runs the startup sequence, and
-routes each death to its policy: a dense rank restarts alone
+It builds the cluster's :class:`~raydp.orchestration.state.ClusterState`
+(the rank table and the shared facts, changed only through its transitions)
+and the :class:`~raydp.orchestration.controls.Controls` every policy gets,
+runs the startup sequence, and routes each death to its policy: a dense rank restarts alone
 (:mod:`~raydp.orchestration.restart`), a lockstep gang restarts whole
 (:mod:`~raydp.orchestration.gang`), the coordinator restarts at its addresses
 (:mod:`~raydp.orchestration.coordinator_restart`). Scale changes are
@@ -16,23 +17,26 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from raydp.backend import DeathReports, OwnedResources, ScaleListener
+from raydp.backend import ScaleListener
 from raydp.config import RaydpConfig
 from raydp.coordinator.client import CoordinatorClient
 from raydp.errors import ClusterClosedError, ConfigError, DeathCause
+from raydp.orchestration.budget import RestartBudget
+from raydp.orchestration.controls import Controls
 from raydp.orchestration.coordinator_restart import CoordinatorRestarts
 from raydp.orchestration.gang import GangRestarts
-from raydp.orchestration.ranks import RankRecord, RankTable
+from raydp.orchestration.owned import OwnedResources
+from raydp.orchestration.ranks import RankTable
+from raydp.orchestration.reports import DeathReports
 from raydp.orchestration.restart import DenseRestarts
 from raydp.orchestration.runtime import Progress, Runtime
+from raydp.orchestration.state import ClusterState
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
-from raydp.wire.handshake import HandshakeResult, parallel_config
-from raydp.wire.protocol import EngineAddresses, Init
+from raydp.wire.handshake import HandshakeResult
 from raydp.wire.security import CurveKeys
-from raydp.wire.transport import pick_address
 
 logger = logging.getLogger("raydp.manager")
 
@@ -42,7 +46,8 @@ class Orchestrator:
 
     ``report`` takes every death (rank -1: the coordinator) from the runtime's
     watchers; callers of the sequences hold nothing. ``threads`` collects the
-    restart threads, for the backend's close to join.
+    restart threads, for the backend's close to join. The policies get
+    :attr:`controls`, never the orchestrator.
     """
 
     def __init__(
@@ -61,82 +66,93 @@ class Orchestrator:
     ) -> None:
         self.config = config
         self.rt = runtime
-        self.owned = owned
         self.driver_node_id = driver_node_id
         self.ipc_prefix = ipc_prefix
         self.sock_opts = sock_opts
         self.curve = curve
-        self.table = table if table is not None else RankTable()
-        self.reports = DeathReports()
-        self.threads: list[threading.Thread] = threads if threads is not None else []
-        self.control = control or self.coordinator_client  # how this process tells the coordinator things
-        self.report_lock = threading.RLock()  # the watchers and the restart threads all report
-        self.place_lock = threading.Lock()  # two re-placed ranks must not plan onto the same free devices
-        self.scale_lock = threading.Lock()
-        self.scale_listeners: list[ScaleListener] = []
-        self.endpoints: ClusterEndpoints | None = None
-        self.coordinator_endpoints: CoordinatorEndpoints | None = None
-        self.dp_master = ""
-        self.dp_size = config.dp_size  # what a rank's INIT says: the size now (a scale change moves it)
-        self.wave = 0  # the wave a rank joining a running lockstep cluster starts in
-        self.dense = DenseRestarts(self, config)
-        self.gang = GangRestarts(self, config.max_restarts if runtime.restarts_gangs else 0)
-        self.coordinator_restarts = CoordinatorRestarts(
-            self, config.coordinator_max_restarts if runtime.restarts_coordinator else 0
+        self.state = ClusterState(config.dp_size, table)
+        self.controls = Controls(
+            config,
+            runtime,
+            self.state,
+            owned,
+            report=self.report,
+            control=control or self.coordinator_client,  # how this process tells the coordinator things
+            budget=RestartBudget(
+                config.max_restarts,
+                window_s=config.restart_window_s,
+                backoff_s=config.restart_backoff_s,
+                backoff_max_s=config.restart_backoff_max_s,
+            ),
+            threads=threads if threads is not None else [],
         )
+        self.scale_lock = threading.Lock()
+        self.dense = DenseRestarts(self.controls)
+        self.gang = GangRestarts(self.controls, config.max_restarts if runtime.restarts_gangs else 0)
+        self.coordinator_restarts = CoordinatorRestarts(
+            self.controls, config.coordinator_max_restarts if runtime.restarts_coordinator else 0
+        )
+
+    @property
+    def table(self) -> RankTable:
+        return self.state.table
+
+    @property
+    def reports(self) -> DeathReports:
+        return self.controls.reports
+
+    @property
+    def endpoints(self) -> ClusterEndpoints | None:
+        return self.state.endpoints
+
+    @property
+    def scale_listeners(self) -> list[ScaleListener]:
+        return self.controls.scale_listeners
 
     # ---- startup ------------------------------------------------------------------------
 
     def start(self, progress: Progress | None = None) -> ClusterEndpoints:
         """Place, spawn, handshake, subscribe; the caller releases everything if this raises."""
-        cfg, rt = self.config, self.rt
+        cfg, rt, state, controls = self.config, self.rt, self.state, self.controls
         records = rt.place(range(cfg.dp_size), (), "launch")
-        self.table.extend(records)
+        state.launched(records)
         # Nothing waits on what it does not need: the coordinator, the device probes and
         # the ranks' processes (and their imports) all start side by side.
         probes = rt.probe_devices(records)
         rt.spawn_engines(records, probes, successors=False)
-        self.coordinator_endpoints = rt.start_coordinator(cfg.dp_size, None)
-        self.dp_master = rt.dp_master(cfg.dp_size, records) if cfg.lockstep else ""
-        result = rt.join(records, self.init_for, progress)
+        coordinator = rt.start_coordinator(cfg.dp_size, None)
+        state.coordinator_started(coordinator)
+        state.rendezvous_at(rt.dp_master(cfg.dp_size, records) if cfg.lockstep else "")
+        result = rt.join(records, controls.init_for, progress)
         for record, devices in zip(records, rt.resolve_devices(probes), strict=True):
             record.devices = devices
         if not rt.wait_subscribed(cfg.dp_size, None, records):
             raise TimeoutError("engines did not subscribe to the coordinator's broadcast in time")
-        self.endpoints = self.cluster_endpoints(result)
-        rt.publish(self.endpoints, handed=True)
-        self.reports.coordinator = self.control(self.coordinator_endpoints)
-        self.owned.closers.append(self.reports.coordinator.close)
-        self.dense.budget.grant(self.table.ranks())
+        state.serving(self.cluster_endpoints(coordinator, result))
+        assert state.endpoints is not None
+        rt.publish(state.endpoints, handed=True)
+        self.reports.coordinator = controls.control(coordinator)
+        controls.owned.closers.append(self.reports.coordinator.close)
+        controls.budget.grant(state.table.ranks())
         rt.watch(records)
         if cfg.autoscaling is not None:
             from raydp.orchestration.autoscaling import Autoscaler
 
-            Autoscaler(self, cfg.autoscaling).start()
-        return self.endpoints
+            Autoscaler(controls, self.scale, cfg.autoscaling).start()
+        return state.endpoints
 
     def coordinator_client(self, endpoints: CoordinatorEndpoints) -> CoordinatorClient:
         return CoordinatorClient(endpoints, self.driver_node_id, self.sock_opts)
 
-    def init_for(self, rank: int) -> Init:
-        """What rank ``rank`` is told in its handshake: the coordinator's addresses, its DP group."""
-        coord = self.coordinator_endpoints
-        assert coord is not None
-        same = self.table[rank].node_id == coord.node_id
-        return Init(
-            EngineAddresses(pick_address(coord.collect, same_node=same), pick_address(coord.broadcast, same_node=same)),
-            parallel_config(self.config, self.dp_master, self.dp_size, self.wave),
-        )
-
-    def cluster_endpoints(self, result: HandshakeResult) -> ClusterEndpoints:
-        assert self.coordinator_endpoints is not None
-        engines = [EngineEndpoint(r.rank, r.node_id, result.ready[r.rank].input_addresses) for r in self.table]
+    def cluster_endpoints(self, coordinator: CoordinatorEndpoints, result: HandshakeResult) -> ClusterEndpoints:
+        table = self.state.table
+        engines = [EngineEndpoint(r.rank, r.node_id, result.ready[r.rank].input_addresses) for r in table]
         return ClusterEndpoints(
             self.config.name,
             engines,
-            self.coordinator_endpoints,
+            coordinator,
             self.config.lockstep,
-            self.table.capacity(self.table.ranks()),
+            table.capacity(table.ranks()),
             self.ipc_prefix,
             self.config.heartbeat_interval_s,
             self.curve,
@@ -146,38 +162,13 @@ class Orchestrator:
 
     def report(self, rank: int, cause: DeathCause, detail: str) -> None:
         """A rank (or, at -1, the coordinator) ended: report it and apply the restart policy."""
-        with self.report_lock:
+        with self.controls.report_lock:
             if rank < 0:
                 self.coordinator_restarts.on_death(cause, detail)
             elif self.config.lockstep:
                 self.gang.on_death(rank, cause, detail)
             else:
                 self.dense.on_death(rank, cause, detail)
-
-    def closing(self) -> bool:
-        return self.owned.stop.is_set()
-
-    def in_background(self, name: str, target: Callable[..., None], *args: Any) -> None:
-        """Run a restart on a thread of its own, joined by the backend's close."""
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        self.threads.append(thread)
-        thread.start()
-
-    def publish_restart(self, records: Sequence[RankRecord], result: HandshakeResult) -> None:
-        """Restarted ranks rejoined: new endpoints everywhere, watched from now on."""
-        assert self.endpoints is not None
-        for record in records:
-            record.restarts += 1
-            endpoint = EngineEndpoint(record.rank, record.node_id, result.ready[record.rank].input_addresses)
-            self.endpoints = self.endpoints.with_engine(endpoint)
-        self.rt.publish(self.endpoints, handed=False)
-        self.rt.watch(records)
-        for record in records:
-            self.reports.revived(self.endpoints.engines[record.rank])
-
-    def kill_ranks(self, except_rank: int) -> None:
-        """A broken collective would hold the surviving ranks forever: end them now."""
-        self.rt.kill([r for r in self.table if r.rank != except_rank])
 
     # ---- scaling ------------------------------------------------------------------------
 
@@ -188,22 +179,11 @@ class Orchestrator:
         if not self.scale_lock.acquire(blocking=False):
             raise ConfigError(f"dp_size={dp_size}: another scale of cluster {self.config.name!r} is running")
         try:
-            if self.closing() or self.endpoints is None:
+            if self.controls.closing() or self.state.endpoints is None:
                 raise ClusterClosedError(f"cluster {self.config.name!r} is closed")
-            return ScaleChange(self, dp_size, drain_timeout_s).run()
+            return ScaleChange(self.controls, dp_size, drain_timeout_s).run()
         finally:
             self.scale_lock.release()
-
-    def publish_scale(self, engines: list[EngineEndpoint], size: int, drain_timeout_s: float | None) -> None:
-        """New endpoints for this process, the cluster's record (for ``attach``) and every listener."""
-        assert self.endpoints is not None
-        self.endpoints = self.endpoints.with_engines(engines, self.table.capacity(e.rank for e in engines))
-        self.rt.publish(self.endpoints, handed=False)
-        for listener in list(self.scale_listeners):
-            try:
-                listener(self.endpoints, size, drain_timeout_s)
-            except Exception:
-                logger.exception("scale listener failed")
 
 
 def weak_report(orchestrator: Orchestrator) -> Callable[[int, DeathCause, str], None]:

@@ -31,16 +31,14 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from raydp.errors import DeathCause, StartupError
+from raydp.orchestration.controls import Controls
 from raydp.orchestration.ranks import RankRecord
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.wire.handshake import HandshakeResult
 from raydp.wire.records import CoordinatorStatus as State
-
-if TYPE_CHECKING:
-    from raydp.orchestration.core import Orchestrator
 
 logger = logging.getLogger("raydp.manager")
 POLL_S = 0.02
@@ -89,15 +87,15 @@ class HoldSteps:
 
 
 class ScaleChange:
-    """One scale change of ``orchestrator``'s cluster to ``dp_size`` ranks (the orchestrator serialises them)."""
+    """One scale change of a cluster to ``dp_size`` ranks (the orchestrator runs one at a time)."""
 
-    def __init__(self, orchestrator: Orchestrator, dp_size: int, drain_timeout_s: float) -> None:
-        coordinator = orchestrator.reports.coordinator
-        assert coordinator is not None and orchestrator.endpoints is not None, "scale() needs a started cluster"
-        self.o = orchestrator
-        self.cfg = orchestrator.config
+    def __init__(self, controls: Controls, dp_size: int, drain_timeout_s: float) -> None:
+        coordinator = controls.reports.coordinator
+        assert coordinator is not None and controls.state.endpoints is not None, "scale() needs a started cluster"
+        self.c = controls
+        self.cfg = controls.config
         self.coordinator: CoordinatorControl = coordinator
-        self.before = len(orchestrator.table)
+        self.before = len(controls.table)
         self.target = dp_size
         self.drain_timeout_s = drain_timeout_s
         self.new: list[RankRecord] = []
@@ -118,8 +116,8 @@ class ScaleChange:
             time.monotonic() - started,
             " (lockstep: the DP group was re-formed)" if self.cfg.lockstep else "",
         )
-        assert self.o.endpoints is not None
-        return self.o.endpoints
+        assert self.c.state.endpoints is not None
+        return self.c.state.endpoints
 
     # ---- scale-up ---------------------------------------------------------------------
 
@@ -145,14 +143,14 @@ class ScaleChange:
 
     def build_new_ranks(self) -> None:
         """Place the new ranks and build their engines: nothing routes to them yet."""
-        o = self.o
-        self.new = o.rt.place(range(self.before, self.target), list(o.table), f"scale to dp_size={self.target}")
-        o.table.extend(self.new)
-        probes = o.rt.probe_devices(self.new)  # resolved by the new ranks as they start
-        o.rt.spawn_engines(self.new, probes, successors=True)
+        c = self.c
+        self.new = c.rt.place(range(self.before, self.target), list(c.table), f"scale to dp_size={self.target}")
+        c.state.add_ranks(self.new)
+        probes = c.rt.probe_devices(self.new)  # resolved by the new ranks as they start
+        c.rt.spawn_engines(self.new, probes, successors=True)
         # Built before any hold: a lockstep gang is held only while its group re-forms.
-        o.rt.wait_built(self.new)
-        for record, devices in zip(self.new, o.rt.resolve_devices(probes), strict=True):
+        c.rt.wait_built(self.new)
+        for record, devices in zip(self.new, c.rt.resolve_devices(probes), strict=True):
             record.devices = devices
 
     def track_new_ranks(self) -> None:
@@ -160,35 +158,35 @@ class ScaleChange:
         self.tell_size(self.target, self.before)
 
     def join_new_ranks(self) -> None:
-        o = self.o
-        o.dp_size = self.target
-        self.joined = o.rt.join(self.new, o.init_for, watched=list(o.table))
-        if not o.rt.wait_subscribed(self.target, None, list(o.table)):
+        c = self.c
+        c.state.grow()
+        self.joined = c.rt.join(self.new, c.init_for, watched=list(c.table))
+        if not c.rt.wait_subscribed(self.target, None, list(c.table)):
             raise StartupError("engines did not subscribe to the coordinator's broadcast in time")
 
     def announce(self, rank: int) -> None:
         """A new rank's addresses, for every client (they still do not route to it)."""
         assert self.joined is not None
-        record = self.o.table[rank]
+        record = self.c.table[rank]
         self.coordinator.engine_revived(rank, self.joined.ready[rank].input_addresses, record.node_id)
 
     def open_new_ranks(self) -> None:
         """Clients route to the new ranks; they are watched and may restart from now on."""
-        o = self.o
-        assert self.joined is not None and o.endpoints is not None
+        c = self.c
+        assert self.joined is not None and c.state.endpoints is not None
         self.tell_size(self.target, self.target)
-        o.dense.budget.grant(r.rank for r in self.new)
-        o.rt.watch(self.new)
+        c.budget.grant(r.rank for r in self.new)
+        c.rt.watch(self.new)
         added = [EngineEndpoint(r.rank, r.node_id, self.joined.ready[r.rank].input_addresses) for r in self.new]
-        o.publish_scale([*o.endpoints.engines, *added], self.target, None)
+        c.publish_routes([*c.state.endpoints.engines, *added], self.target, None)
 
     def undo_grow(self, exc: BaseException, regrouping: bool) -> None:
-        o = self.o
+        c = self.c
         if regrouping:  # the old ranks may be waiting in a group that never forms: the gang is lost
-            o.report(0, DeathCause.INIT_FAILED, f"scale failed while re-forming the DP group: {exc!r}")
+            c.report(0, DeathCause.INIT_FAILED, f"scale failed while re-forming the DP group: {exc!r}")
             return
-        self.remove_ranks(self.new)
-        o.dp_size = self.before
+        self.retire(self.new)
+        self.remove_ranks(c.state.abandon_growth(self.before))
         try:
             self.tell_size(self.before, self.before)
         except Exception as undo:  # the coordinator is gone too: its death is reported on its own
@@ -208,9 +206,9 @@ class ScaleChange:
 
     def close_routing(self) -> None:
         """Clients stop routing to the ranks that go; the coordinator still tracks them."""
-        assert self.o.endpoints is not None
+        assert self.c.state.endpoints is not None
         self.tell_size(self.before, self.target)
-        self.o.publish_scale(list(self.o.endpoints.engines), self.target, None)
+        self.c.publish_routes(list(self.c.state.endpoints.engines), self.target, None)
 
     def drain(self) -> None:
         """Wait until nothing is in flight on the ranks that go, or ``drain_timeout_s`` passes.
@@ -223,7 +221,7 @@ class ScaleChange:
         started = time.monotonic()
         settle = started + 2 * self.cfg.stats_interval_s + 0.05
         while True:
-            left = self.o.rt.in_flight(gone)
+            left = self.c.rt.in_flight(gone)
             now = time.monotonic()
             if left == 0 and now >= settle:
                 return
@@ -240,34 +238,30 @@ class ScaleChange:
 
     def drop_ranks(self) -> None:
         """The ranks that go are retired, dropped by every client, then ended."""
-        o = self.o
-        assert o.endpoints is not None
-        gone = [o.table[r] for r in range(self.target, self.before)]
-        self.retire(gone)
-        o.dp_size = self.target
+        c = self.c
+        assert c.state.endpoints is not None
+        self.retire([c.table[r] for r in range(self.target, self.before)])
+        engines = list(c.state.endpoints.engines[: self.target])
+        gone = c.state.shrink(self.target)
         self.tell_size(self.target, self.target)
-        o.publish_scale(list(o.endpoints.engines[: self.target]), self.target, self.drain_timeout_s)
+        c.publish_routes(engines, self.target, self.drain_timeout_s)
         self.remove_ranks(gone)
 
     # ---- shared steps -----------------------------------------------------------------
 
     def retire(self, records: list[RankRecord]) -> None:
         """From here on, the ends of ``records`` are a scale change, not deaths to report or restart."""
-        o = self.o
-        with o.report_lock:
-            o.rt.retire(records)
+        c = self.c
+        with c.report_lock:
+            c.rt.retire(records)
             for record in records:
-                o.dense.budget.forget(record.rank)
+                c.budget.forget(record.rank)
 
     def remove_ranks(self, records: list[RankRecord]) -> None:
-        """End ``records`` (the highest ranks), drop them from the table, remove their placements."""
-        if not records:
-            return
-        o = self.o
-        self.retire(records)
-        o.rt.stop_engines(records)
-        o.table.truncate(min(r.rank for r in records))
-        o.rt.remove_groups(records)
+        """End ``records`` (retired ranks the state no longer holds) and remove their placements."""
+        if records:
+            self.c.rt.stop_engines(records)
+            self.c.rt.remove_groups(records)
 
     def tell_size(self, engine_count: int, size: int) -> None:
         """Tell the coordinator, and wait until it has applied it (its PUSH is fire-and-forget)."""
@@ -282,11 +276,11 @@ class ScaleChange:
         self.wait_state(HoldSteps.frozen, "the lockstep gang to be frozen")
 
     def regroup_gang(self) -> None:
-        o = self.o
+        c = self.c
         assert self.gang is not None
-        master = o.rt.dp_master(self.target, list(o.table)[: min(self.before, self.target)])
-        state = o.rt.coordinator_state()
-        o.wave, o.dp_master = state.wave, master
+        master = c.rt.dp_master(self.target, list(c.table)[: min(self.before, self.target)])
+        c.state.advance_wave(c.rt.coordinator_state().wave)
+        c.state.rendezvous_at(master)
         self.gang.regroup(self.target, master)
         self.wait_state(HoldSteps.regrouping, "the coordinator to start the regroup")
 
@@ -297,8 +291,8 @@ class ScaleChange:
 
     def wait_state(self, done: Callable[[State], bool], what: str) -> None:
         deadline = time.monotonic() + self.cfg.handshake_timeout_s
-        while not done(self.o.rt.coordinator_state()):
-            if self.o.closing():
+        while not done(self.c.rt.coordinator_state()):
+            if self.c.closing():
                 raise StartupError(f"cluster {self.cfg.name!r} is closing")
             if time.monotonic() > deadline:
                 raise StartupError(f"scale: timed out after {self.cfg.handshake_timeout_s:g}s waiting for {what}")

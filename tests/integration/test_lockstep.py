@@ -84,9 +84,12 @@ def test_an_idle_cluster_is_quiet(lockstep: Any) -> None:
     time.sleep(5)
     used = [(sum(p.cpu_times()[:2]) - c) / 5 for p, c in zip(procs, cpu0, strict=True)]
     print(f"\nidle CPU per engine: {[f'{u:.1%}' for u in used]}")
-    assert all(u < 0.05 for u in used), used
     after = stats(client)
     assert [s["dummy_steps"] for s in after] == [s["dummy_steps"] for s in before], "no dummy batches"
+    assert [s["steps"] for s in after] == [s["steps"] for s in before], "no steps"
+    # A loop that polls without sleeping takes most of a core whatever the machine's speed; an
+    # idle one wakes for heartbeats only (about 1% here). Far from both: no speed decides it.
+    assert all(u < 0.25 for u in used), used
 
 
 def _paused_wave(cluster: Any) -> int:

@@ -14,10 +14,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from raydp.backend import OwnedResources
 from raydp.config import RaydpConfig
 from raydp.coordinator.state import CoordinatorState
 from raydp.orchestration.core import Orchestrator
+from raydp.orchestration.owned import OwnedResources
 from raydp.orchestration.ranks import RankRecord
 from raydp.wire.codec import encode
 from raydp.wire.control import (

@@ -38,7 +38,6 @@ def test_tables_are_parsed_with_their_heading_and_numbers_with_their_units() -> 
 
 
 def test_every_table_becomes_a_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib", reason="matplotlib comes with the bench extra")
     written = plot_sections({"round-trips": TABLE, "empty": ["no table here"]}, tmp_path)
     assert written == [tmp_path / "round-trips-1.png"]
     assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -189,6 +189,5 @@ GENERATED = want_reference([([5, 6, 7, 8], {"temperature": 0.0, "max_tokens": 8,
 
 @pytest.mark.slow
 def test_vllm_loads_and_generates(tokenizer: Any) -> None:
-    pytest.importorskip("vllm")
     (tokens,) = vllm_reference(tiny_model(), GENERATED)
     assert len(tokens) == 8 and all(0 <= t < len(tokenizer) for t in tokens), tokens

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 
@@ -21,15 +20,14 @@ def _client() -> CoordinatorClient:
     return CoordinatorClient(endpoints, "n", SocketOptions(high_water_mark=1))
 
 
+@pytest.mark.timeout(30)  # a blocking send to a peer that never comes would wait forever: the timeout fails it
 def test_undeliverable_notices_are_logged_once_each_and_do_not_block(caplog: pytest.LogCaptureFixture) -> None:
     client = _client()
     try:
         with caplog.at_level(logging.WARNING, logger="raydp.coordinator"):
-            start = time.monotonic()
             for rank in range(5):
                 client.engine_dead(rank, "killed")
             client.engine_revived(7, ["tcp://127.0.0.1:1"])
-            assert time.monotonic() - start < 2.0, "sending must never block"
         warnings = [r.getMessage() for r in caplog.records if r.name == "raydp.coordinator"]
         assert warnings, "a dropped notice must be logged"
         assert len(warnings) <= 6, "one warning per dropped notice"

@@ -58,6 +58,7 @@ from raydp.wire.control import (
 )
 from raydp.wire.endpoints import EngineEndpoint
 from raydp.wire.protocol import Request, RequestType, decode_input
+from tests.unit.lockstep_model import Key, LockstepModel
 from tests.unit.orchestration_model import ModelCoordinator, ModelRuntime, engines_of, started, status_of
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,7 +68,7 @@ STATEFUL_SETTINGS = settings(
     max_examples=200,
     stateful_step_count=40,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    suppress_health_check=[HealthCheck.too_slow],
 )
 
 
@@ -111,6 +112,7 @@ class ScalingSystem(RuleBasedStateMachine):
         self.gen = 0
         self.last_seq = 0
         self.seen_coord_wave = 0
+        self.seen_state_wave = 0
         self.runtime = ModelRuntime(lambda: self.coord)
         self.change: ScaleChange | None = None
 
@@ -133,7 +135,7 @@ class ScalingSystem(RuleBasedStateMachine):
     @rule(k=st.integers(1, 2))
     def grow(self, k: int) -> None:
         self.target = min(MAX_RANKS, self.size + k)
-        self.change = change = ScaleChange(self.orchestrator, self.target, drain_timeout_s=5)
+        self.change = change = ScaleChange(self.orchestrator.controls, self.target, drain_timeout_s=5)
         change.build_new_ranks()
         change.track_new_ranks()  # track the new ranks; route to the old
         change.join_new_ranks()
@@ -161,7 +163,7 @@ class ScalingSystem(RuleBasedStateMachine):
     @rule(k=st.integers(1, 2))
     def shrink(self, k: int) -> None:
         self.target = max(1, self.size - k)
-        self.change = ScaleChange(self.orchestrator, self.target, drain_timeout_s=5)
+        self.change = ScaleChange(self.orchestrator.controls, self.target, drain_timeout_s=5)
         self.change.close_routing()  # the highest ranks drain
         self.size = self.target
         self.phase = "shrinking"
@@ -313,6 +315,17 @@ class ScalingSystem(RuleBasedStateMachine):
     def waves_never_go_backwards(self) -> None:
         assert self.coord.wave >= self.seen_coord_wave
         self.seen_coord_wave = self.coord.wave
+        state = self.orchestrator.state
+        assert state.wave >= self.seen_state_wave, f"the state's wave went back to {state.wave}"
+        self.seen_state_wave = state.wave
+
+    @invariant()
+    def the_cluster_state_holds_its_invariants(self) -> None:
+        state = self.orchestrator.state
+        state.check()
+        if self.phase == "idle":
+            assert state.dp_size == len(state.table) == self.size, f"idle: dp_size {state.dp_size}, {self.size}"
+            assert state.joining == 0
 
     @invariant()
     def clients_route_within_their_view(self) -> None:
@@ -330,7 +343,6 @@ def test_scaling_stateful() -> None:
 
 MAX_DRAIN_ACTIONS = 5_000
 Flags = tuple[bool, bool, int]  # what a rank contributes to a round: unfinished, held, pace
-Key = tuple
 
 
 class FakeGroup:
@@ -390,30 +402,17 @@ class LRank:
         return self.lockstep.waves
 
 
-@dataclass
-class HClient:
-    wave: int = 0
-    running: bool = False
-    seq: int = 0
-
-
-class HoldSystem(RuleBasedStateMachine):
+class HoldSystem(LockstepModel):
     """2-3 lockstep ranks, a coordinator, 1-2 clients, and a launcher that re-forms the DP group."""
+
+    ranks: list[LRank]
+    max_work = 3
 
     def __init__(self) -> None:
         super().__init__()
-        self.ranks: list[LRank] = []
-        self.clients: list[HClient] = []
-        self.channels: dict[Key, deque[bytes]] = {}
-        self.coord = CoordinatorState(engine_count=1)
-        self.clock = 0.0
-        self.sent: set[str] = set()
-        self.finished: set[str] = set()
-        self.next_id = 0
         self.epoch = 0
         self.launcher = "idle"  # idle | holding | regrouping
         self.hold: HoldSteps | None = None
-        self.seen_rank_waves: list[int] = []
         self.groups: dict[str, dict[int, dict[int, Flags]]] = {}  # master -> its rounds
 
     def _group(self, master: str, rank: int) -> FakeGroup:
@@ -421,13 +420,7 @@ class HoldSystem(RuleBasedStateMachine):
 
     @initialize(n_ranks=st.integers(2, 3), n_clients=st.integers(1, 2), interval=st.integers(1, 3))
     def setup(self, n_ranks: int, n_clients: int, interval: int) -> None:
-        self.coord = CoordinatorState(engine_count=n_ranks, stats_interval_s=0.125, heartbeat_interval_s=1.0)
-        keys: list[Key] = [("req", c, r) for c in range(n_clients) for r in range(n_ranks)]
-        keys += [("bcast", r) for r in range(n_ranks)] + [("e2coord", r) for r in range(n_ranks)]
-        keys += [("c2coord", c) for c in range(n_clients)] + [("snap", c) for c in range(n_clients)]
-        keys += [("l2coord",)]
-        self.channels = {k: deque() for k in keys}
-        self.clients = [HClient() for _ in range(n_clients)]
+        self._open(n_ranks, n_clients, launcher=True)
         self.ranks = []
         for r in range(n_ranks):
 
@@ -446,68 +439,29 @@ class HoldSystem(RuleBasedStateMachine):
                     )
                 )
             )
-        self.seen_rank_waves = [0] * n_ranks
 
-    # ---- mechanics -----------------------------------------------------------------------
+    # ---- what a rank does ------------------------------------------------------------------
 
-    def _push(self, key: Key, data: bytes) -> None:
-        self.channels[key].append(data)
+    def _can_step(self, r: int) -> bool:
+        rk = self.ranks[r]
+        return rk.lockstep.should_step(bool(rk.queue)) and not self._spinning(rk)
 
-    def _deliverable(self) -> list[Key]:
-        return [
-            k for k, q in self.channels.items() if q and not (k[0] in ("req", "bcast") and self.ranks[k[-1]].blocked)
-        ]
+    def _on_request(self, r: int, req: Request) -> None:
+        rk = self.ranks[r]
+        rk.lockstep.on_request(req.wave)
+        rk.queue[req.request_id] = req.max_tokens
+        rk.lockstep.tick()
 
-    def _steppable(self) -> list[int]:
-        return [
-            r
-            for r, rk in enumerate(self.ranks)
-            if not rk.blocked and rk.lockstep.should_step(bool(rk.queue)) and not self._spinning(rk)
-        ]
-
-    def _deliver(self, key: Key) -> None:
-        data = self.channels[key].popleft()
-        kind = key[0]
-        if kind == "req":
-            r = key[2]
-            req = decode_input(RequestType.ADD.value, data)
-            assert isinstance(req, Request)
-            rk = self.ranks[r]
-            rk.lockstep.on_request(req.wave)
-            rk.queue[req.request_id] = req.max_tokens
-            rk.lockstep.tick()
-        elif kind == "bcast":
-            rk = self.ranks[key[1]]
-            rk.lockstep.on_broadcast(engine_broadcast_decoder(data))
-            rk.lockstep.tick()
-        elif kind in ("c2coord", "e2coord", "l2coord"):
-            out = self.coord.handle(coordinator_decoder(data))
-            if out is not None:
-                self._broadcast(out)
-        else:
-            client = self.clients[key[1]]
-            snap = snapshot_decoder(data)
-            assert snap.seq > client.seq
-            client.seq, client.wave, client.running = snap.seq, snap.wave, snap.running
-
-    def _broadcast(self, msg: Any) -> None:
-        body = encode(msg)
-        for r in range(len(self.ranks)):
-            self._push(("bcast", r), body)
+    def _on_broadcast(self, r: int, body: bytes) -> None:
+        rk = self.ranks[r]
+        rk.lockstep.on_broadcast(engine_broadcast_decoder(body))
+        rk.lockstep.tick()
 
     def _turn(self, r: int) -> None:
         rk = self.ranks[r]
         phase = self.coord.hold_phase()
         assert phase not in ("frozen", "regrouping"), f"rank {r} steps while the gang is {phase}: {self._describe()}"
-        for rid in list(rk.queue):
-            rk.queue[rid] -= 1
-            if rk.queue[rid] <= 0:
-                del rk.queue[rid]
-                self.finished.add(rid)
-        stats = (0, len(rk.queue))
-        if stats != rk.last_stats:
-            rk.last_stats = stats
-            self._push(("e2coord", r), encode(EngineStats(rank=r, waiting=stats[0], running=stats[1])))
+        self._work(r)
         if self._collects_now(rk):
             unfinished, hold = rk.lockstep.collective.collect()  # type: ignore[union-attr]
             if hold or not unfinished:  # it confirms: the barrier, once every rank is in it
@@ -556,11 +510,7 @@ class HoldSystem(RuleBasedStateMachine):
         self.clock += dt
         for msg in self.coord.due_broadcasts(self.clock):
             self._broadcast(msg)
-        snap = self.coord.due_snapshot(self.clock)
-        if snap is not None:
-            body = encode(snap)
-            for c in range(len(self.clients)):
-                self._push(("snap", c), body)
+        self._publish_snapshot()
 
     def _describe(self) -> str:
         ranks = ", ".join(
@@ -636,31 +586,6 @@ class HoldSystem(RuleBasedStateMachine):
 
     # ---- clients, delivery, turns --------------------------------------------------------------
 
-    @rule(data=st.data(), work=st.integers(1, 3))
-    def client_sends_request(self, data: st.DataObject, work: int) -> None:
-        c = data.draw(st.integers(0, len(self.clients) - 1), label="client")
-        r = data.draw(st.integers(0, len(self.ranks) - 1), label="rank")
-        client = self.clients[c]
-        rid = f"req-{self.next_id}"
-        self.next_id += 1
-        self.sent.add(rid)
-        if not client.running:
-            client.running = True
-            self._push(("c2coord", c), encode(FirstRequest(rank=r, wave=client.wave)))
-        self._push(
-            ("req", c, r), encode(Request(request_id=rid, prompt_token_ids=[1], max_tokens=work, wave=client.wave))
-        )
-
-    @precondition(lambda self: bool(self._deliverable()))
-    @rule(data=st.data())
-    def deliver_one(self, data: st.DataObject) -> None:
-        self._deliver(data.draw(st.sampled_from(self._deliverable()), label="channel"))
-
-    @precondition(lambda self: bool(self._steppable()))
-    @rule(data=st.data())
-    def engine_turn(self, data: st.DataObject) -> None:
-        self._turn(data.draw(st.sampled_from(self._steppable()), label="rank"))
-
     @rule(dt=st.sampled_from([0.125, 1.0]))
     def coordinator_tick(self, dt: float) -> None:
         self._tick_coordinator(dt)
@@ -684,12 +609,6 @@ class HoldSystem(RuleBasedStateMachine):
     def frozen_means_nobody_steps(self) -> None:
         if self.coord.hold_phase() == "frozen":
             self._check_frozen()
-
-    @invariant()
-    def waves_never_go_backwards(self) -> None:
-        for r, rk in enumerate(self.ranks):
-            assert rk.waves.wave >= self.seen_rank_waves[r], f"rank {r} wave went back: {self._describe()}"
-            self.seen_rank_waves[r] = rk.waves.wave
 
     def teardown(self) -> None:
         if not self.ranks or sys.exc_info()[1] is not None:
@@ -735,7 +654,7 @@ HOLD_SETTINGS = settings(
     max_examples=200,
     stateful_step_count=40,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    suppress_health_check=[HealthCheck.too_slow],
 )
 
 
@@ -766,7 +685,7 @@ def _hold_system(n_ranks: int = 2) -> HoldSystem:
 def test_a_first_request_racing_the_hold_does_not_strand_its_target_in_the_all_reduce() -> None:
     s = _hold_system()
     s.launcher_holds()
-    s.client_sends_request(_FixedData([0, 0]), work=1)
+    s.client_sends_request(_FixedData([0, 0, 1]))
     s._deliver(("l2coord",))  # HoldCluster: Hold goes out
     s._deliver(("req", 0, 0))  # rank 0 steps alone, not held yet ...
     s._turn(0)  # (interval 1: it starts round 0 ...
@@ -785,7 +704,7 @@ def test_a_rank_whose_wave_a_peers_hold_ended_waits_for_the_coordinator() -> Non
     s.launcher_holds()
     s._deliver(("l2coord",))
     s._deliver(("bcast", 1))  # only rank 1 is held
-    s.client_sends_request(_FixedData([0, 0]), work=3)
+    s.client_sends_request(_FixedData([0, 0, 3]))
     s._deliver(("c2coord", 0))  # wakes the gang (not frozen yet)
     s._deliver(("req", 0, 0))
     s._deliver(("bcast", 1))

@@ -116,10 +116,8 @@ def test_a_worker_that_hangs_up_is_dead_and_the_rank_is_told_once(ipc_dir: IpcDi
     f = _Fixture(ipc_dir, 2, hang_up_on_step)
     assert f.executor.execute_step(1) == 1, "the driver answered; the follower's hang-up shows on the next call"
     assert wait_for(f.executor.links[1].ready)
-    started = time.monotonic()
-    with pytest.raises(WorkerDeadError) as info:
+    with pytest.raises(WorkerDeadError) as info:  # at once: a hang-up is a death, not a wait for a reply
         f.executor.execute_step(2)
-    assert time.monotonic() - started < 1.0
     assert (info.value.dp_rank, info.value.tp_rank, info.value.cause) == (3, 1, DeathCause.PROCESS_DIED)
     assert [d.tp_rank for d in f.deaths] == [1]
     with pytest.raises(WorkerDeadError):
@@ -131,18 +129,18 @@ def test_a_worker_that_hangs_up_is_dead_and_the_rank_is_told_once(ipc_dir: IpcDi
 
 
 def test_a_death_reported_by_the_backend_unblocks_a_waiting_step_within_a_poll_slice(ipc_dir: IpcDir) -> None:
-    release = threading.Event()
+    release, answered = threading.Event(), threading.Event()
 
     def slow(tp: int, call: Any) -> bytes:
-        release.wait(10)
+        release.wait(30)
+        answered.set()
         return _echo(tp, call)
 
     f = _Fixture(ipc_dir, 2, slow)
     threading.Timer(0.2, lambda: f.executor.mark_dead(1, DeathCause.KILLED, "ray.kill")).start()
-    started = time.monotonic()
     with pytest.raises(WorkerDeadError, match="worker tp1 of rank 3 on node node-a died: killed"):
         f.executor.execute_step(1)
-    assert time.monotonic() - started < 0.6
+    assert not answered.is_set(), "the death ended the wait; no worker had answered"
     release.set()
     f.executor.close()
 
@@ -177,20 +175,20 @@ def test_a_follower_that_raises_in_a_step_is_reported_with_its_traceback(ipc_dir
 
 
 def test_a_followers_failure_ends_a_wait_on_a_driver_that_cannot_answer(ipc_dir: IpcDir) -> None:
-    release = threading.Event()
+    release, driver_answered = threading.Event(), threading.Event()
 
     def stuck_driver(tp: int, call: Any) -> bytes:
         if call.kind == STEP and tp == 0:
-            release.wait(10)  # as a driver waits in a collective its failed peer never joins
+            release.wait(30)  # as a driver waits in a collective its failed peer never joins
+            driver_answered.set()
         if call.kind == STEP and tp == 1:
             return call_encoder.encode(Reply(call.seq, False, "Traceback (most recent call last):\nOSError: x"))
         return _echo(tp, call)
 
     f = _Fixture(ipc_dir, 2, stuck_driver)
-    started = time.monotonic()
     with pytest.raises(WorkerError, match="worker tp1 of rank 3"):
         f.executor.execute_step(1)
-    assert time.monotonic() - started < 0.5
+    assert not driver_answered.is_set(), "the follower's failure ended the wait; the driver never answered"
     release.set()
     f.executor.close()
 

@@ -82,7 +82,7 @@ from raydp.wire.protocol import (
 )
 from raydp.wire.security import CurveKeys, guard
 from raydp.wire.transport import SocketOptions, make_socket
-from tests.unit.loop_thread import run_loop
+from tests.unit.loop_thread import in_thread, run_loop
 
 MAX_BYTES = 1 << 20  # every fuzzed target's maximum message size
 KEYS = CurveKeys.generate()  # the cluster's keys in every CURVE case
@@ -287,16 +287,7 @@ def coordinator(auth: str) -> Iterator[CoordinatorTarget]:
         ip="127.0.0.1",
         node_id="n0",
     )
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            loop.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    thread, errors = in_thread(loop.run)
     try:
         yield CoordinatorTarget(loop, thread, errors)
     finally:

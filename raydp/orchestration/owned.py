@@ -1,0 +1,58 @@
+"""What one launch owns on the launching side: :class:`OwnedResources`, released exactly once.
+
+Released by ``close()``, by garbage collection or at interpreter exit,
+whichever comes first; each backend subclasses it to stop its components.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+
+from raydp.wire.transport import IpcDir
+
+logger = logging.getLogger("raydp.deaths")
+
+
+@dataclass
+class OwnedResources:
+    """What one launch owns on the launching side; :meth:`release` runs once.
+
+    Holds no reference to its backend, so that a ``weakref.finalize`` can
+    release it. Subclasses stop their components in :meth:`stop_components`.
+    """
+
+    name: str = ""  # the launch's IPC prefix
+    ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+    ipc_dir: IpcDir | None = None
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    released: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def release(self) -> None:
+        with self.lock:  # a restart in flight must not add components behind our back
+            if self.released:
+                return
+            self.released = True
+        self.stop.set()
+        self.stop_components()
+        for close in self.closers:
+            try:
+                close()
+            except Exception:  # one failing closer must not leak the rest
+                logger.exception("release step failed")
+        if self.ctx is not None:
+            self.ctx.destroy(linger=0)
+        if self.ipc_dir is not None:
+            self.ipc_dir.remove()
+
+    def stop_components(self) -> None:
+        """End the processes or actors this launch started (the backend's part)."""
+
+
+__all__ = ["OwnedResources"]
