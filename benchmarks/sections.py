@@ -20,7 +20,8 @@ from benchmarks.frontend import compare as frontend
 from benchmarks.frontend.load import HTTP_FULL, HTTP_QUICK
 from benchmarks.roundtrip import turns as roundtrip
 from benchmarks.roundtrip.targets import RoundTrip
-from benchmarks.vllm_dp.run import VllmReport, vllm_benchmark, vllm_failed
+from benchmarks.vllm_dp.bench import vllm_benchmark
+from benchmarks.vllm_dp.run import VllmReport, vllm_failed
 from benchmarks.vllm_dp.table import vllm_table
 
 R = TypeVar("R")

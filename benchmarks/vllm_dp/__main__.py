@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import vllm_dp
+from benchmarks.vllm_dp.bench import run_benchmark
 from benchmarks.vllm_dp.run import (
     DATASETS,
     FULL,
@@ -18,7 +19,6 @@ from benchmarks.vllm_dp.run import (
     SYSTEMS,
     Options,
     Workload,
-    run_benchmark,
     vllm_failed,
 )
 from benchmarks.vllm_dp.table import vllm_table

@@ -2,7 +2,9 @@
 
 :class:`HangingEchoEngine` is the echo engine with one fault: on chosen ranks
 it blocks forever in ``step()`` at its Nth step, in ``execute_dummy_batch``
-(a lockstep rank's idle step), or while it is built (a startup that wedges).
+(a lockstep rank's idle step), or while it is built (a startup that wedges);
+or, from its Nth DP all-reduce on, a lockstep rank skips them all, so that
+its peers wait in the collective for a rank that never comes.
 With ``once_dir`` set, each rank hangs once per directory: the hang leaves a
 marker file there, so the rank's successor serves normally, as a restarted
 rank does after a transient wedge.
@@ -15,7 +17,8 @@ ends, as a step that blocks does.
 blocks forever in ``execute_model`` at its Nth call on chosen ranks (a worker
 stuck in a forward pass, as a rank stuck in a collective looks from its engine).
 
-Every hang blocks in :func:`block_forever`, so a watchdog's stack names it.
+Every hang but the skipped all-reduce blocks in :func:`block_forever`, so a
+watchdog's stack names it; a peer of a skipping rank is stuck in the collective.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from raydp.models.echo_workers import WorkerEchoEngine
 from raydp.models.vllm import VllmEngine
 from raydp.wire.protocol import Output
 
-HangPoint = Literal["step", "dummy", "startup"]
+HangPoint = Literal["step", "dummy", "startup", "allreduce"]
 
 
 def block_forever() -> None:
@@ -49,15 +52,59 @@ class _HangSwitch:
         self._armed = ranks is None or rank in ranks
         self._marker = Path(once_dir) / f"hung-dp{rank}" if once_dir else None
 
-    def call(self) -> None:
+    def due(self) -> bool:
+        """Count a call; True at the Nth (once per ``once_dir``)."""
         self._calls += 1
         if not self._armed or self._calls != self.hang_at:
-            return
+            return False
         if self._marker is not None:
             if self._marker.exists():
-                return
+                return False
             self._marker.touch()
-        block_forever()
+        return True
+
+    def call(self) -> None:
+        if self.due():
+            block_forever()
+
+
+class _Skipped:
+    """A collective this rank never joined, as its own loop sees it: done at once."""
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
+def skip_all_reduces(switch: _HangSwitch) -> None:
+    """From the switch's Nth DP all-reduce on, this process contributes to none (its peers wait for it).
+
+    It patches this process's DP group only: each rank is a process of its own.
+    """
+    from raydp.engine import collective
+
+    group = collective.GlooDPGroup
+    start, sync = group.start, group.sync
+    skipping = [False]
+
+    def skips() -> bool:
+        skipping[0] = skipping[0] or switch.due()
+        return skipping[0]
+
+    def skipped_start(self: Any, unfinished: bool, hold: bool, pace: int = 0) -> None:
+        if not skips():
+            return start(self, unfinished, hold, pace)
+        self._async_view[:] = (unfinished, hold, pace)
+        self._work = _Skipped()
+        return None
+
+    def skipped_sync(self: Any, unfinished: bool, hold: bool) -> tuple[bool, bool]:
+        return (unfinished, hold) if skips() else sync(self, unfinished, hold)
+
+    group.start = skipped_start  # type: ignore[method-assign]
+    group.sync = skipped_sync  # type: ignore[method-assign]
 
 
 class HangingEchoEngine(EchoEngine):
@@ -74,13 +121,15 @@ class HangingEchoEngine(EchoEngine):
         once_dir: str | None = None,
         **echo: Any,
     ) -> None:
-        if hang_in not in ("step", "dummy", "startup"):
-            raise ValueError(f"hang_in={hang_in!r}: must be 'step', 'dummy' or 'startup'")
+        if hang_in not in ("step", "dummy", "startup", "allreduce"):
+            raise ValueError(f"hang_in={hang_in!r}: must be 'step', 'dummy', 'startup' or 'allreduce'")
         self._hang = _HangSwitch(context.rank, hang_at_step, ranks, once_dir)
         super().__init__(context, **echo)
         self.hang_in = hang_in
         if hang_in == "startup":
             self._hang.call()
+        elif hang_in == "allreduce":
+            skip_all_reduces(self._hang)
 
     def step(self) -> list[Output]:
         if self.hang_in == "step":

@@ -11,12 +11,11 @@ the template writes itself. Text comes back without special tokens.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from raydp.errors import ConfigError
 from raydp.text.detokenize import IncrementalDetokenizer
-from raydp.text.tokenizer import ChatMessage
 
 _WHAT = "must be a local directory holding a Hugging Face tokenizer (tokenizer.json or tokenizer_config.json)"
 
@@ -61,7 +60,7 @@ class HFTokenizer:
     def detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.decode)
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         if not self.has_chat_template:
             raise ConfigError(
                 f"{self.name} has no chat template (no chat_template in its tokenizer_config.json "

@@ -102,10 +102,14 @@ def test_a_rank_hung_in_step_is_ended_restarted_and_loses_no_request(
 
 
 @pytest.mark.timeout(240)
-def test_a_lockstep_rank_hung_in_its_dummy_batch_restarts_the_gang(two_nodes: Any, tmp_path: Path) -> None:
-    engine_kwargs = {"hang_in": "dummy", "hang_at_step": 2, "ranks": [0], "once_dir": str(tmp_path)}
+@pytest.mark.parametrize("hang_in", ["dummy", "allreduce"])
+def test_a_lockstep_rank_that_stalls_its_gang_restarts_the_gang(two_nodes: Any, tmp_path: Path, hang_in: str) -> None:
+    """Rank 0 hangs in its dummy batch, or skips every all-reduce from its second on; either way rank 1
+    waits in the collective for it, and the gang restarts."""
+    name = f"hung-gang-{hang_in}"
+    engine_kwargs = {"hang_in": hang_in, "hang_at_step": 2, "ranks": [0], "once_dir": str(tmp_path)}
     with raydp.launch(
-        name="hung-gang",
+        name=name,
         dp_size=2,
         lockstep=True,
         engine=HANGING,
@@ -116,20 +120,20 @@ def test_a_lockstep_rank_hung_in_its_dummy_batch_restarts_the_gang(two_nodes: An
     ) as cluster:
         client = cluster.client()
         since = time.monotonic()
-        # Rank 1's request makes rank 0 run dummy batches in the same wave; its second one hangs, and
-        # rank 1 then waits for it at the wave's next all-reduce, long before its 1,000 tokens are out.
+        # Rank 1's request makes rank 0 step in the same wave (dummy batches); at rank 0's second
+        # dummy batch or all-reduce the gang stalls, long before rank 1's 1,000 tokens are out.
         handle = client.submit([4], max_tokens=1000, rank=1)
         assert wait_until(lambda: bool(cluster.deaths), timeout=DETECTION_BOUND_S + 5)
         detected = time.monotonic() - since
-        # Rank 0 hangs in its dummy batch; rank 1 then waits in the all-reduce for it: whichever of
-        # the two the watchdogs name first, the gang restarts.
         first = cluster.deaths[0]
         assert isinstance(first, raydp.EngineHungError), first
         assert first.restarting and detected <= DETECTION_BOUND_S, (first, detected)
+        if hang_in == "allreduce":  # the skipping rank runs on; its peer is stuck in the collective
+            assert first.rank == 1 and "collective.py" in first.where, first.where
         with pytest.raises(raydp.EngineDeadError):
             handle.result(timeout=30)  # pinned to a rank of the gang: it fails typed, it is not lost
         assert wait_until(lambda: _serves(client, 0) and _serves(client, 1), timeout=120), "the gang came back"
-    assert_nothing_left("hung-gang", timeout=30)
+    assert_nothing_left(name, timeout=30)
 
 
 @pytest.mark.timeout(120)
