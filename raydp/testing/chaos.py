@@ -66,7 +66,7 @@ ENGINE = "raydp.testing.hangs:HangableWorkerEchoEngine"  # WorkerEchoEngine, plu
 # A hung rank is ended after this: short, to soak many faults, yet far above a turn of these engines
 # (10 ms steps) even on 2 busy cores.
 STEP_TIMEOUT_S = 4.0
-WARMUP_S = 8.0
+WARMUP_S = 8.0  # load before the resource baseline is taken
 # Ray's node death (a partition: the health check's 3 failed 500 ms probes, and then some on a busy box);
 # a process death is seen within 0.1 s
 DETECT_TIMEOUT_S = {"node-remove": 60.0, "partition": 60.0, "rank-hang": STEP_TIMEOUT_S + 10.0}
@@ -102,6 +102,14 @@ class Summary:
 
 
 @dataclass(frozen=True)
+class Pace:
+    """How long the load runs before the first fault, and the seeded gaps between faults."""
+
+    warmup_s: float = WARMUP_S
+    gap_s: tuple[float, float] = GAP_S
+
+
+@dataclass(frozen=True)
 class Mode:
     """Where the soak runs: the Ray, the cluster's size, the fault kinds, the driver client's load."""
 
@@ -128,7 +136,7 @@ def schedule(rng: random.Random, kinds: tuple[str, ...]) -> Any:
         yield rng.choice(kinds)
 
 
-def soak(seed: int, minutes: float, hosts: str = "local") -> Summary:
+def soak(seed: int, minutes: float, hosts: str = "local", pace: Pace = Pace()) -> Summary:
     rng = random.Random(seed)
     summary = Summary(seed, minutes, hosts, MODES[hosts].kinds)
     started = time.monotonic()
@@ -158,7 +166,7 @@ def soak(seed: int, minutes: float, hosts: str = "local") -> Summary:
             servers = cluster.serve_api(
                 2, settings=ServerSettings(max_restarts=10_000, request_timeout_s=60, migration_limit=3)
             )
-            run_faults(cluster, local, servers, rng, seed, minutes, summary, mode)
+            run_faults(cluster, local, servers, rng, seed, minutes, summary, mode, pace)
         finally:
             cluster.close()
         summary.leftovers = leftovers(name, servers.procs, gcs=hosts == "netns")
@@ -184,6 +192,7 @@ def run_faults(
     minutes: float,
     summary: Summary,
     mode: Mode,
+    pace: Pace,
 ) -> None:
     injector = Injector(cluster, local, servers)
     ledger = Ledger()
@@ -195,13 +204,13 @@ def run_faults(
     for load in loads:
         load.start()
     sampler.start()
-    time.sleep(WARMUP_S)
+    time.sleep(pace.warmup_s)
     baseline = sampler.take()
     actors0 = actor_processes(cluster.name)
     deadline = time.monotonic() + minutes * 60
     kinds = schedule(rng, mode.kinds)
     while time.monotonic() < deadline or len(summary.by_kind()) < len(mode.kinds):
-        time.sleep(rng.uniform(*GAP_S))
+        time.sleep(rng.uniform(*pace.gap_s))
         kind = next(kinds)
         if kind == "node-remove" and not injector.node_with_ranks():
             kind = "rank-sigkill"
@@ -354,9 +363,15 @@ def main(argv: list[str] | None = None) -> int:
         help="local: a local 2-node Ray; netns: namespace hosts with their own IPs, and partitions "
         "(needs root and ip netns)",
     )
+    parser.add_argument("--warmup-s", type=float, default=WARMUP_S, help="load before the first fault")
+    parser.add_argument(
+        "--gap-s", type=float, nargs=2, default=GAP_S, metavar=("LOW", "HIGH"), help="seeded pause between faults"
+    )
     args = parser.parse_args(argv)
+    if args.warmup_s < 0 or not 0 <= args.gap_s[0] <= args.gap_s[1]:
+        parser.error(f"--warmup-s {args.warmup_s} --gap-s {args.gap_s}: need 0 <= warmup and 0 <= LOW <= HIGH")
     exit_on_sigterm()
-    summary = soak(args.seed, args.minutes, args.hosts)
+    summary = soak(args.seed, args.minutes, args.hosts, Pace(args.warmup_s, (args.gap_s[0], args.gap_s[1])))
     if summary.leftovers:
         summary.violations.append(f"left after close: {summary.leftovers}")
     print("\n".join(table(summary)), file=sys.stderr if args.json else sys.stdout)

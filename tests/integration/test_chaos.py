@@ -19,6 +19,7 @@ from tests.integration.chaos_checks import assert_requests_accounted
 from tests.integration.conftest import ClusterPool
 
 ROOT = Path(__file__).resolve().parents[2]
+BRISK = ["--warmup-s", "5", "--gap-s", "0.2", "1"]  # short pauses: the faults, not the waits, are the test
 KINDS = {
     "rank-sigkill",
     "rank-ray-kill",
@@ -37,7 +38,7 @@ def test_a_seeded_chaos_soak_loses_no_request_and_leaves_nothing(cluster_pool: C
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, never an ambient one
     env |= {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "raydp.testing.chaos", "--seed", "7", "--minutes", "0.5", "--json"],
+        [sys.executable, "-m", "raydp.testing.chaos", "--seed", "7", "--minutes", "0.5", *BRISK, "--json"],
         cwd=ROOT,
         env=env,
         capture_output=True,

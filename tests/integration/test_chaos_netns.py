@@ -20,6 +20,7 @@ from tests.integration.chaos_checks import assert_requests_accounted
 from tests.integration.conftest import ClusterPool
 
 ROOT = Path(__file__).resolve().parents[2]
+BRISK = ["--warmup-s", "5", "--gap-s", "0.2", "1"]  # short pauses: the faults, not the waits, are the test
 KINDS = {
     "rank-sigkill",
     "rank-ray-kill",
@@ -43,7 +44,19 @@ def test_a_chaos_soak_on_namespace_hosts_survives_partitions_and_leaves_nothing(
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env |= {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raydp.testing.chaos", "--seed", "3", "--minutes", "0.5", "--hosts", "netns", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "raydp.testing.chaos",
+            "--seed",
+            "3",
+            "--minutes",
+            "0.5",
+            *BRISK,
+            "--hosts",
+            "netns",
+            "--json",
+        ],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
