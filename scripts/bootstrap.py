@@ -128,7 +128,14 @@ def run_tests(args: list[str]) -> int:
     os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # mkdocs-material's end-of-life banner, on every build
     with tempfile.TemporaryDirectory() as site:  # the docs site: a broken link or anchor fails the build
         sh(BIN / "mkdocs", "build", "--strict", "--quiet", "--site-dir", site)
-    code = sh(py, "-m", "pytest", *(args or ["tests"]), check=False)
+    if args:
+        return pytest_step(py, args)
+    # The chaos soaks last minutes each: a step of their own, after everything else has passed or failed.
+    return max(pytest_step(py, ["tests", "-m", "not soak"]), pytest_step(py, ["tests", "-m", "soak"]))
+
+
+def pytest_step(py: Path, args: list[str]) -> int:
+    code = sh(py, "-m", "pytest", *args, check=False)
     if code == 5:  # pytest: no tests collected
         print("no tests were collected", file=sys.stderr)
         return 1

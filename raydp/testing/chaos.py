@@ -45,20 +45,20 @@ After ``close()`` no process it started, namespace or link may be left either.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import random
 import signal
-import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import raydp
 from raydp.serve.settings import ServerSettings
 from raydp.testing import netns_ray
-from raydp.testing.fault_load import DriverLoad, HttpLoad, Ledger, LoadShape, ResourceSampler
+from raydp.testing.chaos_report import FaultRecord, Summary, fmt, table
+from raydp.testing.chaos_vllm import VLLM_ENGINE, VLLM_KINDS, VLLM_STEP_TIMEOUT_S, EngineSetup, unbroken_answers
+from raydp.testing.fault_load import Answers, DriverLoad, HttpLoad, Ledger, LoadShape, ResourceSampler
 from raydp.testing.faults import KINDS, NETNS_KINDS, Fault, Injector, LocalRay, actor_processes, wait_for
 from raydp.testing.leftovers import live_actors, live_groups, socket_dirs, wait_until
 
@@ -69,36 +69,12 @@ STEP_TIMEOUT_S = 4.0
 WARMUP_S = 8.0  # load before the resource baseline is taken
 # Ray's node death (a partition: the health check's 3 failed 500 ms probes, and then some on a busy box);
 # a process death is seen within 0.1 s
-DETECT_TIMEOUT_S = {"node-remove": 60.0, "partition": 60.0, "rank-hang": STEP_TIMEOUT_S + 10.0}
-RECOVER_TIMEOUT_S = 120.0
+DETECT_TIMEOUT_S = {"node-remove": 60.0, "partition": 60.0}  # and a hang: the mode's step timeout + 10 s
+RECOVER_TIMEOUT_S = 180.0  # a vLLM rank reloads its model
 GAP_S = (1.0, 4.0)  # between one fault's recovery and the next fault
 RSS_SLACK, FD_SLACK = 64 << 20, 48
 GROWTH = 1.5
-
-
-@dataclass
-class FaultRecord:
-    kind: str
-    target: str
-    detect_s: float | None
-    back_s: float | None
-
-
-@dataclass
-class Summary:
-    seed: int
-    minutes: float
-    hosts: str = "local"
-    kinds: tuple[str, ...] = KINDS
-    faults: list[FaultRecord] = field(default_factory=list)
-    requests: dict[str, Any] = field(default_factory=dict)
-    resources: dict[str, Any] = field(default_factory=dict)
-    leftovers: list[str] = field(default_factory=list)
-    violations: list[str] = field(default_factory=list)
-    wall_s: float = 0.0
-
-    def by_kind(self) -> dict[str, int]:
-        return dict(collections.Counter(f.kind for f in self.faults))
+HTTP_LOAD = LoadShape(rate=6, concurrency=3)
 
 
 @dataclass(frozen=True)
@@ -111,18 +87,36 @@ class Pace:
 
 @dataclass(frozen=True)
 class Mode:
-    """Where the soak runs: the Ray, the cluster's size, the fault kinds, the driver client's load."""
+    """Where the soak runs: the Ray, the cluster's size, the fault kinds, the engine, the loads."""
 
     kinds: tuple[str, ...]
     dp_size: int
     dp_size_local: int
     driver_load: LoadShape
+    http_load: LoadShape = HTTP_LOAD
+    engine: str = ENGINE
+    step_timeout_s: float = STEP_TIMEOUT_S
+
+    @property
+    def vllm(self) -> bool:
+        return self.engine == VLLM_ENGINE
 
 
 MODES = {
     "local": Mode(KINDS, 4, 2, LoadShape(rate=20, concurrency=8)),
     # Three namespace hosts (two ranks and a spare) is what 2 cores carry beside the load.
     "netns": Mode(NETNS_KINDS, 2, 1, LoadShape(rate=12, concurrency=6)),
+    # Real vLLM engines on the small model, on the local Ray: what 2 cores carry is two ranks and a light load.
+    # A vLLM rank has no device workers (so no worker kill), and its restart reloads the model.
+    "vllm": Mode(
+        VLLM_KINDS,
+        2,
+        1,
+        LoadShape(rate=3, concurrency=3, hung_after_s=120),
+        LoadShape(rate=2, concurrency=2, hung_after_s=120),
+        engine=VLLM_ENGINE,
+        step_timeout_s=VLLM_STEP_TIMEOUT_S,
+    ),
 }
 NETNS_HOSTS = 3
 
@@ -136,37 +130,39 @@ def schedule(rng: random.Random, kinds: tuple[str, ...]) -> Any:
         yield rng.choice(kinds)
 
 
-def soak(seed: int, minutes: float, hosts: str = "local", pace: Pace = Pace()) -> Summary:
+def soak(seed: int, minutes: float, hosts: str = "local", pace: Pace = Pace(), model: str | None = None) -> Summary:
+    """``hosts``: a key of :data:`MODES`; ``model``: the vLLM mode's checkpoint (built if missing)."""
     rng = random.Random(seed)
     summary = Summary(seed, minutes, hosts, MODES[hosts].kinds)
     started = time.monotonic()
     mode = MODES[hosts]
-    local: Any = LocalRay((2, 2)) if hosts == "local" else netns_ray.NetnsRay(NETNS_HOSTS)
+    engine = EngineSetup.of(mode.vllm, model)
+    local: Any = netns_ray.NetnsRay(NETNS_HOSTS) if hosts == "netns" else LocalRay((2, 2))
     exit_on_sigterm()  # again: ray.init put its own (aborting) SIGTERM handler in place
     name = f"chaos{seed}"
     try:
         # Rank 0 and the coordinator beside it go to a node a fault may take away: locally the worker
         # node (node-remove), which moves the coordinator to the head; the netns head holds no GPU.
-        first = local.worker_nodes()[0].node_id if hosts == "local" else local.first_host()
-        master = {"master_node_id": first}
+        first = local.first_host() if hosts == "netns" else local.worker_nodes()[0].node_id
         cluster = raydp.launch(
             name=name,
-            engine=ENGINE,
+            engine=mode.engine,
             dp_size=mode.dp_size,
             dp_size_local=mode.dp_size_local,
             progress=False,
-            engine_kwargs={"step_delay_s": 0.01},
+            engine_kwargs=engine.kwargs,
             max_restarts=10_000,
             restart_backoff_s=0,  # the soak times recovery itself, not the policy's backoff
-            step_timeout_s=STEP_TIMEOUT_S,
+            step_timeout_s=mode.step_timeout_s,
             coordinator_max_restarts=10_000,
-            **master,
+            master_node_id=first,
+            **engine.launch,
         )
         try:
-            servers = cluster.serve_api(
-                2, settings=ServerSettings(max_restarts=10_000, request_timeout_s=60, migration_limit=3)
-            )
-            run_faults(cluster, local, servers, rng, seed, minutes, summary, mode, pace)
+            settings = ServerSettings(max_restarts=10_000, request_timeout_s=60, migration_limit=3, **engine.servers)
+            servers = cluster.serve_api(2, settings=settings)
+            answers = unbroken_answers(cluster, random.Random(seed)) if mode.vllm else Answers()
+            run_faults(cluster, local, servers, rng, seed, minutes, summary, mode, pace, answers)
         finally:
             cluster.close()
         summary.leftovers = leftovers(name, servers.procs, gcs=hosts == "netns")
@@ -193,12 +189,14 @@ def run_faults(
     summary: Summary,
     mode: Mode,
     pace: Pace,
+    answers: Answers,
 ) -> None:
     injector = Injector(cluster, local, servers)
-    ledger = Ledger()
+    ledger = Ledger(answers)
+    driver = cluster.client()
     loads = [
-        DriverLoad(cluster.client(), ledger, mode.driver_load, seed),
-        HttpLoad(servers.url, ledger, LoadShape(rate=6, concurrency=3), seed + 1, injector.server_killed_between),
+        DriverLoad(driver, ledger, mode.driver_load, seed),
+        HttpLoad(servers.url, ledger, mode.http_load, seed + 1, injector.server_killed_between),
     ]
     sampler = ResourceSampler()
     for load in loads:
@@ -216,7 +214,7 @@ def run_faults(
             kind = "rank-sigkill"
         rank = rng.randrange(cluster.dp_size)
         fault = injector.inject(kind, rank=rank, api_index=rng.randrange(len(servers.procs)))
-        summary.faults.append(record := measure(injector, fault))
+        summary.faults.append(record := measure(injector, fault, mode))
         injector.settle(fault)
         log(f"{record.kind:20} {record.target:40} detected {fmt(record.detect_s)}  back {fmt(record.back_s)}")
         if record.detect_s is None or record.back_s is None:
@@ -229,6 +227,7 @@ def run_faults(
     final = sampler.take()
     actors1 = actor_processes(cluster.name)
     summary.requests = ledger.summary()
+    summary.requests["driver_stream_moves"] = driver.migrations  # streams the driver's client moved (any engine)
     summary.requests["stuck_threads"] = stuck
     summary.resources = {
         "driver_rss_mb": [round(baseline.rss / 2**20, 1), round(final.rss / 2**20, 1)],
@@ -246,8 +245,9 @@ def run_faults(
         )
 
 
-def measure(injector: Injector, fault: Fault) -> FaultRecord:
-    detect = wait_for(lambda: injector.detected(fault), fault.at, DETECT_TIMEOUT_S.get(fault.kind, 10.0), 0.005)
+def measure(injector: Injector, fault: Fault, mode: Mode) -> FaultRecord:
+    bound = mode.step_timeout_s + 10.0 if fault.kind == "rank-hang" else DETECT_TIMEOUT_S.get(fault.kind, 10.0)
+    detect = wait_for(lambda: injector.detected(fault), fault.at, bound, 0.005)
     back = wait_for(lambda: injector.serving(fault), fault.at, RECOVER_TIMEOUT_S, 0.02)
     if back is not None and wait_for(injector.all_serving, fault.at, RECOVER_TIMEOUT_S, 0.1) is None:
         back = None  # what it hit is back, but something else is not
@@ -290,65 +290,8 @@ def leftovers(name: str, procs: list[Any], gcs: bool = False) -> list[str]:
     return left
 
 
-def fmt(seconds: float | None) -> str:
-    return "never" if seconds is None else f"{seconds:.3f}s"
-
-
-def median(xs: list[float]) -> str:
-    return f"{statistics.median(xs):.3f} s" if xs else "-"
-
-
 def log(message: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def table(summary: Summary) -> list[str]:
-    lines = [
-        f"## chaos soak: seed {summary.seed}, {summary.minutes} min, {summary.hosts} hosts "
-        f"({summary.wall_s} s with setup)",
-        "",
-        "| fault | injected | detect median | back median | back max |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for kind in dict.fromkeys((*KINDS, *NETNS_KINDS)):
-        recs = [f for f in summary.faults if f.kind == kind]
-        if not recs and kind not in summary.kinds:
-            continue
-        detects = [f.detect_s for f in recs if f.detect_s is not None]
-        backs = [f.back_s for f in recs if f.back_s is not None]
-        lines.append(
-            f"| {kind} | {len(recs)} | {median(detects)} | {median(backs)} | "
-            f"{f'{max(backs):.3f} s' if backs else '-'} |"
-        )
-    lines += [
-        "",
-        "| source | submitted | ok | typed | wrong | duplicate | hung | untyped |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for source, outcomes in summary.requests["outcomes"].items():
-        lines.append(
-            f"| {source} | {summary.requests['submitted'][source]} | "
-            + " | ".join(str(outcomes[o]) for o in ("ok", "typed", "wrong", "duplicate", "hung", "untyped"))
-            + " |"
-        )
-    migrated = summary.requests.get("migrated", {})
-    lines += [
-        "",
-        "migrated streams (moves): "
-        + ", ".join(f"{source} {m['streams']} ({m['moves']})" for source, m in migrated.items()),
-    ]
-    res = summary.resources
-    lines += [
-        "",
-        f"lost: {summary.requests['lost']}; driver RSS {res['driver_rss_mb'][0]} -> "
-        f"{res['driver_rss_mb'][1]} MiB (max {res['driver_rss_max_mb']}), fds {res['driver_fds'][0]} -> "
-        f"{res['driver_fds'][1]} (max {res['driver_fds_max']}); largest actor RSS "
-        f"{res['actor_rss_max_mb'][0]} -> {res['actor_rss_max_mb'][1]} MiB, most actor fds "
-        f"{res['actor_fds_max'][0]} -> {res['actor_fds_max'][1]}; "
-        f"left after close: {summary.leftovers or 'nothing'}",
-    ]
-    lines.append("verdict: " + ("PASS" if not summary.violations else "FAIL: " + "; ".join(summary.violations)))
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,8 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(MODES),
         default="local",
         help="local: a local 2-node Ray; netns: namespace hosts with their own IPs, and partitions "
-        "(needs root and ip netns)",
+        "(needs root and ip netns); vllm: the local Ray with real vLLM engines on the small model",
     )
+    parser.add_argument("--model", help="--hosts vllm: the checkpoint (default: raydp make-model's, built if missing)")
     parser.add_argument("--warmup-s", type=float, default=WARMUP_S, help="load before the first fault")
     parser.add_argument(
         "--gap-s", type=float, nargs=2, default=GAP_S, metavar=("LOW", "HIGH"), help="seeded pause between faults"
@@ -371,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup_s < 0 or not 0 <= args.gap_s[0] <= args.gap_s[1]:
         parser.error(f"--warmup-s {args.warmup_s} --gap-s {args.gap_s}: need 0 <= warmup and 0 <= LOW <= HIGH")
     exit_on_sigterm()
-    summary = soak(args.seed, args.minutes, args.hosts, Pace(args.warmup_s, (args.gap_s[0], args.gap_s[1])))
+    pace = Pace(args.warmup_s, (args.gap_s[0], args.gap_s[1]))
+    summary = soak(args.seed, args.minutes, args.hosts, pace, args.model)
     if summary.leftovers:
         summary.violations.append(f"left after close: {summary.leftovers}")
     print("\n".join(table(summary)), file=sys.stderr if args.json else sys.stdout)

@@ -2,9 +2,10 @@
 
 Every request ends in exactly one outcome:
 
-* ``ok``: answered once, with the tokens the echo engine must produce (for a
-  stream that moved to another rank when its rank died, what the echo of each
-  continuation gives: :func:`echo_moves`);
+* ``ok``: answered once, with the right tokens (:class:`Answers`): the echo
+  engine's (for a stream that moved to another rank when its rank died, what
+  the echo of each continuation gives: :func:`echo_moves`), or a greedy
+  model's, as one unbroken run answered each prompt (:func:`greedy_answers`);
 * ``typed``: failed with a :class:`~raydp.RaydpError` (driver) or an HTTP
   error in OpenAI's JSON shape; for HTTP also a connection closed by an API
   server that was killed while the request was on it (nothing else closes one);
@@ -36,6 +37,7 @@ from urllib.parse import urlsplit
 import raydp
 from raydp.client.client import Client
 from raydp.client.requests import RequestHandle
+from raydp.wire.sampling import Sampling
 
 OUTCOMES = ("ok", "typed", "wrong", "duplicate", "hung", "untyped")
 RECHECK_AFTER_S = 2.0  # an answered request is looked at again this long after, for a second answer
@@ -68,10 +70,46 @@ def echo_moves(prompt: list[int], max_tokens: int, got: list[int]) -> int | None
     return moves
 
 
+def echo_prompt(rng: random.Random) -> list[int]:
+    return [rng.randrange(1, 256) for _ in range(rng.randrange(1, 4))]
+
+
+@dataclass(frozen=True)
+class Answers:
+    """What the load sends and what a right answer is.
+
+    ``moves`` judges an answer: how many times its stream moved to another rank, or None if it is wrong.
+    ``sampling`` and ``http_fields`` go with every driver and HTTP request.
+    """
+
+    prompt: Callable[[random.Random], list[int]] = echo_prompt
+    moves: Callable[[list[int], int, list[int]], int | None] = echo_moves
+    sampling: Sampling | None = None
+    http_fields: dict[str, Any] = field(default_factory=dict)
+
+
+def greedy_answers(table: dict[tuple[int, ...], list[int]]) -> Answers:
+    """A greedy model's answers: each prompt of ``table``, whose value is what an unbroken run answered it (at
+    least as many tokens as any request asks; ``ignore_eos``, so every answer is that long). A stream that
+    moved is right only if it equals that run's: a move shows as nothing, so it counts as 0 moves."""
+    prompts = sorted(table)
+
+    def moves(prompt: list[int], max_tokens: int, got: list[int]) -> int | None:
+        return 0 if got == table[tuple(prompt)][:max_tokens] else None
+
+    return Answers(
+        prompt=lambda rng: list(rng.choice(prompts)),
+        moves=moves,
+        sampling=Sampling(temperature=0.0, ignore_eos=True),
+        http_fields={"temperature": 0.0, "ignore_eos": True, "return_token_ids": True},
+    )
+
+
 @dataclass
 class Ledger:
     """Submitted requests and their outcomes, per source (``driver``, ``http``)."""
 
+    answers: Answers = field(default_factory=Answers)
     lock: threading.Lock = field(default_factory=threading.Lock)
     submitted: collections.Counter[str] = field(default_factory=collections.Counter)
     outcomes: dict[str, collections.Counter[str]] = field(default_factory=dict)
@@ -81,7 +119,7 @@ class Ledger:
 
     def judge(self, source: str, prompt: list[int], max_tokens: int, got: list[int]) -> bool:
         """Record an answer: ``ok`` (counting a migrated one) or ``wrong``; True if ok."""
-        moves = echo_moves(prompt, max_tokens, got)
+        moves = self.answers.moves(prompt, max_tokens, got)
         if moves is None:
             self.record(source, "wrong", f"prompt {prompt} x{max_tokens}: got {got}")
             return False
@@ -174,7 +212,7 @@ class _Load:
 
     def _loop(self, rng: random.Random) -> None:
         while self._pacer.wait():
-            prompt = [rng.randrange(1, 256) for _ in range(rng.randrange(1, 4))]
+            prompt = self.ledger.answers.prompt(rng)
             self.ledger.submit(self.source)
             self.one(prompt, rng.randrange(*self.shape.max_tokens))
 
@@ -209,7 +247,8 @@ class DriverLoad(_Load):
 
     def one(self, prompt: list[int], max_tokens: int) -> None:
         try:
-            handle = self.client.submit(prompt, max_tokens, retryable=True, migratable=True)
+            sampling = self.ledger.answers.sampling
+            handle = self.client.submit(prompt, max_tokens, retryable=True, migratable=True, sampling=sampling)
             got = handle.result(timeout=self.shape.hung_after_s)
         except raydp.RaydpError as exc:
             self.ledger.record(self.source, "typed", repr(exc))
@@ -276,7 +315,7 @@ class HttpLoad(_Load):
             conn.request(
                 "POST",
                 "/v1/completions",
-                json.dumps({"prompt": prompt, "max_tokens": max_tokens}),
+                json.dumps({"prompt": prompt, "max_tokens": max_tokens, **self.ledger.answers.http_fields}),
                 {"Content-Type": "application/json"},
             )
             answer = conn.getresponse()

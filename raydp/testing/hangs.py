@@ -13,7 +13,8 @@ rank does after a transient wedge.
 its ``hang_now`` utility never returns, so the loop turn that runs it never
 ends, as a step that blocks does.
 
-:class:`HangingVllmEngine` is a real vLLM engine core whose model executor
+:class:`HangableVllmEngine` is the same for a real vLLM engine core (the
+vLLM chaos soak's). :class:`HangingVllmEngine` is a real vLLM engine core whose model executor
 blocks forever in ``execute_model`` at its Nth call on chosen ranks (a worker
 stuck in a forward pass, as a rank stuck in a collective looks from its engine).
 
@@ -144,6 +145,13 @@ class HangingEchoEngine(EchoEngine):
 
 class HangableWorkerEchoEngine(WorkerEchoEngine):
     """The echo engine with device workers, plus a utility that hangs its rank's loop for good."""
+
+    def hang_now(self) -> None:
+        block_forever()
+
+
+class HangableVllmEngine(VllmEngine):
+    """vLLM's engine core, plus a utility that hangs its rank's loop for good (the vLLM chaos soak's engine)."""
 
     def hang_now(self) -> None:
         block_forever()

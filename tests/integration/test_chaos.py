@@ -32,6 +32,8 @@ KINDS = {
 }
 
 
+@pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.timeout(300)
 def test_a_seeded_chaos_soak_loses_no_request_and_leaves_nothing(cluster_pool: ClusterPool) -> None:
     cluster_pool.shutdown()  # the soak starts a Ray of its own; on 2 cores the shared one would only slow it down

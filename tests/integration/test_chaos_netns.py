@@ -33,6 +33,8 @@ KINDS = {
 }
 
 
+@pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.timeout(330)
 def test_a_chaos_soak_on_namespace_hosts_survives_partitions_and_leaves_nothing(
     cluster_pool: ClusterPool,
