@@ -1,8 +1,10 @@
 """Restarting a lockstep gang: one rank died, so every rank restarts and the DP group is formed anew.
 
 A lockstep rank cannot be restarted alone: its peers wait for it inside the
-collective, and a successor could not join their group. So with
-``max_restarts`` left, the first death of a lockstep cluster is reported as
+collective, and a successor could not join their group. So with a restart
+left in the gang's budget (``max_restarts`` within ``restart_window_s``, each
+repeat after the doubling backoff, as a dense rank's: :mod:`~raydp.orchestration.budget`),
+the first death of a lockstep cluster is reported as
 restarting, every peer is reported dead too (their in-flight requests fail
 with the typed error, or move where they allow it and nothing streamed yet),
 all engines are ended, and the gang is started again in its placements: a new
@@ -17,6 +19,7 @@ import logging
 import time
 
 from raydp.errors import DeathCause, EngineDeadError, engine_death
+from raydp.orchestration.budget import RestartBudget
 from raydp.orchestration.controls import Controls
 
 logger = logging.getLogger("raydp.manager")
@@ -25,9 +28,18 @@ logger = logging.getLogger("raydp.manager")
 class GangRestarts:
     """The lockstep restart policy of one cluster (callers hold the report lock)."""
 
+    GANG = 0  # the budget's one key: the gang restarts as one
+
     def __init__(self, controls: Controls, max_restarts: int) -> None:
         self.c = controls
-        self.left = max_restarts
+        cfg = controls.config
+        self.budget = RestartBudget(
+            max_restarts,
+            (self.GANG,),
+            window_s=cfg.restart_window_s,
+            backoff_s=cfg.restart_backoff_s,
+            backoff_max_s=cfg.restart_backoff_max_s,
+        )
         self.restarting = False
         self.stopped = False  # the gang was stopped for good: its other ranks' ends need no more killing
 
@@ -39,18 +51,17 @@ class GangRestarts:
             return
         if rank not in c.table:
             return
-        restarting = self.left > 0 and not c.closing()
-        c.reports.died(engine_death(rank, c.table[rank].node_id, cause, detail, restarting))
-        if not restarting:
+        delay = None if c.closing() else self.budget.take(self.GANG)
+        c.reports.died(engine_death(rank, c.table[rank].node_id, cause, detail, delay is not None))
+        if delay is None:
             if not self.stopped:
                 self.stopped = True
                 c.kill_ranks(except_rank=rank)
             return
-        self.left -= 1
         self.restarting = True
-        c.in_background("raydp-gang-restart", self.restart, rank)
+        c.in_background("raydp-gang-restart", self.restart, rank, delay)
 
-    def restart(self, first: int) -> None:
+    def restart(self, first: int, delay_s: float = 0.0) -> None:
         c, started = self.c, time.monotonic()
         records = list(c.table)
         with c.report_lock:
@@ -70,12 +81,17 @@ class GangRestarts:
         try:
             c.rt.kill(records)
             phases.mark("stopped")
+            if delay_s > 0:
+                logger.warning("lockstep gang restarts in %.1fs (backoff)", delay_s)
+                if c.owned.stop.wait(delay_s):
+                    return  # closing: no successor
             self.start_again(phases)
         except Exception as exc:
             if not c.closing():
                 logger.error("lockstep gang restart failed: %r", exc)
                 with c.report_lock:
-                    self.left, self.restarting = 0, False
+                    self.budget.exhaust(self.GANG)
+                    self.restarting = False
                 c.report(first, DeathCause.INIT_FAILED, f"gang restart failed: {exc}")
             return
         logger.warning(
