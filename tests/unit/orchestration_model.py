@@ -163,9 +163,14 @@ def status_of(s: CoordinatorState) -> CoordinatorStatus:
     return s.status()
 
 
-def started(n: int, runtime: ModelRuntime, coordinator: ModelCoordinator, *, lockstep: bool = False) -> Orchestrator:
-    """An orchestrator that has started ``n`` ranks over ``runtime`` (:meth:`Orchestrator.start` itself)."""
-    config = RaydpConfig(name="model", dp_size=n, lockstep=lockstep, stats_interval_s=0.125, handshake_timeout_s=5)
+def started(
+    n: int, runtime: ModelRuntime, coordinator: ModelCoordinator, *, lockstep: bool = False, **fields: Any
+) -> Orchestrator:
+    """An orchestrator that has started ``n`` ranks over ``runtime`` (:meth:`Orchestrator.start` itself);
+    ``fields`` are more of its :class:`RaydpConfig`."""
+    config = RaydpConfig(
+        name="model", dp_size=n, lockstep=lockstep, stats_interval_s=0.125, handshake_timeout_s=5, **fields
+    )
     o = Orchestrator(
         config,
         runtime,
