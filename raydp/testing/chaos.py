@@ -112,8 +112,9 @@ MODES = {
         VLLM_KINDS,
         2,
         1,
-        LoadShape(rate=3, concurrency=3, hung_after_s=120),
-        LoadShape(rate=2, concurrency=2, hung_after_s=120),
+        # Streams long enough (up to ANSWER_TOKENS) that a fault finds some mid-answer, to move them.
+        LoadShape(rate=3, concurrency=3, max_tokens=(16, 64), hung_after_s=120),
+        LoadShape(rate=2, concurrency=2, max_tokens=(16, 64), hung_after_s=120),
         engine=VLLM_ENGINE,
         step_timeout_s=VLLM_STEP_TIMEOUT_S,
     ),
@@ -191,7 +192,7 @@ def run_faults(
     pace: Pace,
     answers: Answers,
 ) -> None:
-    injector = Injector(cluster, local, servers)
+    injector = Injector(cluster, local, servers, echo=not mode.vllm)
     ledger = Ledger(answers)
     driver = cluster.client()
     loads = [

@@ -33,7 +33,7 @@ VLLM_FLAGS = (
 )
 VLLM_KINDS = ("rank-sigkill", "rank-ray-kill", "rank-hang", "coordinator-sigkill", "api-server-sigkill")
 VLLM_STEP_TIMEOUT_S = 10.0  # a vLLM step of the small model takes milliseconds; a prefill under load, more
-PROMPTS, ANSWER_TOKENS = 12, 24  # the vLLM soak's prompt pool, and the tokens of its unbroken answers
+PROMPTS, ANSWER_TOKENS = 12, 64  # the vLLM soak's prompt pool, and the tokens of its unbroken answers
 
 
 @dataclass(frozen=True)

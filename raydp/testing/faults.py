@@ -109,10 +109,15 @@ class Fault:
 
 
 class Injector:
-    """Faults against ``cluster`` (launched by this driver) on ``local``; probes use a client of their own."""
+    """Faults against ``cluster`` (launched by this driver) on ``local``; probes use a client of their own.
 
-    def __init__(self, cluster: raydp.Cluster, local: Any, servers: APIServerProcessManager | None = None) -> None:
-        self.cluster, self.local, self.servers = cluster, local, servers
+    ``echo``: the engines echo (a probe's answer must be its prompt); else any answer is one (a model's).
+    """
+
+    def __init__(
+        self, cluster: raydp.Cluster, local: Any, servers: APIServerProcessManager | None = None, echo: bool = True
+    ) -> None:
+        self.cluster, self.local, self.servers, self.echo = cluster, local, servers, echo
         self.control = cluster.client()
         self.api_kills: list[float] = []
         self._lock = threading.Lock()
@@ -282,9 +287,10 @@ class Injector:
     def rank_serves(self, rank: int, timeout: float = 5.0) -> bool:
         prompt = [rank + 1, 7]
         try:
-            return bool(self.control.generate(prompt, max_tokens=2, rank=rank, timeout=timeout) == prompt)
+            got = self.control.generate(prompt, max_tokens=2, rank=rank, timeout=timeout)
         except (raydp.RaydpError, TimeoutError):
             return False
+        return bool(got == prompt) if self.echo else len(got) >= 1
 
     def coordinator_back(self) -> bool:
         try:
@@ -296,7 +302,7 @@ class Injector:
     def api_server_back(self, fault: Fault) -> bool:
         assert self.servers is not None
         proc = self.servers.procs[fault.api_index].process
-        return proc.pid != fault.old_pid and proc.is_alive() and http_serves(self.servers.url)
+        return proc.pid != fault.old_pid and proc.is_alive() and http_serves(self.servers.url, self.echo)
 
     def all_serving(self) -> bool:
         """Every rank answers, the coordinator has every subscriber, every API server process lives."""
@@ -305,7 +311,7 @@ class Injector:
         if not self.coordinator_back():
             return False
         return self.servers is None or (
-            all(p.process.is_alive() for p in self.servers.procs) and http_serves(self.servers.url)
+            all(p.process.is_alive() for p in self.servers.procs) and http_serves(self.servers.url, self.echo)
         )
 
 
@@ -326,7 +332,8 @@ def actor_processes(name: str) -> tuple[int, int]:
     return rss, fds
 
 
-def http_serves(url: str, timeout: float = 5.0) -> bool:
+def http_serves(url: str, echo: bool = True, timeout: float = 5.0) -> bool:
+    """Whether the API servers at ``url`` answer a completion: the echo of its prompt, or (a model's) any."""
     parts = urlsplit(url)
     assert parts.hostname is not None and parts.port is not None
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
@@ -334,11 +341,12 @@ def http_serves(url: str, timeout: float = 5.0) -> bool:
         conn.request(
             "POST",
             "/v1/completions",
-            json.dumps({"prompt": [3, 4], "max_tokens": 2}),
+            json.dumps({"prompt": [3, 4], "max_tokens": 2, **({} if echo else {"return_token_ids": True})}),
             {"Content-Type": "application/json"},
         )
         answer = conn.getresponse()
-        return answer.status == 200 and json.loads(answer.read())["choices"][0]["token_ids"] == [3, 4]
+        tokens = json.loads(answer.read())["choices"][0]["token_ids"] if answer.status == 200 else None
+        return tokens is not None and (tokens == [3, 4] if echo else len(tokens) >= 1)
     except (OSError, http.client.HTTPException, ValueError, KeyError):
         return False
     finally:
