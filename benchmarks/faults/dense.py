@@ -90,6 +90,13 @@ COORDINATOR_NODE_ROW = Row(
     "is re-placed",
 )
 WORKER_ROW = Row("kill worker (SIGKILL)", "worker-sigkill", "its rank fails (typed) and restarts with new workers")
+HANG_STEP_TIMEOUT_S = 2.0  # the watchdog's bound in this row (300 s by default): detection is this and a poll
+HANG_ROW = Row(
+    f"hang rank (its loop blocks; step_timeout_s {HANG_STEP_TIMEOUT_S:g} s)",
+    "rank-hang",
+    "its watchdog ends it with EngineHungError and the stuck stack; then as a death: requests move or fail "
+    "typed, the rank restarts",
+)
 GANG_ROW = Row(
     "kill lockstep rank (SIGKILL)",
     "rank-sigkill",
@@ -127,6 +134,16 @@ def run_rows(trials: int) -> list[FaultRow]:
             **restarts,
         ) as cluster:
             rows.append(measure_row(cluster, local, None, WORKER_ROW, trials))
+        with raydp.launch(
+            name="fbhang",
+            dp_size=2,
+            dp_size_local=1,
+            engine="raydp.testing.hangs:HangableWorkerEchoEngine",
+            engine_kwargs={"step_delay_s": 0.005},
+            step_timeout_s=HANG_STEP_TIMEOUT_S,
+            **restarts,
+        ) as cluster:
+            rows.append(measure_row(cluster, local, None, HANG_ROW, trials))
         with raydp.launch(
             name="fbgang",
             dp_size=2,
