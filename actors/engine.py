@@ -65,7 +65,7 @@ class EngineCoreActor:
         node_id = ray.get_runtime_context().get_node_id()
         if isinstance(device_ids, DeviceProbe):
             preload(config)  # the slow imports first: the probe finishes meanwhile
-            device_ids = device_ids.resolve(config.startup_timeout_s)
+            device_ids = device_ids.resolve(config.component_start_s)
         self.host = EngineHost(
             config,
             rank,

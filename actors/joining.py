@@ -104,7 +104,7 @@ class RankJoining:
         refs = self.watched(watched)
         if self.coordinator_ref is not None:  # a gang restart's new group needs the coordinator's wave
             refs[self.coordinator_ref] = -1
-        deadline = time.monotonic() + self.config.startup_timeout_s
+        deadline = time.monotonic() + self.config.component_start_s
         while not ray.wait([ref], timeout=0.05)[0]:
             check_started(refs)
             if time.monotonic() > deadline:

@@ -104,7 +104,7 @@ class RayRuntime:
         return list(start_device_probes(self.config, records))
 
     def resolve_devices(self, probes: Sequence[Any]) -> list[tuple[str, ...]]:
-        return [p.resolve(self.config.startup_timeout_s) if isinstance(p, DeviceProbe) else tuple(p) for p in probes]
+        return [p.resolve(self.config.component_start_s) if isinstance(p, DeviceProbe) else tuple(p) for p in probes]
 
     # ---- engines ------------------------------------------------------------------------
 
@@ -237,7 +237,7 @@ class RayRuntime:
 
         actor = create() if successor_of is None else create_successor(create)
         self.owned.coordinator = actor
-        endpoints: CoordinatorEndpoints = ray.get(actor.endpoints.remote(), timeout=cfg.startup_timeout_s)
+        endpoints: CoordinatorEndpoints = ray.get(actor.endpoints.remote(), timeout=cfg.component_start_s)
         ref = actor.run.remote()
         self.joining.coordinator_ref = ref
         self.owned.run_refs.append(ref)

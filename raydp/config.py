@@ -26,6 +26,9 @@ AuthKind = Literal["curve", "none"]
 ENV_PREFIX = "RAYDP_"
 _NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,40}$"
 STARTUP_REPORT_GRACE_S = 10.0  # a process start and imports before the rank's own startup deadline begins
+# A process that builds no engine (the coordinator, a device probe, rank 0's actor before its engine) starts
+# within this even on a loaded 2-core machine, whatever startup_timeout_s the engines are given.
+COMPONENT_START_S = 60.0
 
 
 class AutoscalingConfig(BaseModel):
@@ -160,6 +163,11 @@ class RaydpConfig(BaseModel):
         """How long a launcher waits for a rank to start: its own deadline and then some, so that a
         wedged rank's report (with its stuck stack) arrives before the launcher gives up on it."""
         return self.startup_timeout_s + STARTUP_REPORT_GRACE_S
+
+    @property
+    def component_start_s(self) -> float:
+        """How long to wait for a process that builds no engine: never less than a rank's own wait."""
+        return max(self.startup_wait_s, COMPONENT_START_S)
 
     def with_changes(self, **changes: Any) -> RaydpConfig:
         """A validated copy with ``changes`` applied (``model_copy`` would skip validation)."""

@@ -241,7 +241,7 @@ class ProcessRuntime:
         proc = self._spawn(coordinator_name(self.config.name), coordinator_main, self.config, self.ipc_prefix, child)
         self.coordinator = proc
         self.owned.conn = parent
-        if not parent.poll(self.config.startup_timeout_s):
+        if not parent.poll(self.config.component_start_s):
             raise StartupError(f"the coordinator did not start ({describe_exit(proc.process.exitcode)})")
         endpoints: CoordinatorEndpoints = recv(parent, CoordinatorEndpoints)
         return endpoints
