@@ -74,7 +74,8 @@ def ensure_uv() -> None:
 
 def pip_command(python: Path = BIN / "python") -> list[str | Path]:
     """``uv pip install`` into ``python``'s environment."""
-    pip: list[str | Path] = [BIN / "uv", "pip", "install", "--quiet", "--python", python]
+    # --compile-bytecode: as pip does, so that no process pays for compiling what it imports first
+    pip: list[str | Path] = [BIN / "uv", "pip", "install", "--quiet", "--compile-bytecode", "--python", python]
     wheels = Path("/opt/wheels")  # a local wheel cache, where the machine has one
     return [*pip, "--find-links", wheels] if wheels.is_dir() else pip
 
