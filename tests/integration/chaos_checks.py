@@ -2,7 +2,48 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+BRISK = ["--warmup-s", "5", "--gap-s", "0.2", "1"]  # short pauses: the faults, not the waits, are the test
+
+
+def run_soak(
+    args: list[str], kinds: set[str], timeout_s: float, after: Callable[[], None] = lambda: None
+) -> dict[str, Any]:
+    """Run ``python -m raydp.testing.chaos ARGS --json`` in its own Ray (never an ambient one) and check what
+    every soak must show: a summary, no violation, exit code 0, each of ``kinds`` hit, each fault detected and
+    recovered from. Past ``timeout_s`` it gets a SIGTERM, on which it tears down what it started; ``after``
+    runs once it has ended, however it ended. Returns the summary."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env |= {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "raydp.testing.chaos", *args, "--json"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        after()
+    tail = err[-6000:]
+    assert out.strip(), f"no summary (exit code {proc.returncode}):\n{tail}"
+    summary: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    assert summary["violations"] == [], f"{summary['violations']}\n{tail}"
+    assert proc.returncode == 0, tail
+    assert set(summary["faults_by_kind"]) == kinds, summary["faults_by_kind"]
+    assert all(f["detect_s"] is not None and f["back_s"] is not None for f in summary["faults"])
+    return summary
 
 
 def assert_requests_accounted(summary: dict[str, Any], least_ok: int = 100) -> None:

@@ -7,19 +7,11 @@ seed); longer soaks are the same script with more ``--minutes``.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.integration.chaos_checks import assert_requests_accounted
+from tests.integration.chaos_checks import BRISK, assert_requests_accounted, run_soak
 from tests.integration.conftest import ClusterPool
 
-ROOT = Path(__file__).resolve().parents[2]
-BRISK = ["--warmup-s", "5", "--gap-s", "0.2", "1"]  # short pauses: the faults, not the waits, are the test
 KINDS = {
     "rank-sigkill",
     "rank-ray-kill",
@@ -37,24 +29,7 @@ KINDS = {
 @pytest.mark.timeout(300)
 def test_a_seeded_chaos_soak_loses_no_request_and_leaves_nothing(cluster_pool: ClusterPool) -> None:
     cluster_pool.shutdown()  # the soak starts a Ray of its own; on 2 cores the shared one would only slow it down
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, never an ambient one
-    env |= {"PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "raydp.testing.chaos", "--seed", "7", "--minutes", "0.5", *BRISK, "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
-    tail = proc.stderr[-6000:]
-    assert proc.stdout.strip(), f"no summary (exit code {proc.returncode}):\n{tail}"
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["violations"] == [], f"{summary['violations']}\n{tail}"
-    assert proc.returncode == 0, tail
-    assert set(summary["faults_by_kind"]) == KINDS, summary["faults_by_kind"]
-    assert all(f["detect_s"] is not None and f["back_s"] is not None for f in summary["faults"])
+    summary = run_soak(["--seed", "7", "--minutes", "0.5", *BRISK], KINDS, timeout_s=280)
     assert_requests_accounted(summary)
     rss0, rss1 = summary["resources"]["driver_rss_mb"]
     fds0, fds1 = summary["resources"]["driver_fds"]
