@@ -52,7 +52,8 @@ this package, but a folder put first on the servers' ``PYTHONPATH``.
 
 Modules:
 
-- ``run``: the turns;
+- ``bench``: the whole benchmark: every system's turns, then the fault and hang turns;
+- ``run``: one turn;
 - ``faults``: the fault turns: a killed engine, a hung worker;
 - ``table``: the table;
 - ``bench_serve``: ``vllm bench serve`` against one server, its result;
