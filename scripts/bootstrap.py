@@ -131,8 +131,11 @@ def run_tests(args: list[str]) -> int:
         sh(BIN / "mkdocs", "build", "--strict", "--quiet", "--site-dir", site)
     if args:
         return pytest_step(py, args)
+    # Unit tests are pure CPU work with no shared state: one process per core (pytest-xdist). Integration
+    # tests start Ray clusters and engines whose own processes already fill both cores: one at a time.
     # The chaos soaks last minutes each: a step of their own, after everything else has passed or failed.
-    return max(pytest_step(py, ["tests", "-m", "not soak"]), pytest_step(py, ["tests", "-m", "soak"]))
+    steps = (["tests/unit", "-n", "auto"], ["tests/integration", "-m", "not soak"], ["tests", "-m", "soak"])
+    return max(pytest_step(py, step) for step in steps)
 
 
 def pytest_step(py: Path, args: list[str]) -> int:

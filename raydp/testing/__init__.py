@@ -7,7 +7,7 @@ the top layer). The chaos soak runs as ``python -m raydp.testing.chaos``.
 Modules:
 
 - ``chaos``: the seeded chaos soak: steady load while random faults hit a cluster, every request accounted for;
-- ``chaos_vllm``: the chaos soak's vLLM mode (``--hosts vllm``): a hangable vLLM engine, greedy answers to check against;
+- ``chaos_vllm``: the chaos soak's vLLM mode (``--hosts vllm``): a hangable vLLM engine, the answers to check;
 - ``chaos_report``: the soak's ledger, its JSON report and what it prints;
 - ``hangs``: engines that hang on purpose (in a step, a dummy batch, while starting, in vLLM's executor);
 - ``serve_cli``: ``raydp serve`` run as a user runs it: its banner, URL, rank processes, probes and end;

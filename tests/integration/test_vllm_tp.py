@@ -2,8 +2,10 @@
 
 TP=2 over gloo on CPU bundles gives TP=1's tokens (vLLM's offline ``LLM`` at
 TP=1 is the reference), on Ray and on the mp backend; a killed vLLM worker
-fails its rank typed, naming the worker, and a dense restart brings the rank
-back with new workers. Neither leaves vLLM's shared memory behind.
+fails its rank typed, naming the worker. Neither leaves vLLM's shared memory
+behind. (That a dense restart brings a rank back with new workers is
+``test_workers.py``'s, on the reference engines: a vLLM rank's restart, with
+``test_vllm_engine.py``'s, would only add two more vLLM starts here.)
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -47,7 +48,7 @@ def _answers(cluster: raydp.Cluster) -> list[list[int]]:
     return [h.result(120) for h in [*handles, seeded]]
 
 
-def test_tp2_on_ray_gives_tp1s_tokens_and_a_killed_worker_fails_then_restarts_the_rank(
+def test_tp2_on_ray_gives_tp1s_tokens_and_a_killed_worker_fails_its_rank_typed(
     cluster_pool: ClusterPool, model: str, reference: list[list[int]]
 ) -> None:
     cluster_pool.get((0,), cpus_per_node=4)
@@ -57,7 +58,7 @@ def test_tp2_on_ray_gives_tp1s_tokens_and_a_killed_worker_fails_then_restarts_th
         dp_size=1,
         tensor_parallel_size=2,
         accelerator="CPU",
-        max_restarts=1,
+        max_restarts=0,
         engine="raydp.models.vllm:VllmTPEngine",
         engine_kwargs={"model": model, **ENGINE_KWARGS},
         progress=False,
@@ -74,8 +75,6 @@ def test_tp2_on_ray_gives_tp1s_tokens_and_a_killed_worker_fails_then_restarts_th
         with pytest.raises((EngineDeadError, raydp.RequestError)) as info:
             pending.result(60)
         assert "rank 0" in str(info.value) and "tp1" in str(info.value), str(info.value)
-        assert wait_until(lambda: _serves(client), timeout=180), "restarted with new workers and the model"
-        assert {w["pid"] for w in client.call_utility(0, "raydp_workers")}.isdisjoint(w["pid"] for w in workers)
     assert_nothing_left("vllmtp")
     assert _shared_memory() - shm_before == set(), "the killed group's segments went with its processes"
 
@@ -95,13 +94,6 @@ def test_tp2_on_the_mp_backend_gives_tp1s_tokens(model: str, reference: list[lis
         assert _answers(cluster) == reference
     assert socket_dirs("vllmtpmp") == []
     assert _shared_memory() - shm_before == set()
-
-
-def _serves(client: Any) -> bool:
-    try:
-        return len(client.generate(PROMPTS[2], 3, rank=0, timeout=10)) == 3
-    except raydp.RaydpError:
-        return False
 
 
 def _shared_memory() -> set[str]:
