@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from ray.util.metrics import Counter, Gauge
 
+from raydp.wire.adapters import AdapterState
 from raydp.wire.blocks import hit_rate
 from raydp.wire.records import AutoscaleDecision, CoordinatorStatus
 
@@ -41,6 +42,14 @@ class CoordinatorMetrics:
             "prompt tokens found in the rank's prefix cache, of those looked up",
             TAGS,
         )
+        self.adapters_held = Gauge("raydp_rank_adapters_held", "LoRA adapters the rank holds", TAGS)
+        self.adapter_loads = Gauge("raydp_rank_adapter_loads", "LoRA adapters the rank loaded since it started", TAGS)
+        self.adapter_evictions = Gauge(
+            "raydp_rank_adapter_evictions", "LoRA adapters the rank evicted since it started", TAGS
+        )
+        self.adapter_hit_rate = Gauge(
+            "raydp_rank_adapter_hit_rate", "requests whose LoRA adapter the rank already held, of those naming one", TAGS
+        )
         self.wave = Gauge("raydp_wave", "the cluster's current request wave", ("cluster",))
         self.desired = Gauge("raydp_autoscale_desired_ranks", "the size the autoscaler wants", ("cluster",))
         self.current = Gauge("raydp_autoscale_current_ranks", "the size the autoscaler found", ("cluster",))
@@ -59,7 +68,16 @@ class CoordinatorMetrics:
             rate = hit_rate(*state.prefix_cache[rank]) if rank < len(state.prefix_cache) else None
             if rate is not None:
                 self.hit_rate.set(rate, tags)
+            if rank < len(state.adapters) and state.adapters[rank].slots:
+                self._export_adapters(state.adapters[rank], tags)
         self.wave.set(state.wave, {"cluster": self.cluster})
+
+    def _export_adapters(self, adapters: AdapterState, tags: dict[str, str]) -> None:
+        self.adapters_held.set(len(adapters.resident), tags)
+        self.adapter_loads.set(adapters.loads, tags)
+        self.adapter_evictions.set(adapters.evictions, tags)
+        if adapters.requests:
+            self.adapter_hit_rate.set(adapters.hits / adapters.requests, tags)
 
     def export_autoscale(self, decision: AutoscaleDecision) -> None:
         self.desired.set(decision.desired, {"cluster": self.cluster})

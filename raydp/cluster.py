@@ -97,6 +97,7 @@ class Cluster:
         balancer: Policy = "least-loaded",
         migration_limit: int = 3,
         prefix_load_margin: int | None = None,
+        adapter_affinity: bool = True,
     ) -> Client:
         """A new :class:`~raydp.client.client.Client` wired to this cluster.
 
@@ -106,6 +107,9 @@ class Cluster:
         affinity by the prompt's prefix, within ``prefix_load_margin`` of the
         least-loaded rank; default 16). ``migration_limit`` bounds how often a
         ``migratable=True`` stream may move when its rank dies.
+        ``adapter_affinity`` (with ``least-loaded`` and ``prefix``) sends a
+        request for a LoRA adapter to a rank that holds it, unless that rank
+        is much busier than the least-loaded one (False: adapter-blind).
         """
         from raydp.client.client import Client
 
@@ -121,6 +125,7 @@ class Cluster:
                 follow_liveness=self._follow_liveness,
                 balancer=balancer,
                 migration_limit=migration_limit,
+                adapter_affinity=adapter_affinity,
                 **margin,
             )
             for err in self._dead_ranks.values():

@@ -131,6 +131,29 @@ PANELS: Final[tuple[Panel, ...]] = (
         "prompt tokens found in the rank's prefix cache, of those looked up (engines that report their cache)",
     ),
     Panel(
+        "LoRA adapters per rank",
+        "short",
+        (
+            Query(
+                f"max by (cluster, rank) (ray_raydp_rank_adapters_held{{{CLUSTER}}})", "{{cluster}} rank {{rank}} held"
+            ),
+            Query(
+                f"max by (cluster, rank) (ray_raydp_rank_adapter_loads{{{CLUSTER}}})", "{{cluster}} rank {{rank}} loads"
+            ),
+            Query(
+                f"max by (cluster, rank) (ray_raydp_rank_adapter_evictions{{{CLUSTER}}})",
+                "{{cluster}} rank {{rank}} evictions",
+            ),
+        ),
+        "adapters held now; loads and evictions since the rank started: a steep climb means adapters swap in and out",
+    ),
+    Panel(
+        "LoRA adapter hit rate per rank",
+        "percentunit",
+        (_per_rank("raydp_rank_adapter_hit_rate"),),
+        "requests whose adapter the rank already held when they arrived, of those naming one",
+    ),
+    Panel(
         "Deaths and restarts per rank",
         "short",
         (
@@ -172,6 +195,10 @@ LEFT_OUT: Final[dict[str, str]] = {
     "raydp_rank_work": "as raydp_rank_waiting",
     "raydp_rank_dead": "as raydp_rank_waiting",
     "raydp_rank_prefix_cache_hit_rate": "as raydp_rank_waiting",
+    "raydp_rank_adapters_held": "as raydp_rank_waiting",
+    "raydp_rank_adapter_loads": "as raydp_rank_waiting",
+    "raydp_rank_adapter_evictions": "as raydp_rank_waiting",
+    "raydp_rank_adapter_hit_rate": "as raydp_rank_waiting",
     "raydp_router_cached_blocks": "what one API server process knows of the ranks' caches: for debugging its routing",
     "raydp_rank_deaths": "deaths each API server saw; ray_raydp_rank_deaths counts them once per cluster",
     "raydp_rank_hangs": "hangs each API server saw; ray_raydp_rank_hangs counts them once per cluster",

@@ -20,6 +20,7 @@ from raydp.actors.attached import cluster_status, running_clusters
 from raydp.actors.connection import connected
 from raydp.names import NAMESPACE, coordinator_name
 from raydp.placement.report import render_table
+from raydp.wire.adapters import AdapterState
 from raydp.wire.blocks import hit_rate
 from raydp.wire.records import ClusterStatus
 
@@ -78,6 +79,7 @@ def report(status: ClusterStatus) -> dict[str, Any]:
                 "running": running,
                 "work": state.work[r] if r < len(state.work) and state.work[r] >= 0 else None,
                 "prefix_cache_hit_rate": _hit_rate(state.prefix_cache, r),
+                "adapters": _adapters(state.adapters, r),
                 "deaths": state.deaths[r],
                 "hangs": state.hangs[r] if r < len(state.hangs) else 0,
                 "restarts": state.restarts[r],
@@ -111,6 +113,30 @@ def _hit_rate(counts: list[list[int]], rank: int) -> float | None:
     return None if rate is None else round(rate, 4)
 
 
+def _adapters(states: list[AdapterState], rank: int) -> dict[str, Any] | None:
+    """The rank's LoRA adapters (held, least recently used first), slots and counts; None where none reported."""
+    if rank >= len(states) or not states[rank].slots:
+        return None
+    a = states[rank]
+    rate = round(a.hits / a.requests, 4) if a.requests else None
+    return {"held": list(a.resident), "slots": a.slots, "loads": a.loads, "evictions": a.evictions, "hit_rate": rate}
+
+
+def _adapter_lines(ranks: list[dict[str, Any]]) -> list[str]:
+    rows = []
+    for r in ranks:
+        a = r.get("adapters")
+        if a is not None:
+            hits = "-" if a["hit_rate"] is None else f"{100 * a['hit_rate']:.0f}%"
+            held = ", ".join(a["held"]) or "-"
+            counts = [f"{len(a['held'])}/{a['slots']}", str(a["loads"]), str(a["evictions"])]
+            rows.append([str(r["rank"]), *counts, hits, held])
+    if not rows:
+        return []
+    header = ["rank", "held", "loads", "evictions", "hits", "adapters (least recently used first)"]
+    return ["LoRA adapters:", *render_table(header, rows).split("\n")]
+
+
 def format_report(report: dict[str, Any]) -> str:
     mode = "lockstep" if report["lockstep"] else "dense"
     wave = f"wave {report['wave']} ({'running' if report['running'] else 'paused'})"
@@ -141,6 +167,7 @@ def format_report(report: dict[str, Any]) -> str:
             ]
         )
     lines += render_table(rows[0], rows[1:]).split("\n")
+    lines += _adapter_lines(report["ranks"])
     servers = report["api_servers"]
     lines.append("API servers:" + ("" if servers else " none"))
     for s in servers:

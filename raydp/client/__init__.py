@@ -12,6 +12,7 @@ Modules:
 - ``requests``: request handles, futures and streams;
 - ``balancer``: which rank gets the next request;
 - ``prefix``: the prefix policy's rank order for a prompt prefix;
+- ``adapters``: this client's picture of which ranks hold which LoRA adapters;
 - ``cache_index``: this client's copy of the ranks' cache pictures (the longest cached prefix of a prompt);
 - ``membership``: which ranks exist, from the coordinator's snapshots;
 - ``calls``: utility calls waiting for their engine's answer;

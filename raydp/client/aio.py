@@ -33,9 +33,8 @@ class AsyncRequest:
                 loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
         self._client = client
-        request = client.request_for(
-            prompt_token_ids, max_tokens, kw.get("rank"), kw.get("request_id"), kw.get("sampling")
-        )
+        rank, sampling, adapter = kw.get("rank"), kw.get("sampling"), kw.get("adapter", "")
+        request = client.request_for(prompt_token_ids, max_tokens, rank, kw.get("request_id"), sampling, adapter)
         self.request_id = request.request_id
         # The IO thread records the serving rank on a handle; its outputs go to the listener.
         self._handle = RequestHandle(request.request_id)

@@ -25,6 +25,16 @@ than all of them. Where engines report what their caches hold
 (:mod:`raydp.client.cache_index`), the ranks holding the longest cached prefix
 of the prompt come first in that order: a hot prefix's overflow rank, or a
 rank that served the same conversation's earlier turns, is known to hold it.
+
+A request for a LoRA adapter (``least-loaded`` and ``prefix``, unless
+``adapter_affinity=False``) first narrows the choice to the ranks that hold
+its adapter (:mod:`raydp.client.adapters`) and whose load is within
+``adapter_load_margin`` of the least-loaded rank's. With none, it goes where
+loading the adapter costs least: a rank with a free adapter slot within that
+margin, else the least-loaded rank (whose engine evicts its least recently
+used adapter). So a cold adapter stays on one rank, and a hot one spreads to
+one more rank each time its holders pass the margin. The policy then picks
+among those ranks as usual: prefix affinity applies among an adapter's holders.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import random
 from collections.abc import Collection, Sequence
 from typing import Literal, get_args
 
+from raydp.client.adapters import AdapterIndex
 from raydp.client.cache_index import CacheIndex
 from raydp.client.prefix import DEFAULT_PREFIX_TOKENS, preference, prefix_key
 from raydp.errors import ConfigError
@@ -41,6 +52,7 @@ from raydp.wire.control import StatsSnapshot
 
 WAITING_WEIGHT = 4
 DEFAULT_PREFIX_LOAD_MARGIN = 4 * WAITING_WEIGHT  # four waiting requests more than the least-loaded rank
+DEFAULT_ADAPTER_LOAD_MARGIN = 4 * WAITING_WEIGHT  # loading an adapter costs a stall: four waiting requests' worth
 Policy = Literal["least-loaded", "power-of-two", "round-robin", "prefix"]
 POLICIES: tuple[str, ...] = get_args(Policy)
 
@@ -62,9 +74,19 @@ class LoadBalancer:
         policy: Policy = "least-loaded",
         prefix_tokens: int = DEFAULT_PREFIX_TOKENS,
         prefix_load_margin: int = DEFAULT_PREFIX_LOAD_MARGIN,
+        adapter_affinity: bool = True,
+        adapter_load_margin: int = DEFAULT_ADAPTER_LOAD_MARGIN,
     ) -> None:
         if policy not in POLICIES:
             raise ConfigError(f"policy={policy!r}: must be one of {', '.join(POLICIES)}")
+        if not isinstance(adapter_affinity, bool):
+            raise ConfigError(f"adapter_affinity={adapter_affinity!r}: must be a bool")
+        if isinstance(adapter_load_margin, bool) or not isinstance(adapter_load_margin, int) or adapter_load_margin < 0:
+            raise ConfigError(
+                f"adapter_load_margin={adapter_load_margin!r}: must be an int >= 0 (score units: "
+                f"{WAITING_WEIGHT} per waiting request, 1 per running one)"
+            )
+        self.adapter_affinity, self.adapter_load_margin = adapter_affinity, adapter_load_margin
         if prefix_tokens < 1:
             raise ConfigError(f"prefix_tokens={prefix_tokens}: must be >= 1 (the tokens a prefix key covers)")
         if prefix_load_margin < 0:
@@ -95,6 +117,7 @@ class LoadBalancer:
         self.wave = 0
         self.running = False
         self.cache = CacheIndex()
+        self.adapters = AdapterIndex(engine_count)
 
     def resize(self, engine_count: int, size: int) -> None:
         """``engine_count`` ranks exist; route to the first ``size`` (the others drain, then go)."""
@@ -111,20 +134,22 @@ class LoadBalancer:
         self._in_flight = fit(self._in_flight)
         self.engine_count, self.size = engine_count, size
         self.cache.truncate(engine_count)
+        self.adapters.truncate(engine_count)
         self.eligible = tuple(r for r in range(size) if self._chosen is None or r in self._chosen)
 
     def in_flight(self, rank: int) -> int:
         """This client's requests on ``rank`` that have not finished."""
         return self._in_flight[rank] if rank < self.engine_count else 0
 
-    def choose(self, dead: Collection[int] = (), prompt: Sequence[int] | None = None) -> int:
+    def choose(self, dead: Collection[int] = (), prompt: Sequence[int] | None = None, adapter: str = "") -> int:
         """The live rank for the next request, by :attr:`policy`.
 
         ``least-loaded`` (the default): the lowest score (ties: least work, then
         fewest of ours in flight, then lowest rank). ``prefix``: see the module
         docstring (``prompt`` is the request's; without one it is least-loaded).
         ``power-of-two`` and ``round-robin`` are the usual alternatives, kept for
-        comparison (``python -m benchmarks --only routing``).
+        comparison (``python -m benchmarks --only routing``). ``adapter``: the
+        request's LoRA adapter, see the module docstring.
         """
         live = [r for r in self.eligible if r not in dead]
         if not live:
@@ -133,6 +158,8 @@ class LoadBalancer:
             return live[next(self._turn) % len(live)]
         if self.policy == "power-of-two" and len(live) > 2:
             live = self._random.sample(live, 2)
+        if adapter and self.adapter_affinity and self.policy in ("least-loaded", "prefix"):
+            live = self._adapter_ranks(live, adapter)
         least = min(live, key=lambda rank: (self.score(rank), self.work(rank), self._in_flight[rank], rank))
         if self.policy != "prefix" or not prompt:
             return least
@@ -142,6 +169,14 @@ class LoadBalancer:
         if holders:
             order = [r for r in order if r in holders] + [r for r in order if r not in holders]
         return next(rank for rank in order if self.running_score(rank) <= bound)
+
+    def _adapter_ranks(self, live: list[int], adapter: str) -> list[int]:
+        """The ranks a request for ``adapter`` may go to: its holders within the margin, else where loading
+        it costs least (see the module docstring)."""
+        bound = min(self.running_score(rank) for rank in live) + self.adapter_load_margin
+        near = [rank for rank in live if self.running_score(rank) <= bound]
+        holders = [rank for rank in near if self.adapters.holds(rank, adapter)]
+        return holders or [rank for rank in near if self.adapters.has_free_slot(rank)] or live
 
     def score(self, rank: int) -> int:
         """The snapshot's load plus every send since it: a burst spreads, even of requests already done."""
@@ -157,7 +192,8 @@ class LoadBalancer:
         """The rank's work in the snapshot plus the ``max_tokens`` sent there since (the tie-break)."""
         return self._snapshot_work[rank] + self._since_work[rank]
 
-    def on_sent(self, rank: int, max_tokens: int = 1) -> None:
+    def on_sent(self, rank: int, max_tokens: int = 1, adapter: str = "") -> None:
+        self.adapters.on_sent(rank, adapter)
         self._since_snapshot[rank] += self.client_count
         self._since_work[rank] += self._booked_work(max_tokens)
         self._in_flight[rank] += 1
@@ -189,6 +225,7 @@ class LoadBalancer:
         self._snapshot_work = (list(works[: self.engine_count]) + [0] * self.engine_count)[: self.engine_count]
         self._since_snapshot = [0] * self.engine_count
         self._since_work = [0] * self.engine_count
+        self.adapters.on_snapshot(snap.adapters)
         self.cache.follow(snap.cache_epoch)
         for change in snap.cache:
             if 0 <= change.rank < self.engine_count:

@@ -42,6 +42,7 @@ from raydp.errors import (
     ConfigError,
     EngineDeadError,
 )
+from raydp.wire.adapters import check_adapter_name
 from raydp.wire.codec import encode
 from raydp.wire.control import StatsSnapshot
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
@@ -66,6 +67,7 @@ class Client:
         balancer: Policy = "least-loaded",
         migration_limit: int = 3,
         prefix_load_margin: int = DEFAULT_PREFIX_LOAD_MARGIN,
+        adapter_affinity: bool = True,
     ) -> None:
         if not 0 <= client_index < client_count:
             raise ConfigError(f"client_index={client_index}: must be in [0, client_count={client_count})")
@@ -74,7 +76,12 @@ class Client:
         self.migration_limit = migration_limit
         self.client_index, self.client_count = client_index, client_count
         policy = LoadBalancer(
-            len(endpoints.engines), client_count, ranks, balancer, prefix_load_margin=prefix_load_margin
+            len(endpoints.engines),
+            client_count,
+            ranks,
+            balancer,
+            prefix_load_margin=prefix_load_margin,
+            adapter_affinity=adapter_affinity,
         )
         self._call_ids = itertools.count(1)
         self._ids = itertools.count()
@@ -99,6 +106,7 @@ class Client:
         retryable: bool = False,
         sampling: Sampling | None = None,
         migratable: bool = False,
+        adapter: str = "",
     ) -> RequestHandle:
         """Send one request; returns at once with a handle to wait on or stream.
 
@@ -106,8 +114,10 @@ class Client:
         seed, stop strings and tokens, ignore_eos; None decodes greedily. An
         engine that cannot honour a field fails the request naming it.
         ``migratable``: see the module docstring (not with ``rank``).
+        ``adapter``: the LoRA adapter to run with ("": the base model); the
+        request goes to a rank that holds it where one is not too busy.
         """
-        request = self.request_for(prompt_token_ids, max_tokens, rank, request_id, sampling)
+        request = self.request_for(prompt_token_ids, max_tokens, rank, request_id, sampling, adapter)
         moves = self.migrations_for(migratable, rank)
         handle = RequestHandle(request.request_id, self._turns.read_for)
         self._turns.run([Submission(request, rank, handle.deliver, retryable, handle, awaited=True, migrations=moves)])
@@ -121,6 +131,7 @@ class Client:
         retryable: bool = False,
         sampling: Sampling | None = None,
         migratable: bool = False,
+        adapter: str = "",
     ) -> list[RequestHandle]:
         """Send many requests at once: one turn of the client's lock and one message per rank.
 
@@ -133,7 +144,7 @@ class Client:
         moves = self.migrations_for(migratable, None)
         for i, prompt in enumerate(prompts):
             try:
-                request = self.request_for(prompt, max_tokens, None, None, sampling)
+                request = self.request_for(prompt, max_tokens, None, None, sampling, adapter)
             except ConfigError as exc:
                 raise ConfigError(f"prompts[{i}]: {exc}") from None
             handle = RequestHandle(request.request_id, self._turns.read_for)
@@ -253,6 +264,7 @@ class Client:
         rank: int | None,
         request_id: str | None,
         sampling: Sampling | None = None,
+        adapter: str = "",
     ) -> Request:
         """The validated request a submit of these arguments sends (``AsyncClient`` builds on it)."""
         if not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKEN_ID:
@@ -267,8 +279,11 @@ class Client:
             raise ConfigError(f"request_id={request_id!r}: must be a non-empty str")
         if sampling is not None and not isinstance(sampling, Sampling):
             raise ConfigError(f"sampling={sampling!r}: must be a raydp.Sampling or None")
+        why = check_adapter_name(adapter)
+        if why:
+            raise ConfigError(why)
         rid = request_id or f"{self._id_prefix}-{next(self._ids)}"
-        return Request(rid, tokens, max_tokens, arrival_time=time.time(), sampling=sampling)
+        return Request(rid, tokens, max_tokens, arrival_time=time.time(), sampling=sampling, adapter=adapter)
 
     def _check_rank(self, rank: int, draining_ok: bool = False) -> None:
         n = len(self.endpoints.engines) if draining_ok else self._router.balancer.size

@@ -165,7 +165,9 @@ class RequestRouter:
             listener(ConfigError(f"rank={pinned}: the cluster was scaled to {self.balancer.size} ranks"))
             return None
         try:
-            rank = pinned if pinned is not None else self.balancer.choose(self.dead, item.request.prompt_token_ids)
+            request = item.request
+            choose = self.balancer.choose
+            rank = pinned if pinned is not None else choose(self.dead, request.prompt_token_ids, request.adapter)
         except ConfigError as exc:
             listener(next(iter(self.dead.values()), exc))
             return None
@@ -183,7 +185,8 @@ class RequestRouter:
             if state is None:
                 continue
             ids.add(item.request.request_id)
-            self.balancer.on_sent(state.rank, item.request.max_tokens)  # counted now: the next choice sees it
+            # Counted now: the next choice sees it.
+            self.balancer.on_sent(state.rank, item.request.max_tokens, item.request.adapter)
             by_rank.setdefault(state.rank, []).append(state)
         for rank, states in by_rank.items():
             for state in states:
@@ -211,7 +214,7 @@ class RequestRouter:
             return
         for state in states:
             self.requests[state.request.request_id] = state
-            self.balancer.on_sent(rank, state.request.max_tokens)
+            self.balancer.on_sent(rank, state.request.max_tokens, state.request.adapter)
             if state.handle is not None:
                 state.handle.rank = rank
 
@@ -230,7 +233,7 @@ class RequestRouter:
             state.deliver(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
             return
         self.requests[request.request_id] = state
-        self.balancer.on_sent(rank, request.max_tokens)
+        self.balancer.on_sent(rank, request.max_tokens, request.adapter)
         if state.handle is not None:
             state.handle.rank = rank
 
@@ -266,6 +269,7 @@ class RequestRouter:
 
     def mark_dead(self, error: EngineDeadError) -> None:
         self.dead[error.rank] = error
+        self.balancer.adapters.forget(error.rank)
         self._fail_rank(error.rank, error)
 
     def _fail_rank(self, rank: int, error: EngineDeadError) -> None:
@@ -279,7 +283,7 @@ class RequestRouter:
             self.balancer.on_finished(state.rank)
             alive = len(self.dead) < len(self.endpoints.engines)
             if state.retryable and not state.got_output and alive:
-                state.rank = self.balancer.choose(self.dead, state.request.prompt_token_ids)
+                state.rank = self.balancer.choose(self.dead, state.request.prompt_token_ids, state.request.adapter)
                 self._send_request(state)
             elif state.migrations_left > 0 and alive:
                 self._migrate(state, error)
@@ -300,7 +304,8 @@ class RequestRouter:
         if continuation is None:  # every token was out; only the last message died with the rank
             state.deliver(Output(state.request.request_id, [], True, "length", seq=state.request.seq))
             return
-        state.request, state.rank = continuation, self.balancer.choose(self.dead, continuation.prompt_token_ids)
+        state.request = continuation
+        state.rank = self.balancer.choose(self.dead, continuation.prompt_token_ids, continuation.adapter)
         self.migrations += 1
         logger.info(
             "client: request %s moved from dead rank %d to rank %d after %d tokens (%d moves left)",
@@ -354,7 +359,7 @@ class RequestRouter:
             del self.requests[rid]
             self.balancer.on_finished(state.rank)
             try:
-                state.rank = self.balancer.choose(self.dead, state.request.prompt_token_ids)
+                state.rank = self.balancer.choose(self.dead, state.request.prompt_token_ids, state.request.adapter)
             except ConfigError as exc:
                 state.deliver(exc)
                 continue

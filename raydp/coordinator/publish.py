@@ -33,6 +33,7 @@ def snapshot(state: CoordinatorState, seq: int, now: float) -> StatsSnapshot:
         hits=cache.hit_counts(),
         cache_versions=cache.versions(),
         cache_epoch=cache.epoch if cache.reported else 0,
+        adapters=list(state.adapters) if state.adapters_reported() else [],
     )
 
 
@@ -57,4 +58,5 @@ def describe(
         subscribed=sorted(subscribed),
         resynced=state.resync is None or state.resync.done,  # a successor heard every live rank
         prefix_cache=[list(h) for h in state.cache.hit_counts()],
+        adapters=list(state.adapters) if state.adapters_reported() else [],
     )

@@ -25,7 +25,9 @@ from raydp.coordinator.hold import GangHold
 from raydp.coordinator.publish import describe, snapshot
 from raydp.coordinator.resync import WITHHOLD_S, Restored, ResyncTracker
 from raydp.errors import DeathCause
+from raydp.wire.adapters import AdapterState
 from raydp.wire.control import (
+    AdapterReport,
     CacheReport,
     CacheWanted,
     EngineDead,
@@ -78,6 +80,7 @@ class CoordinatorState:
     hold: GangHold | None = None
     resync: ResyncTracker | None = None  # a restarted coordinator relearning the engines' state
     cache: CachePictures = field(default_factory=lambda: CachePictures(0))
+    adapters: list[AdapterState] = field(default_factory=list)  # per rank: the LoRA adapters it holds
     _last_publish: float = float("-inf")
     _last_wave_broadcast: float = float("-inf")
     _last_hold_broadcast: float = float("-inf")
@@ -96,6 +99,7 @@ class CoordinatorState:
         self.deaths = (self.deaths + [0] * n)[:n]
         self.restarts = (self.restarts + [0] * n)[:n]
         self.hangs = (self.hangs + [0] * n)[:n]
+        self.adapters = (self.adapters + [AdapterState() for _ in range(n)])[:n]
         self.cache.resize(n)
         for table in (self.dead, self.moved, self.nodes):
             for rank in [r for r in table if r >= n]:  # a removed rank's notices go with it
@@ -128,6 +132,9 @@ class CoordinatorState:
             return self._on_report(msg)
         if isinstance(msg, (CacheReport, CacheWanted)):
             self._on_cache(msg)
+            return None
+        if isinstance(msg, AdapterReport):
+            self._on_adapters(msg)
             return None
         if isinstance(msg, _STARTS) and self.hold is not None:
             return self._start_during_hold(self.hold, msg)
@@ -246,6 +253,7 @@ class CoordinatorState:
                 self.hangs[msg.rank] += msg.cause == DeathCause.HUNG.value
             self.dead[msg.rank] = msg.cause
             self.cache.forget(msg.rank)
+            self.adapters[msg.rank] = AdapterState()  # a dead engine holds nothing; its successor reports anew
             self.counts[msg.rank] = [0, 0]
             self.work[msg.rank] = min(self.work[msg.rank], 0)
         elif not msg.input_addresses or not all(a.startswith(("ipc://", "tcp://")) for a in msg.input_addresses):
@@ -291,6 +299,18 @@ class CoordinatorState:
         else:  # also from a rank reported dead: its replacement may speak before the launcher says so
             self.cache.report(msg)
         self.changed = True
+
+    def _on_adapters(self, msg: AdapterReport) -> None:
+        if self._bad_rank(msg.rank, msg):
+            return
+        # Also from a rank reported dead: its replacement may speak before the launcher says so.
+        if self.adapters[msg.rank] != msg.state:
+            self.adapters[msg.rank] = msg.state
+            self.changed = True
+
+    def adapters_reported(self) -> bool:
+        """Whether any rank holds (or can hold) an adapter: snapshots carry them only then."""
+        return any(a.slots or a.resident for a in self.adapters)
 
     def _on_report(self, msg: EngineReport) -> StartDPWave | None:
         """A rank's whole state, for a restarted coordinator: its load, and its wave position.

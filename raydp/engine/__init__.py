@@ -14,6 +14,7 @@ Modules:
 - ``loop``: the per-rank step loop;
 - ``watchdog``: the loop on a thread of its own, watched for a turn that outlives ``step_timeout_s``;
 - ``sockets``: its sockets and how it waits on them;
+- ``adapter_report``: sending the LoRA adapters an engine holds to the coordinator;
 - ``cache_report``: sending an engine's prefix-cache events to the coordinator;
 - ``outbox``: its non-blocking sends to clients;
 - ``waves``: lockstep wave bookkeeping;

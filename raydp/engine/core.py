@@ -56,7 +56,10 @@ class EngineCore(Protocol):
     since the last call, named by :func:`raydp.wire.blocks.block_digest`, and
     the prompt tokens looked up and found (None: nothing changed, or no
     cache); with ``full``, everything it holds. See
-    :mod:`raydp.engine.cache_report`.
+    :mod:`raydp.engine.cache_report`. ``adapters() -> AdapterState | None``
+    reports the LoRA adapters it holds, least recently used first, with its
+    slots and load, eviction and hit counts (None: it serves none), for
+    adapter-aware routing; see :mod:`raydp.engine.adapter_report`.
     """
 
     def add_request(self, request: Request) -> None: ...

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from raydp.engine.adapter_report import AdapterReporter
 from raydp.engine.cache_report import CacheReporter
 from raydp.engine.core import EngineCore
 from raydp.engine.executor import WORKER_DESCRIBE, Executor
@@ -99,6 +100,7 @@ class EngineLoop:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._drops = DropLog(logger, f"rank {rank}")
         self._cache = CacheReporter(engine, rank, self._to_coordinator, stats_interval_s)
+        self._adapters = AdapterReporter(engine, rank, self._to_coordinator, stats_interval_s)
         self.clock = TurnClock()  # read by the host's watchdog from another thread
         self.clock.peers = lockstep
 
@@ -118,6 +120,7 @@ class EngineLoop:
                     self._last_load = (-1, -1, -1)
                     self._publish_load(force=True)
                     self._cache.send_full()
+                    self._adapters.send_again(time.monotonic())
                 if self._outbox.behind:
                     self._outbox.flush()
                 took = self._poll_inputs(block=not self._outbox.behind and not stepping)
@@ -313,6 +316,7 @@ class EngineLoop:
     def _publish_load(self, force: bool) -> None:
         now = time.monotonic()
         self._cache.maybe_send(now)
+        self._adapters.maybe_send(now, force)
         if not force and now - self._last_load_sent < self._stats_gap:
             return
         load = self._load()
@@ -340,6 +344,7 @@ class EngineLoop:
             EngineReport(rank=self.rank, waiting=load[0], running=load[1], wave=wave, stepping=stepping, work=load[2])
         )
         self._cache.send_full()
+        self._adapters.send_again(time.monotonic())
 
     def _to_coordinator(self, msg: Any) -> bool:
         return self.sockets.to_coordinator(msg)

@@ -8,6 +8,7 @@ Modules:
 
 - ``reference``: the request bookkeeping the reference engines share (waiting and running
   requests, add and abort, token budgets, ``load()`` and ``work()``);
+- ``adapter_slots``: the reference engines' LoRA adapter slots (which adapters a rank would hold);
 - ``prefix_cache``: the reference engines' prefix cache (which blocks a rank would hold);
 - ``echo``: :class:`~raydp.models.echo.EchoEngine`, echoes each prompt back;
 - ``echo_workers``: the echo engine with device workers;

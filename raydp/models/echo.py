@@ -29,7 +29,10 @@ class EchoEngine(ReferenceEngine[_Echo]):
     prefix cache of that many blocks of ``block_size`` tokens
     (:class:`~raydp.models.prefix_cache.BlockCache`: which blocks it would
     hold, not KV state; see ``keep_prefix_cache``) and reports it through ``cache_events()``, as vLLM
-    engines do, for the tests of prefix-cache-aware routing.
+    engines do, for the tests of prefix-cache-aware routing. With ``max_loras``
+    it holds that many LoRA adapters (:class:`~raydp.models.adapter_slots.AdapterSlots`:
+    names, no weights), each load stalling a step ``adapter_load_s`` seconds,
+    and reports them through ``adapters()``, for adapter-aware routing.
     """
 
     engine_name: ClassVar[str] = "EchoEngine"
@@ -42,9 +45,12 @@ class EchoEngine(ReferenceEngine[_Echo]):
         collective: bool = False,
         prefix_cache_blocks: int = 0,
         block_size: int = 16,
+        max_loras: int = 0,
+        adapter_load_s: float = 0.0,
     ) -> None:
         super().__init__(max_running)
         self.keep_prefix_cache(prefix_cache_blocks, block_size)
+        self.keep_adapters(max_loras, adapter_load_s)
         self.context = context
         self.step_delay_s = step_delay_s
         self.collective = collective

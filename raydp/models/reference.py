@@ -8,11 +8,14 @@ differs is how each computes a token, so that is all they write themselves:
 requests, admits, counts each token against its budget and finishes the
 request with ``"length"``, and reports ``load()`` and ``work()``. With a
 prefix cache (:meth:`ReferenceEngine.keep_prefix_cache`) it also reports which
-prompt blocks it would hold through ``cache_events()``, as vLLM engines do.
+prompt blocks it would hold through ``cache_events()``, as vLLM engines do;
+with adapter slots (:meth:`ReferenceEngine.keep_adapters`), which LoRA
+adapters it would hold through ``adapters()``.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -20,7 +23,9 @@ from dataclasses import dataclass
 from typing import ClassVar, Generic, TypeVar
 
 from raydp.errors import ConfigError
+from raydp.models.adapter_slots import AdapterSlots
 from raydp.models.prefix_cache import BlockCache
+from raydp.wire.adapters import AdapterState
 from raydp.wire.blocks import CacheEvents
 from raydp.wire.protocol import Output, Request
 from raydp.wire.sampling import unsupported
@@ -35,6 +40,7 @@ class Running:
 
     budget: int
     produced: int = 0
+    adapter: str = ""
 
 
 S = TypeVar("S", bound=Running)
@@ -57,6 +63,15 @@ class ReferenceEngine(ABC, Generic[S]):
         self._waiting: OrderedDict[str, Request] = OrderedDict()
         self._running: dict[str, S] = {}
         self.prefix_cache: BlockCache | None = None
+        self.adapter_slots: AdapterSlots | None = None
+
+    def keep_adapters(self, slots: int, load_s: float = 0.0) -> None:
+        """Hold up to ``slots`` LoRA adapters (0: serve none), each load stalling a step ``load_s`` seconds."""
+        self.adapter_slots = AdapterSlots(slots, load_s) if slots else None
+
+    def adapters(self) -> AdapterState | None:
+        """The adapters held, least recently used first, and the counts (None: this engine serves none)."""
+        return self.adapter_slots.state() if self.adapter_slots is not None else None
 
     def keep_prefix_cache(self, blocks: int, block_size: int) -> None:
         """Keep a prefix cache of ``blocks`` blocks of ``block_size`` tokens (0 blocks: none).
@@ -84,6 +99,10 @@ class ReferenceEngine(ABC, Generic[S]):
         why = unsupported(self.engine_name, request.sampling, SUPPORTED_SAMPLING)
         if why:
             raise ConfigError(why)  # fails this request alone, naming the field
+        if request.adapter:
+            if self.adapter_slots is None:
+                raise ConfigError(f"adapter={request.adapter!r}: {self.engine_name} was started without max_loras")
+            self.adapter_slots.arrived(request.adapter)
         self._waiting[request.request_id] = request
 
     def abort(self, request_ids: Sequence[str]) -> None:
@@ -91,15 +110,45 @@ class ReferenceEngine(ABC, Generic[S]):
             self._waiting.pop(rid, None)
             state = self._running.pop(rid, None)
             if state is not None:
-                self._release(state)
+                self._end(state)
 
     def _admit(self) -> None:
         """Move waiting requests, oldest first, into the free running slots."""
+        if self.adapter_slots is not None:
+            return self._admit_with_adapters()
         while self._waiting and len(self._running) < self.max_running:
             rid, request = self._waiting.popitem(last=False)
-            if self.prefix_cache is not None:
-                self.prefix_cache.admit(request.prompt_token_ids)
-            self._running[rid] = self._start(request)
+            self._run(rid, request)
+        return None
+
+    def _admit_with_adapters(self) -> None:
+        """:meth:`_admit`, passing over requests whose adapter has no slot free of running requests."""
+        for rid, request in list(self._waiting.items()):
+            if len(self._running) >= self.max_running:
+                return
+            if request.adapter and not self._take_adapter(request.adapter):
+                continue
+            del self._waiting[rid]
+            self._run(rid, request)
+
+    def _run(self, rid: str, request: Request) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.admit(request.prompt_token_ids)
+        state = self._running[rid] = self._start(request)
+        state.adapter = request.adapter
+
+    def _take_adapter(self, adapter: str) -> bool:
+        """Whether a request for ``adapter`` may start now; a load stalls this step, as vLLM's does."""
+        assert self.adapter_slots is not None  # add_request refused adapters without slots
+        loaded = self.adapter_slots.take(adapter)
+        if loaded and self.adapter_slots.load_s:
+            time.sleep(self.adapter_slots.load_s)
+        return loaded is not None
+
+    def _end(self, state: S) -> None:
+        if state.adapter and self.adapter_slots is not None:
+            self.adapter_slots.release(state.adapter)
+        self._release(state)
 
     def _advance(self, rid: str, token: int) -> Output:
         """Count ``token`` against the request's budget: its output, finished with "length" once spent."""
@@ -107,7 +156,7 @@ class ReferenceEngine(ABC, Generic[S]):
         state.produced += 1
         if state.produced >= state.budget:
             del self._running[rid]
-            self._release(state)
+            self._end(state)
             return Output(rid, [token], True, "length")
         self._on_token(state, token)
         return Output(rid, [token])

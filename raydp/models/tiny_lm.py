@@ -57,7 +57,12 @@ class _Sequence(Running):
 
 
 class TinyLMEngine(ReferenceEngine[_Sequence]):
-    """Greedy decoding over a batch of at most ``max_running`` sequences."""
+    """Greedy decoding over a batch of at most ``max_running`` sequences.
+
+    ``prefix_cache_blocks`` and ``max_loras`` keep the reference engines'
+    prefix cache and adapter slots (names only: adapters do not change the
+    tokens), reported as vLLM engines report theirs.
+    """
 
     engine_name: ClassVar[str] = "TinyLMEngine"
 
@@ -74,11 +79,14 @@ class TinyLMEngine(ReferenceEngine[_Sequence]):
         step_delay_s: float = 0.0,
         prefix_cache_blocks: int = 0,
         block_size: int = 16,
+        max_loras: int = 0,
+        adapter_load_s: float = 0.0,
     ) -> None:
         if step_delay_s < 0:
             raise ConfigError(f"step_delay_s={step_delay_s!r}: must be >= 0 (seconds added to each busy step)")
         super().__init__(max_running)
         self.keep_prefix_cache(prefix_cache_blocks, block_size)  # which blocks it would hold: see ReferenceEngine
+        self.keep_adapters(max_loras, adapter_load_s)
         self.step_delay_s = step_delay_s  # slows a stream down for tests that act in the middle of one
         torch.manual_seed(seed)
         torch.set_num_threads(int(os.environ.get("RAYDP_TORCH_THREADS", "1")))

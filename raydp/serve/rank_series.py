@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from raydp.client.client import Client
 from raydp.errors import DeathCause
+from raydp.wire.adapters import AdapterState
 from raydp.wire.blocks import hit_rate
 
 PUSH_INTERVAL_S = 0.5
@@ -53,10 +54,32 @@ def _work(client: Client) -> Iterable[tuple[int, float]]:
     return [] if snap is None else [(rank, tokens) for rank, tokens in enumerate(snap.work) if tokens >= 0]
 
 
+def _held(a: AdapterState) -> float:
+    return len(a.resident)
+
+
+def _loads(a: AdapterState) -> float:
+    return a.loads
+
+
+def _evictions(a: AdapterState) -> float:
+    return a.evictions
+
+
+def _adapter_hits(a: AdapterState) -> float | None:
+    return a.hits / a.requests if a.requests else None
+
+
 def _hits(client: Client) -> Iterable[tuple[int, float]]:
     snap = client.snapshot()
     pairs = [] if snap is None else [(rank, hit_rate(q, f)) for rank, (q, f) in enumerate(snap.hits)]
     return [(rank, rate) for rank, rate in pairs if rate is not None]
+
+
+def _adapters(client: Client, read: Callable[[AdapterState], float | None]) -> Iterable[tuple[int, float]]:
+    snap = client.snapshot()
+    pairs = [] if snap is None else [(rank, read(a)) for rank, a in enumerate(snap.adapters) if a.slots]
+    return [(rank, value) for rank, value in pairs if value is not None]
 
 
 RANK_GAUGES = (
@@ -68,6 +91,20 @@ RANK_GAUGES = (
         "raydp_rank_prefix_cache_hit_rate",
         "prompt tokens found in the rank's prefix cache, of those looked up (engines that report a cache)",
         _hits,
+    ),
+    RankGauge("raydp_rank_adapters_held", "LoRA adapters the rank holds", lambda c: _adapters(c, _held)),
+    RankGauge(
+        "raydp_rank_adapter_loads", "LoRA adapters the rank loaded since it started", lambda c: _adapters(c, _loads)
+    ),
+    RankGauge(
+        "raydp_rank_adapter_evictions",
+        "LoRA adapters the rank evicted since it started",
+        lambda c: _adapters(c, _evictions),
+    ),
+    RankGauge(
+        "raydp_rank_adapter_hit_rate",
+        "requests whose LoRA adapter the rank already held, of those naming one",
+        lambda c: _adapters(c, _adapter_hits),
     ),
     RankGauge(
         "raydp_router_cached_blocks",

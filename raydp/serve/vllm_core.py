@@ -123,7 +123,9 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
         pinned = request.data_parallel_rank
         if blocker is not None:
             self._blockers[request.request_id] = blocker
-        native = Request(request.request_id, prompt, max_tokens, native=self.codec.encode(request))
+        lora = request.lora_request
+        adapter = str(lora.lora_name) if lora is not None else ""  # routing prefers the ranks that hold it
+        native = Request(request.request_id, prompt, max_tokens, native=self.codec.encode(request), adapter=adapter)
         native.arrival_time = float(request.arrival_time)
         moves = 0 if blocker is not None or pinned is not None else self.client.migration_limit
         listener = self._listener(request.request_id)

@@ -14,6 +14,7 @@ Modules:
 - ``polling``: waiting on several sockets' ``ZMQ_FD``s and doorbell pipes with one ``poll()``;
 - ``dropped``: logging malformed input once per message, by sender, rate limited;
 - ``endpoints``: where a running cluster's sockets are;
+- ``adapters``: LoRA adapters' names and what a rank reports of those it holds (``AdapterState``);
 - ``blocks``: prefix-cache blocks named by chained digests of their tokens, and an engine's ``CacheEvents``;
 - ``records``: control-plane records a coordinator keeps and reports (``ClusterInfo``, ``CoordinatorStatus``, ...);
 - ``handshake``: the startup handshake between a front-end and its engines.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Final, Union
 
+from raydp.wire.adapters import AdapterState
 from raydp.wire.blocks import CacheEvents
 from raydp.wire.codec import Decoder, PeerWave, RankCount, WireMessage
 
@@ -155,6 +156,13 @@ class CacheWanted(WireMessage, tag=15):
     rank: int
 
 
+class AdapterReport(WireMessage, tag=16):
+    """The adapters an engine holds (engines whose core has ``adapters()``), sent when they change."""
+
+    rank: int
+    state: AdapterState
+
+
 ToCoordinator = Union[
     EngineStats,
     WaveComplete,
@@ -171,6 +179,7 @@ ToCoordinator = Union[
     EngineReport,
     CacheReport,
     CacheWanted,
+    AdapterReport,
 ]
 
 # ---- coordinator -> clients / engines ---------------------------------------------------
@@ -207,7 +216,9 @@ class StatsSnapshot(WireMessage):
     a client that missed the last change knows, and ``cache_epoch`` names this
     coordinator's numbering (a successor's starts again), so a client never
     applies one coordinator's change to another's picture (all empty or 0
-    while no engine reports a cache).
+    while no engine reports a cache). ``adapters``: per rank, the LoRA
+    adapters it holds (empty while no engine reports any; a few names per
+    rank, so each snapshot carries them whole).
     """
 
     counts: list[tuple[int, int]]
@@ -223,6 +234,7 @@ class StatsSnapshot(WireMessage):
     hits: list[tuple[int, int]] = []
     cache_versions: list[int] = []
     cache_epoch: int = 0
+    adapters: list[AdapterState] = []
 
 
 class StartDPWave(WireMessage, tag=1):

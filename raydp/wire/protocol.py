@@ -61,6 +61,7 @@ class Request(WireMessage, gc=False):
     seq: int = 0
     sampling: Sampling | None = None
     native: bytes | None = None
+    adapter: str = ""  # the LoRA adapter it runs with ("": the base model); routing prefers its holders
 
 
 class RequestBatch(WireMessage, gc=False):

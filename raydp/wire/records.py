@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from raydp.config import RaydpConfig
+from raydp.wire.adapters import AdapterState
 from raydp.wire.endpoints import ClusterEndpoints
 
 
@@ -38,6 +39,7 @@ class CoordinatorStatus(msgspec.Struct, frozen=True):
     # per rank: [prompt tokens looked up in its prefix cache, tokens found]; empty when no engine reports one
     prefix_cache: list[list[int]] = []
     hangs: list[int] = []  # per rank, since launch: deaths whose cause was a hang its watchdog caught
+    adapters: list[AdapterState] = []  # per rank: the LoRA adapters it holds; empty when no engine reports any
 
 
 class APIServerRecord(msgspec.Struct, frozen=True):

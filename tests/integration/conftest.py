@@ -3,8 +3,6 @@
 Starting a multi-node ``ray.cluster_utils.Cluster`` costs ~10 s on a 2-core
 machine, so one cluster of a given shape is kept for as many tests as want
 that shape; asking for another shape (or a fresh one) shuts the old one down.
-Ray's dashboard costs a third of a start, and some CPU for as long as it runs:
-only the tests that use it (the Jobs API, Ray's metrics export) ask for it.
 """
 
 from __future__ import annotations
@@ -18,34 +16,33 @@ from ray.cluster_utils import Cluster
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 Shape = tuple[int, ...]  # logical GPUs per node, head first
-Key = tuple[Shape, bool]  # a shape, and whether Ray's dashboard runs
 
 
 class ClusterPool:
     def __init__(self) -> None:
         self.cluster: Cluster | None = None
-        self.key: Key | None = None
+        self.shape: Shape | None = None
 
-    def get(self, shape: Shape, *, fresh: bool = False, cpus_per_node: int = 4, dashboard: bool = False) -> Cluster:
-        if self.cluster is not None and self.key == (shape, dashboard) and not fresh:
+    def get(self, shape: Shape, *, fresh: bool = False, cpus_per_node: int = 4) -> Cluster:
+        if self.cluster is not None and self.shape == shape and not fresh:
             return self.cluster
         self.shutdown()
         cluster = Cluster(
             initialize_head=True,
-            head_node_args={"num_cpus": cpus_per_node, "num_gpus": shape[0], "include_dashboard": dashboard},
+            head_node_args={"num_cpus": cpus_per_node, "num_gpus": shape[0]},
         )
         for gpus in shape[1:]:
             cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus)
         ray.init(address=cluster.address, log_to_driver=False)
         cluster.wait_for_nodes()
-        self.cluster, self.key = cluster, (shape, dashboard)
+        self.cluster, self.shape = cluster, shape
         return cluster
 
     def shutdown(self) -> None:
         if self.cluster is not None:
             ray.shutdown()
             self.cluster.shutdown()
-        self.cluster = self.key = None
+        self.cluster = self.shape = None
 
 
 @pytest.fixture(scope="session")
@@ -59,9 +56,3 @@ def cluster_pool() -> Iterator[ClusterPool]:
 def two_nodes(cluster_pool: ClusterPool) -> Cluster:
     """Two nodes of 4 logical GPUs each, sharing one IP."""
     return cluster_pool.get((4, 4))
-
-
-@pytest.fixture(scope="module")
-def two_nodes_with_dashboard(cluster_pool: ClusterPool) -> Cluster:
-    """:func:`two_nodes`, with Ray's dashboard (its Jobs API and metrics export)."""
-    return cluster_pool.get((4, 4), dashboard=True)

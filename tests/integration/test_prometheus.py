@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -103,9 +104,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, st
             "2:2",
             env={
                 **{k: env[k] for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")},
-                # Engines that report a prefix cache (blocks of 2 tokens: the load's prompts fill some), so
-                # that the hit-rate panel has data.
-                "RAYDP_ENGINE_KWARGS": json.dumps({"prefix_cache_blocks": 64, "block_size": 2}),
+                # Engines that report a prefix cache (blocks of 2 tokens: the load's prompts fill some) and
+                # adapter slots, so that the hit-rate and adapter panels have data.
+                "RAYDP_ENGINE_KWARGS": json.dumps({"prefix_cache_blocks": 64, "block_size": 2, "max_loras": 2}),
             },
         ) as served:
             config = workdir / "prometheus.yml"
@@ -130,11 +131,29 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, st
                 "prometheus.log",
                 env,
             )
+            send_adapter_requests(f"{node_ip}:{ray_port}", env)
             yield served, f"http://{IP}:{prom_port}"
     finally:
         procs.stop()
         shutil.rmtree(ray_dir, ignore_errors=True)
     assert procs.alive() == []
+
+
+ADAPTER_LOAD = f"""
+import raydp
+client = raydp.attach({NAME!r}).client()
+for i in range(12):  # three adapters over two slots on each rank: loads, hits and evictions
+    assert len(client.generate([1, 2, 3], 2, adapter=f"ad{{i % 3}}", timeout=60)) == 2
+"""
+
+
+def send_adapter_requests(address: str, env: dict[str, str]) -> None:
+    """Requests for LoRA adapters through raydp's Python client (the reference engines' slots hold names)."""
+    run_env = {**env, "RAY_ADDRESS": address, "PYTHONPATH": os.getcwd(), "RAYDP_LOG_LEVEL": "WARNING"}
+    done = subprocess.run(
+        [sys.executable, "-c", ADAPTER_LOAD], env=run_env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def load(served: Served, stop: threading.Event, failures: list[BaseException]) -> None:

@@ -15,13 +15,6 @@ from raydp.testing.http_call import Call
 from tests.integration.helpers import assert_nothing_left
 from tests.integration.http_helpers import shutting_down
 
-
-@pytest.fixture(scope="module")
-def two_nodes(two_nodes_with_dashboard: Any) -> Any:
-    """This module's tests read Ray's dashboard (the Jobs API)."""
-    return two_nodes_with_dashboard
-
-
 ROOT = Path(__file__).resolve().parents[2]
 # `ray job stop` sends SIGTERM to the driver and every process under it, and
 # SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (3 s by default): the job's

@@ -17,12 +17,6 @@ import raydp
 from tests.integration.helpers import wait_until
 
 
-@pytest.fixture(scope="module")
-def two_nodes(two_nodes_with_dashboard: Any) -> Any:
-    """This module's tests read Ray's dashboard (its metrics export)."""
-    return two_nodes_with_dashboard
-
-
 def status(*args: str, address: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAYDP_LOG_LEVEL": "WARNING"}
     return subprocess.run(

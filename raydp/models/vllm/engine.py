@@ -50,9 +50,11 @@ from typing import Any, Final
 from raydp.engine.core import EngineContext
 from raydp.errors import ConfigError
 from raydp.models.vllm import config as vllm_config
+from raydp.models.vllm.adapters import VllmAdapters
 from raydp.models.vllm.cache import TeePublisher, VllmCacheEvents, events_config
 from raydp.models.vllm.native import NativeCodec, typed_args
 from raydp.models.vllm.requests import Tracked, finish_reason, resumed, sampling_params
+from raydp.wire.adapters import AdapterState
 from raydp.wire.blocks import CacheEvents
 from raydp.wire.protocol import Output, Request
 
@@ -101,6 +103,8 @@ class VllmEngine:
         self.context = context
         self.core = _build_core(self.config, executor_cls)
         self._cache = self._follow_cache()
+        lora = self.config.lora_config
+        self._adapters = VllmAdapters(self.core, lora.max_cpu_loras or lora.max_loras) if lora is not None else None
         from vllm.v1.engine.input_processor import InputProcessor
 
         self._inputs = InputProcessor(self.config)
@@ -120,10 +124,19 @@ class VllmEngine:
         """The prefix cache's stores and evictions since the last call, in raydp's block names."""
         return self._cache.events(full) if self._cache is not None else None
 
+    def adapters(self) -> AdapterState | None:
+        """The LoRA adapters this rank holds (None: LoRA is not enabled)."""
+        return self._adapters.state(time.monotonic()) if self._adapters is not None else None
+
     def add_request(self, request: Request) -> None:
         if request.native is not None:
             self._add_native(request, request.native)
             return
+        if request.adapter:
+            raise ConfigError(
+                f"adapter={request.adapter!r}: a vLLM rank takes its adapters from vLLM's own requests "
+                "(raydp serve --enable-lora); raydp's Client names adapters only to engines that hold them by name"
+            )
         stops = list(request.sampling.stop) if request.sampling is not None else []
         if stops and self._tokenizer is None:
             raise ConfigError("stop: this engine has no tokenizer to match stop strings (skip_tokenizer_init?)")
@@ -153,6 +166,8 @@ class VllmEngine:
             core_request.sampling_params = resumed(core_request.sampling_params, len(streamed))
         req, wave = self.core.preprocess_add_request(core_request)
         self.core.add_request(req, wave)
+        if self._adapters is not None and core_request.lora_request is not None:
+            self._adapters.arrived(core_request.lora_request)
         budget = min(request.max_tokens, self.config.model_config.max_model_len - len(request.prompt_token_ids))
         self._tracked[request.request_id] = Tracked(max(budget, 0), [], native=True)
 
@@ -224,7 +239,10 @@ class VllmEngine:
         if method.startswith("_") or not callable(getattr(self.core, method, None)):
             raise ConfigError(f"method={method!r}: not a utility of vLLM's engine core")
         target = getattr(self.core, method)
-        return codec.result(target(*typed_args(target, args)))
+        typed = typed_args(target, args)
+        if method == "add_lora" and self._adapters is not None and typed:
+            self._adapters.named(typed[0])
+        return codec.result(target(*typed))
 
     # ---- internals -----------------------------------------------------------------------
 

@@ -1,0 +1,66 @@
+"""``AdapterIndex``: a client's picture of which ranks hold which LoRA adapters.
+
+Ranks report the adapters they hold (:class:`~raydp.wire.adapters.AdapterState`)
+and each coordinator snapshot carries every rank's report whole. A report
+lags what was just sent: an adapter this client sent to a rank counts as held
+there for ``SENT_HOLD_S`` after the send, by when the rank's own report says
+whether it loaded it (an engine reports at once when its step ends the last
+request, and at least once a second while idle), so a burst for a new adapter
+lands on one rank instead of loading it everywhere before the first report.
+Engines that report no adapters are known by these sends alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from raydp.wire.adapters import AdapterState
+
+SENT_HOLD_S = 2.0  # how long a send is remembered: long enough for the rank to load the adapter and say so
+
+
+class AdapterIndex:
+    """Per rank: the adapters its latest report lists, its slots, and this client's recent sends."""
+
+    def __init__(self, engine_count: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._reported: list[AdapterState] = [AdapterState() for _ in range(engine_count)]
+        self._sent: list[dict[str, float]] = [{} for _ in range(engine_count)]  # adapter -> until when
+        self._clock = clock
+
+    def truncate(self, engine_count: int) -> None:
+        """Follow a resize: new ranks hold nothing yet, removed ranks are forgotten."""
+        self._reported = (self._reported + [AdapterState() for _ in range(engine_count)])[:engine_count]
+        self._sent = (self._sent + [{} for _ in range(engine_count)])[:engine_count]
+
+    def on_snapshot(self, states: Sequence[AdapterState]) -> None:
+        """Adopt the ranks' reports (an empty list: no rank reports adapters); forget old sends."""
+        n = len(self._reported)
+        self._reported = (list(states[:n]) + [AdapterState() for _ in range(n)])[:n]
+        now = self._clock()
+        for sent in self._sent:
+            for adapter in [a for a, until in sent.items() if until <= now]:
+                del sent[adapter]
+
+    def on_sent(self, rank: int, adapter: str) -> None:
+        if adapter and 0 <= rank < len(self._sent):
+            self._sent[rank][adapter] = self._clock() + SENT_HOLD_S
+
+    def forget(self, rank: int) -> None:
+        """``rank`` died: its successor holds nothing until it says so."""
+        if 0 <= rank < len(self._sent):
+            self._reported[rank], self._sent[rank] = AdapterState(), {}
+
+    def holds(self, rank: int, adapter: str) -> bool:
+        return adapter in self._sent[rank] or adapter in self._reported[rank].resident
+
+    def has_free_slot(self, rank: int) -> bool:
+        """Whether ``rank`` can load one more adapter without evicting one (False where it reports no slots)."""
+        held = set(self._reported[rank].resident) | set(self._sent[rank])
+        return len(held) < self._reported[rank].slots
+
+    def resident(self, rank: int) -> list[str]:
+        return list(self._reported[rank].resident)
+
+
+__all__ = ["SENT_HOLD_S", "AdapterIndex"]
