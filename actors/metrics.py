@@ -48,7 +48,9 @@ class CoordinatorMetrics:
             "raydp_rank_adapter_evictions", "LoRA adapters the rank evicted since it started", TAGS
         )
         self.adapter_hit_rate = Gauge(
-            "raydp_rank_adapter_hit_rate", "requests whose LoRA adapter the rank already held, of those naming one", TAGS
+            "raydp_rank_adapter_hit_rate",
+            "requests whose LoRA adapter the rank already held, of those naming one",
+            TAGS,
         )
         self.wave = Gauge("raydp_wave", "the cluster's current request wave", ("cluster",))
         self.desired = Gauge("raydp_autoscale_desired_ranks", "the size the autoscaler wants", ("cluster",))

@@ -62,5 +62,12 @@ class AdapterIndex:
     def resident(self, rank: int) -> list[str]:
         return list(self._reported[rank].resident)
 
+    def known(self) -> dict[str, str]:
+        """Every adapter some rank was given by name, with its path."""
+        paths: dict[str, str] = {}
+        for state in self._reported:
+            paths.update(state.known)
+        return paths
+
 
 __all__ = ["SENT_HOLD_S", "AdapterIndex"]

@@ -203,6 +203,10 @@ class Client:
         cache = self._router.balancer.cache
         return [cache.blocks(rank) for rank in range(self._router.balancer.engine_count)]
 
+    def adapter_paths(self) -> dict[str, str]:
+        """The LoRA adapters the ranks were given by name (vLLM's ``add_lora``), with their paths."""
+        return self._router.balancer.adapters.known()
+
     def snapshot(self) -> StatsSnapshot | None:
         """The latest (counts, wave, running) published by the coordinator."""
         return self._router.last_snapshot

@@ -31,4 +31,6 @@ Modules:
 - ``vllm_server``: vLLM's own OpenAI server in an API server process, over raydp's ranks;
 - ``vllm_core``: ``RaydpCoreClient``, vLLM's engine core client over raydp's client (routing,
   outputs, aborts, utility calls, retries and stream migration);
+- ``vllm_loras``: LoRA adapters across N API servers: one numbering for the ranks, and a resolver that
+  finds an adapter another server loaded;
 """

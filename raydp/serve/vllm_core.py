@@ -47,6 +47,7 @@ from raydp.client.client import Client
 from raydp.client.requests import Submission
 from raydp.errors import ClusterClosedError, EngineDeadError, MigrationRefusedError, RaydpError, RequestError
 from raydp.models.vllm.native import NativeCodec
+from raydp.serve.vllm_loras import LoraIds
 from raydp.wire.protocol import Output, Request
 
 logger = logging.getLogger("raydp.serve.vllm")
@@ -108,6 +109,7 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
         self._inbox_lock = threading.Lock()
         self._woken = False
         self._blockers: dict[str, str] = {}  # request id -> why it cannot migrate (only those that cannot)
+        self.lora_ids = LoraIds()
         from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 
         self._output_type, self._outputs_type = EngineCoreOutput, EngineCoreOutputs
@@ -125,6 +127,7 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
             self._blockers[request.request_id] = blocker
         lora = request.lora_request
         adapter = str(lora.lora_name) if lora is not None else ""  # routing prefers the ranks that hold it
+        request.lora_request = self.lora_ids.outgoing(lora)  # numbered as every API server numbers it
         native = Request(request.request_id, prompt, max_tokens, native=self.codec.encode(request), adapter=adapter)
         native.arrival_time = float(request.arrival_time)
         moves = 0 if blocker is not None or pinned is not None else self.client.migration_limit
@@ -272,17 +275,18 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
     async def get_weight_version_async(self) -> str:
         return str(await self.call_utility_consensus_async("get_weight_version"))
 
+    # Adapters cross to the ranks numbered as every API server numbers them (see raydp.serve.vllm_loras).
     async def add_lora_async(self, lora_request: Any) -> bool:
-        return bool(await self.call_utility_async("add_lora", lora_request))
+        return bool(await self.call_utility_async("add_lora", self.lora_ids.outgoing(lora_request)))
 
     async def remove_lora_async(self, lora_id: int) -> bool:
-        return bool(await self.call_utility_async("remove_lora", lora_id))
+        return bool(await self.call_utility_async("remove_lora", self.lora_ids.cluster_id(lora_id)))
 
     async def list_loras_async(self) -> set[int]:
-        return set(await self.call_utility_async("list_loras"))
+        return self.lora_ids.local_ids(set(await self.call_utility_async("list_loras")))
 
     async def pin_lora_async(self, lora_id: int) -> bool:
-        return bool(await self.call_utility_async("pin_lora", lora_id))
+        return bool(await self.call_utility_async("pin_lora", self.lora_ids.cluster_id(lora_id)))
 
     async def save_sharded_state_async(
         self, path: str, pattern: str | None = None, max_size: int | None = None

@@ -36,6 +36,7 @@ from raydp.serve.rank_series import PushedRankSeries
 from raydp.serve.readiness import Readiness, ReadyMiddleware, install
 from raydp.serve.settings import ServerSettings
 from raydp.serve.vllm_core import RaydpCoreClient
+from raydp.serve.vllm_loras import ClusterLoraResolver
 from raydp.wire.endpoints import ClusterEndpoints
 
 STOP_POLL_S = 0.2
@@ -102,7 +103,10 @@ async def _serve(
     ready_quorum: int = 1,
 ) -> None:
     from vllm.entrypoints.launchers.api_server.entry import build_and_serve
+    from vllm.lora.resolver import LoRAResolverRegistry
 
+    # Before vLLM's front-end is built: it takes the resolvers registered by then.
+    LoRAResolverRegistry.register_resolver("raydp-cluster", ClusterLoraResolver(client.adapter_paths))
     engine = _async_llm(args, lambda: RaydpCoreClient(client, NativeCodec()), index)
     install(Readiness(client, ready_quorum))
     # raydp's per-rank series beside vLLM's own on vLLM's /metrics (multiprocess mode too: see rank_series).

@@ -28,7 +28,9 @@ class AdapterState(WireMessage):
     ``slots``: how many it can hold at once. ``loads``: adapters it loaded
     (an eviction, when it was full, came with each load past ``slots``);
     ``requests`` and ``hits``: requests naming an adapter, and those whose
-    adapter it already held when they arrived.
+    adapter it already held when they arrived. ``known``: the adapters it was
+    given by name and path (vLLM's ``add_lora``), held or not: where an API
+    server finds an adapter another server loaded.
     """
 
     resident: Annotated[list[AdapterName], msgspec.Meta(max_length=MAX_RESIDENT)] = []
@@ -37,6 +39,7 @@ class AdapterState(WireMessage):
     evictions: Count = 0
     requests: Count = 0
     hits: Count = 0
+    known: Annotated[dict[AdapterName, str], msgspec.Meta(max_length=MAX_RESIDENT)] = {}
 
 
 def check_adapter_name(adapter: object) -> str | None:

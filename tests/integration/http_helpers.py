@@ -79,6 +79,38 @@ def raydp_serve(*flags: str, env: dict[str, str] | None = None) -> Iterator[Serv
         os.unlink(stderr_path)
 
 
+def connection_to_each_api_server(served: Served, timeout_s: float = 60.0) -> dict[int, http.client.HTTPConnection]:
+    """A kept-alive connection to each API server process, by pid.
+
+    The processes share one listening socket and the kernel hands each new
+    connection to one of them: connections are opened until every process
+    holds one, each told by the process that owns its server end (bounded).
+    """
+    pids = served.api_server_pids()
+    found: dict[int, http.client.HTTPConnection] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(found) < len(pids) and time.monotonic() < deadline:
+        conn = http.client.HTTPConnection(*served.address, timeout=120)
+        conn.request("GET", "/health")  # answered: accepted by one process, which now holds it
+        conn.getresponse().read()
+        assert conn.sock is not None
+        local = conn.sock.getsockname()[:2]
+        owner = next((pid for pid in pids if _holds_peer(pid, local)), None)
+        if owner is None or owner in found:
+            conn.close()
+        else:
+            found[owner] = conn
+    assert sorted(found) == sorted(pids), f"connections reached {sorted(found)} of {sorted(pids)}"
+    return found
+
+
+def _holds_peer(pid: int, address: tuple[str, int]) -> bool:
+    """Whether process ``pid`` holds a connection whose peer is ``address`` (it accepted it)."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return any(c.raddr and tuple(c.raddr) == address for c in psutil.Process(pid).net_connections())
+    return False
+
+
 def _banner(proc: subprocess.Popen[str]) -> str:
     """The line that says where it serves. On the Ray backend the ranks' own logs reach stdout too
     (an engine such as vLLM prints while it loads): skip them, then keep draining stdout in a

@@ -16,6 +16,7 @@ text an unbroken run gives.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -34,11 +35,12 @@ import psutil
 import pytest
 
 from tests.integration.conftest import ClusterPool
-from tests.integration.http_helpers import Served, raydp_serve
+from tests.integration.http_helpers import Served, connection_to_each_api_server, raydp_serve
 from tests.integration.vllm_helpers import SERVE_FLAGS, lora_adapter, tiny_model, vllm_serve
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 MODEL = "m"  # --served-model-name: every vLLM client names its model
+LORA_PROMPT = {"prompt": "Once upon", "max_tokens": 10, "temperature": 0}
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 TOOL = {
     "type": "function",
@@ -118,9 +120,9 @@ CORPUS: list[tuple[str, str, dict[str, Any] | None]] = [  # a body of None: GET
     ),
     # LoRA: one adapter named on the command line, one loaded at run time (both made with peft, here).
     ("base", "/v1/completions", {"prompt": "Once upon", "max_tokens": 10, "temperature": 0}),
-    ("lora by name", "/v1/completions", {"model": "ad1", "prompt": "Once upon", "max_tokens": 10, "temperature": 0}),
+    ("lora by name", "/v1/completions", {"model": "ad1", **LORA_PROMPT}),
     ("lora load", "/v1/load_lora_adapter", {"lora_name": "ad2", "lora_path": "{ad2}"}),
-    ("lora loaded", "/v1/completions", {"model": "ad2", "prompt": "Once upon", "max_tokens": 10, "temperature": 0}),
+    ("lora loaded", "/v1/completions", {"model": "ad2", **LORA_PROMPT}),
     ("models", "/v1/models", None),
     ("tokenize", "/tokenize", {"prompt": "héllo there"}),
     ("detokenize", "/detokenize", {"tokens": [5, 17, 99, 300]}),
@@ -209,6 +211,38 @@ def test_each_adapter_changes_the_greedy_text(vllm_answers: dict[str, Any]) -> N
     """The LoRA rows compare something: each adapter's answer is its own, not the base model's."""
     texts = {name: vllm_answers[name]["body"]["choices"][0]["text"] for name in ("lora by name", "lora loaded")}
     assert len(set(texts.values())) == 2, texts
+
+
+def test_adapters_loaded_through_different_api_servers_answer_as_themselves_through_every_one(
+    raydp: Served, raydp_answers: dict[str, Any], model: Path
+) -> None:
+    """vLLM's front-end numbers adapters per process, from 1. ``ad2`` was loaded through one API server
+    while the corpus ran; ``ad3`` and ``ad4``, loaded now through one server each, take the next numbers
+    there, so one of them has ``ad2``'s number in the other server. Through every server each adapter
+    still gives its own text (the ranks see one numbering), and ``ad2`` gives vLLM's own answer."""
+    fresh = {name: str(lora_adapter(model, name, seed)) for name, seed in (("ad3", 3), ("ad4", 4))}
+    conns = connection_to_each_api_server(raydp)  # after the adapters: the servers close idle connections
+    assert len(conns) == 2
+    for conn, (name, path) in zip(conns.values(), fresh.items(), strict=True):
+        assert _post(conn, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})[0] == 200
+    want = raydp_answers["lora loaded"]["body"]["choices"][0]["text"]
+    for pid, conn in conns.items():
+        texts = {}
+        for name in ("ad2", "ad3", "ad4"):
+            status, body = _post(conn, "/v1/completions", {**LORA_PROMPT, "model": name})
+            assert status == 200, (pid, name, body)
+            texts[name] = body["choices"][0]["text"]
+        assert texts["ad2"] == want and len(set(texts.values())) == 3, (pid, texts)
+
+
+def _post(conn: http.client.HTTPConnection, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    raw = response.read()
+    try:
+        return response.status, json.loads(raw)
+    except ValueError:
+        return response.status, raw.decode()
 
 
 def test_the_openai_sdk_gets_vllms_answers_and_errors(raydp: Served, vllm_answers: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ class VllmAdapters:
     def __init__(self, core: Any, slots: int) -> None:
         self._core, self.slots = core, slots
         self._names: dict[int, str] = {}
+        self._paths: dict[str, str] = {}  # every adapter it was given: name -> path
         self._used: OrderedDict[int, None] = OrderedDict()  # ids, least recently used first
         self._resident: set[int] = set()
         self._read_at = float("-inf")
@@ -33,7 +34,9 @@ class VllmAdapters:
     def named(self, lora_request: Any) -> None:
         """Learn an adapter's name by its id (an ``add_lora`` call, a request)."""
         if lora_request is not None:
-            self._names[int(lora_request.lora_int_id)] = str(lora_request.lora_name)
+            name = str(lora_request.lora_name)
+            self._names[int(lora_request.lora_int_id)] = name
+            self._paths[name] = str(lora_request.lora_path)
 
     def arrived(self, lora_request: Any) -> None:
         """A request for this adapter arrived: a hit if vLLM held it at the last read."""
@@ -54,7 +57,7 @@ class VllmAdapters:
         order = [i for i in self._used if i in self._resident]
         order = sorted(self._resident - set(order)) + order  # never used by a request: least recent
         names = [self._names[i] for i in order if i in self._names]
-        return AdapterState(names, self.slots, self.loads, self.evictions, self.requests, self.hits)
+        return AdapterState(names, self.slots, self.loads, self.evictions, self.requests, self.hits, dict(self._paths))
 
 
 __all__ = ["VllmAdapters"]

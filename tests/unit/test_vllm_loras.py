@@ -1,0 +1,69 @@
+"""One numbering of LoRA adapters for every API server, and finding an adapter another server loaded."""
+
+from __future__ import annotations
+
+import asyncio
+
+from vllm.lora.request import LoRARequest
+
+from raydp.client.adapters import AdapterIndex
+from raydp.models.vllm.adapters import VllmAdapters
+from raydp.serve.vllm_loras import ID_SPACE, ClusterLoraResolver, LoraIds, cluster_lora_id
+from raydp.wire.adapters import AdapterState
+
+
+def test_two_servers_numbering_one_adapter_differently_send_the_ranks_one_number() -> None:
+    first, second = LoraIds(), LoraIds()
+    a = first.outgoing(LoRARequest("ad2", 2, "/adapters/ad2"))
+    b = second.outgoing(LoRARequest("ad2", 7, "/adapters/ad2"))
+    assert a.lora_int_id == b.lora_int_id == cluster_lora_id("ad2", "/adapters/ad2")
+    other = second.outgoing(LoRARequest("ad3", 2, "/adapters/ad3"))
+    assert other.lora_int_id != a.lora_int_id, "one server's 2 is not another adapter's 2 on the ranks"
+
+
+def test_numbers_come_back_as_the_servers_own_and_the_request_is_not_changed() -> None:
+    ids = LoraIds()
+    original = LoRARequest("ad1", 1, "/a")
+    sent = ids.outgoing(original)
+    assert original.lora_int_id == 1, "a copy goes out"
+    assert ids.cluster_id(1) == sent.lora_int_id
+    assert ids.local_ids({sent.lora_int_id, 12345}) == {1}
+    assert ids.outgoing(None) is None
+
+
+def test_cluster_numbers_are_positive_int32s() -> None:
+    assert all(1 <= cluster_lora_id(f"ad{i}", f"/p/{i}") <= ID_SPACE for i in range(200))
+
+
+def test_the_resolver_finds_an_adapter_some_rank_was_given() -> None:
+    index = AdapterIndex(2)
+    index.on_snapshot([AdapterState(slots=2), AdapterState(["ad2"], 2, known={"ad2": "/adapters/ad2"})])
+    resolver = ClusterLoraResolver(index.known)
+    found = asyncio.run(resolver.resolve_lora("base", "ad2"))
+    assert found is not None and (found.lora_name, found.lora_path) == ("ad2", "/adapters/ad2")
+    assert asyncio.run(resolver.resolve_lora("base", "nope")) is None
+
+
+class FakeCore:
+    """The one engine-core call ``VllmAdapters`` makes: which adapter ids vLLM's worker holds."""
+
+    def __init__(self) -> None:
+        self.held: set[int] = set()
+
+    def list_loras(self) -> set[int]:
+        return set(self.held)
+
+
+def test_a_vllm_ranks_report_names_its_adapters_least_recently_used_first() -> None:
+    core = FakeCore()
+    adapters = VllmAdapters(core, slots=2)
+    adapters.named(LoRARequest("a", 11, "/a"))
+    adapters.arrived(LoRARequest("b", 12, "/b"))
+    core.held = {11, 12}
+    adapters.arrived(LoRARequest("a", 11, "/a"))
+    state = adapters.state(now=0.0)
+    assert state.resident == ["b", "a"] and state.known == {"a": "/a", "b": "/b"}
+    assert (state.loads, state.evictions, state.requests, state.hits) == (2, 0, 2, 0)
+    core.held = {11}
+    later = adapters.state(now=1.0)
+    assert later.resident == ["a"] and later.evictions == 1
