@@ -7,8 +7,8 @@ logical CPUs, 4 logical GPUs) and needs no cluster.
 
 Only the RATIOS mean anything: every system runs in the same process, on the
 same machine, minutes apart, so a shared or slow machine moves all of them
-together. Nine benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
-``workers``, ``scale``, ``startup``, ``coordinator``, ``routing``, ``faults``):
+together. Ten benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
+``workers``, ``scale``, ``startup``, ``coordinator``, ``routing``, ``adapters``, ``faults``):
 
 1. request round trips (:mod:`~benchmarks.roundtrip`; tiny prompt, ``max_tokens=1``), pipelined (a window
    of requests in flight) and sequential (one at a time: p50 latency), for
@@ -43,7 +43,10 @@ together. Nine benchmarks (sections ``round-trips``, ``lockstep``, ``http``,
    rank's share for raydp's balancer, round robin and power-of-two choices,
    with arrivals from 2 API server processes and a driver client, on a
    skewed (10% long requests) and a uniform workload;
-9. failures (:mod:`~benchmarks.faults.dense`, its own 2-node Ray in a process of its
+9. adapter-aware routing (:mod:`~benchmarks.adapters`, no Ray): adapter loads, time to first
+   token and throughput for routing to an adapter's holders, against adapter-blind least-loaded and
+   round robin, with 8 adapters of Zipf popularity over 2 ranks of 2 slots each;
+10. failures (:mod:`~benchmarks.faults.dense`, its own 2-node Ray in a process of its
    own): per fault (kill a rank, a worker, the coordinator, an API server;
    remove a node; kill a lockstep rank), the time until it is detected and
    until the cluster serves again, and the requests lost under a light load;
@@ -70,6 +73,7 @@ Modules:
 
 - ``roundtrip``: request round trips (section ``round-trips``, alias ``roundtrip``);
 - ``lockstep``: lockstep overhead;
+- ``adapters``: adapter-aware routing;
 - ``frontend``: the HTTP front-end (section ``http``);
 - ``workers``: device workers' per-step round trip;
 - ``scale``: elastic scaling and startup (sections ``scale`` and ``startup``);

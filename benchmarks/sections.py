@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from benchmarks import autoscale, coordinator, gang, lockstep, prefix_cache, routing, scale, workers
+from benchmarks import adapters, autoscale, coordinator, gang, lockstep, prefix_cache, routing, scale, workers
 from benchmarks.common import FULL, QUICK, Sizes, log
 from benchmarks.faults import dense, extra
 from benchmarks.faults.table import FaultRow, faults_failed, faults_table
@@ -87,6 +87,10 @@ def _routing_sizes(quick: bool) -> Any:
     return routing.ROUTING_QUICK if quick else routing.ROUTING_FULL
 
 
+def _adapter_sizes(quick: bool) -> adapters.AdapterSizes:
+    return adapters.ADAPTERS_QUICK if quick else adapters.ADAPTERS_FULL
+
+
 def _coordinator_sizes(quick: bool) -> Any:
     return coordinator.COORDINATOR_QUICK if quick else coordinator.COORDINATOR_FULL
 
@@ -157,6 +161,14 @@ SECTIONS: tuple[Section[Any], ...] = (
         table=lambda results, quick: routing.routing_table(results, _routing_sizes(quick)),
         failed=routing.routing_failed,
         to_json=_rows,
+    ),
+    Section[list[adapters.AdapterResult]](
+        "adapters",
+        run=lambda quick: adapters.adapters_benchmark(_adapter_sizes(quick)),
+        table=lambda results, quick: adapters.adapters_table(results, _adapter_sizes(quick)),
+        failed=adapters.adapters_failed,
+        to_json=_rows,
+        needs_ray=False,
     ),
     Section[list[autoscale.AutoscaleResult]](
         "autoscale",

@@ -25,6 +25,7 @@ class AdapterIndex:
 
     def __init__(self, engine_count: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
         self._reported: list[AdapterState] = [AdapterState() for _ in range(engine_count)]
+        self._paths: dict[str, str] = {}
         self._sent: list[dict[str, float]] = [{} for _ in range(engine_count)]  # adapter -> until when
         self._clock = clock
 
@@ -33,8 +34,10 @@ class AdapterIndex:
         self._reported = (self._reported + [AdapterState() for _ in range(engine_count)])[:engine_count]
         self._sent = (self._sent + [{} for _ in range(engine_count)])[:engine_count]
 
-    def on_snapshot(self, states: Sequence[AdapterState]) -> None:
-        """Adopt the ranks' reports (an empty list: no rank reports adapters); forget old sends."""
+    def on_snapshot(self, states: Sequence[AdapterState], paths: dict[str, str] | None = None) -> None:
+        """Adopt the ranks' reports (an empty list: no rank reports adapters) and the adapters they were
+        given (``paths``); forget old sends."""
+        self._paths = dict(paths or {})
         n = len(self._reported)
         self._reported = (list(states[:n]) + [AdapterState() for _ in range(n)])[:n]
         now = self._clock()
@@ -64,10 +67,7 @@ class AdapterIndex:
 
     def known(self) -> dict[str, str]:
         """Every adapter some rank was given by name, with its path."""
-        paths: dict[str, str] = {}
-        for state in self._reported:
-            paths.update(state.known)
-        return paths
+        return dict(self._paths)
 
 
 __all__ = ["SENT_HOLD_S", "AdapterIndex"]

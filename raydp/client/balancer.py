@@ -225,7 +225,7 @@ class LoadBalancer:
         self._snapshot_work = (list(works[: self.engine_count]) + [0] * self.engine_count)[: self.engine_count]
         self._since_snapshot = [0] * self.engine_count
         self._since_work = [0] * self.engine_count
-        self.adapters.on_snapshot(snap.adapters)
+        self.adapters.on_snapshot(snap.adapters, snap.adapter_paths)
         self.cache.follow(snap.cache_epoch)
         for change in snap.cache:
             if 0 <= change.rank < self.engine_count:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from raydp.wire.control import StatsSnapshot
 from raydp.wire.records import CoordinatorStatus
 
@@ -33,7 +35,8 @@ def snapshot(state: CoordinatorState, seq: int, now: float) -> StatsSnapshot:
         hits=cache.hit_counts(),
         cache_versions=cache.versions(),
         cache_epoch=cache.epoch if cache.reported else 0,
-        adapters=list(state.adapters) if state.adapters_reported() else [],
+        adapters=[msgspec.structs.replace(a, known={}) for a in state.adapters] if state.adapters_reported() else [],
+        adapter_paths={name: path for a in state.adapters for name, path in a.known.items()},
     )
 
 

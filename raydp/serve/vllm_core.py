@@ -47,11 +47,12 @@ from raydp.client.client import Client
 from raydp.client.requests import Submission
 from raydp.errors import ClusterClosedError, EngineDeadError, MigrationRefusedError, RaydpError, RequestError
 from raydp.models.vllm.native import NativeCodec
-from raydp.serve.vllm_loras import LoraIds
+from raydp.serve.vllm_loras import AdapterReloads, LoraIds
 from raydp.wire.protocol import Output, Request
 
 logger = logging.getLogger("raydp.serve.vllm")
 GREEDY_BELOW = 1e-5  # vLLM's own threshold: a lower temperature decodes greedily
+RELOAD_POLL_S = 0.5  # how often the first API server looks for a restarted rank to reload adapters on
 CALL_TIMEOUT_S = 600.0  # sleep, wake_up and collective_rpc may take minutes on a big model
 
 try:  # vLLM is an optional dependency: this module is imported only where it is installed
@@ -110,6 +111,10 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
         self._woken = False
         self._blockers: dict[str, str] = {}  # request id -> why it cannot migrate (only those that cannot)
         self.lora_ids = LoraIds()
+        # One server reloads a restarted rank's adapters: the first (every server would load them again).
+        self._reloads = (
+            self._loop.create_task(self._reload_adapters(AdapterReloads())) if client.client_index == 0 else None
+        )
         from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 
         self._output_type, self._outputs_type = EngineCoreOutput, EngineCoreOutputs
@@ -315,6 +320,24 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
     def get_kv_event_sources(self) -> dict[int, Any]:
         return {}
 
+    async def _reload_adapters(self, reloads: AdapterReloads) -> None:
+        while True:
+            await asyncio.sleep(RELOAD_POLL_S)
+            snap = self.client.snapshot()
+            for rank, requests in reloads.due(snap) if snap is not None else []:
+                for lora in requests:
+                    await self._load_on(rank, lora)
+                logger.info("rank %d is back: loaded again %s", rank, [lora.lora_name for lora in requests])
+
+    async def _load_on(self, rank: int, lora: Any) -> None:
+        body = self.codec.call("add_lora", (lora,))
+        try:
+            await asyncio.to_thread(self.client.call_utility, rank, "vllm_call", body, timeout=CALL_TIMEOUT_S)
+        except RaydpError as exc:  # the rank died again, or the adapter is gone: its requests will load it
+            logger.warning("rank %d: could not load adapter %r again: %s", rank, lora.lora_name, exc)
+
     def shutdown(self, timeout: float | None = None) -> None:
         """Requests still in flight fail with ClusterClosedError (a 500 each); the ranks run on."""
+        if self._reloads is not None:
+            self._reloads.cancel()
         self.client.close()

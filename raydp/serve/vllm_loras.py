@@ -14,6 +14,10 @@ adapters they were given, with their paths; the other servers find a name they
 do not know there (:class:`ClusterLoraResolver`, one of vLLM's LoRA resolvers,
 asked when ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is set, as loading at run time
 requires anyway).
+
+A rank that restarts comes back holding no adapter. The first API server
+loads again the adapters it held when it died (:class:`AdapterReloads`), so
+that its first requests for them find them, and its report names them again.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+
+from raydp.wire.control import StatsSnapshot
 
 try:  # vLLM is an optional dependency: this module is imported only where it is installed
     from vllm.lora.request import LoRARequest
@@ -74,4 +80,30 @@ class ClusterLoraResolver(LoRAResolver):  # type: ignore[misc]
         return None if path is None else LoRARequest(lora_name=lora_name, lora_int_id=1, lora_path=path)
 
 
-__all__ = ["ClusterLoraResolver", "LoraIds", "cluster_lora_id"]
+class AdapterReloads:
+    """Which adapters a rank held before it died, to load again once it is back (from the snapshots)."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, list[str]] = {}
+        self._dead: set[int] = set()
+        self._paths: dict[str, str] = {}
+
+    def due(self, snap: StatsSnapshot) -> list[tuple[int, list[Any]]]:
+        """``(rank, [LoRARequest])`` for each rank that came back since the last snapshot seen."""
+        out = []
+        self._paths.update(snap.adapter_paths)
+        for rank in range(len(snap.counts)):
+            state = snap.adapters[rank] if rank < len(snap.adapters) else None
+            if rank in snap.dead:
+                self._dead.add(rank)
+                continue
+            if rank in self._dead:
+                self._dead.discard(rank)
+                held = [n for n in self._held.get(rank, []) if n in self._paths]
+                out.append((rank, [LoRARequest(n, cluster_lora_id(n, self._paths[n]), self._paths[n]) for n in held]))
+            if state is not None and state.resident:
+                self._held[rank] = list(state.resident)
+        return [(rank, requests) for rank, requests in out if requests]
+
+
+__all__ = ["AdapterReloads", "ClusterLoraResolver", "LoraIds", "cluster_lora_id"]

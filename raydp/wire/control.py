@@ -218,7 +218,9 @@ class StatsSnapshot(WireMessage):
     applies one coordinator's change to another's picture (all empty or 0
     while no engine reports a cache). ``adapters``: per rank, the LoRA
     adapters it holds (empty while no engine reports any; a few names per
-    rank, so each snapshot carries them whole).
+    rank, so each snapshot carries them whole), without their ``known``
+    adapters: those are merged over the ranks into ``adapter_paths`` (name ->
+    path), once per snapshot rather than once per rank.
     """
 
     counts: list[tuple[int, int]]
@@ -235,6 +237,7 @@ class StatsSnapshot(WireMessage):
     cache_versions: list[int] = []
     cache_epoch: int = 0
     adapters: list[AdapterState] = []
+    adapter_paths: dict[str, str] = {}
 
 
 class StartDPWave(WireMessage, tag=1):

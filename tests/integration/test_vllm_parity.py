@@ -324,6 +324,8 @@ def test_a_stream_whose_rank_dies_goes_on_with_an_unbroken_runs_text(raydp: Serv
                     pieces.append(json.loads(line[6:])["choices"][0]["text"])
                     first.set()
 
+    held = _per_rank(raydp, "raydp_rank_adapters_held")
+    assert sum(held.values()) > 0, "the adapter tests before this one left adapters on the ranks"
     reader = threading.Thread(target=stream)
     reader.start()
     assert first.wait(60)
@@ -331,6 +333,9 @@ def test_a_stream_whose_rank_dies_goes_on_with_an_unbroken_runs_text(raydp: Serv
     reader.join(120)
     assert "".join(pieces) == unbroken
     assert _metric(raydp, "raydp_stream_migrations_total") >= 1
+    # Back from its restart, the killed rank holds again what it held (the first API server loads it).
+    assert _wait_for(lambda: _gauge(raydp, "raydp_rank_dead") == 0, 240), "the killed rank came back"
+    assert _wait_for(lambda: _per_rank(raydp, "raydp_rank_adapters_held") == held, 60), held
 
 
 def test_a_rank_killed_under_vllm_bench_serve_load_loses_no_request(raydp: Served, model: Path) -> None:
@@ -467,6 +472,13 @@ def _gauge(raydp: Served, name: str) -> float:
     reports the coordinator's snapshot)."""
     text = httpx.get(f"{raydp.url}/metrics", timeout=30).text
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def _per_rank(raydp: Served, name: str) -> dict[str, float]:
+    """A per-rank gauge's value by rank, as the answering API server reports it."""
+    text = httpx.get(f"{raydp.url}/metrics", timeout=30).text
+    found = (re.match(rf'{name}\{{.*rank="(\d+)".*\}} (\S+)$', line) for line in text.splitlines())
+    return {m.group(1): float(m.group(2)) for m in found if m}
 
 
 def _metric(raydp: Served, name: str) -> float:

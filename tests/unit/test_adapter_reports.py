@@ -133,3 +133,12 @@ def test_a_report_naming_too_long_an_adapter_does_not_decode() -> None:
     body = msgspec.msgpack.encode([16, 0, [["x" * (MAX_ADAPTER_NAME + 1)], 1]])
     with pytest.raises(Exception, match="length"):
         coordinator_decoder(body)
+
+
+def test_a_snapshot_carries_the_adapters_paths_once_not_once_per_rank() -> None:
+    state = CoordinatorState(2)
+    for rank, known in ((0, {"a": "/a"}), (1, {"a": "/a", "b": "/b"})):
+        state.handle(AdapterReport(rank=rank, state=AdapterState(["a"], 2, known=known)))
+    snap = snapshot(state, 1, 0.0)
+    assert snap.adapter_paths == {"a": "/a", "b": "/b"}
+    assert all(a.known == {} for a in snap.adapters)

@@ -8,8 +8,9 @@ from vllm.lora.request import LoRARequest
 
 from raydp.client.adapters import AdapterIndex
 from raydp.models.vllm.adapters import VllmAdapters
-from raydp.serve.vllm_loras import ID_SPACE, ClusterLoraResolver, LoraIds, cluster_lora_id
+from raydp.serve.vllm_loras import ID_SPACE, AdapterReloads, ClusterLoraResolver, LoraIds, cluster_lora_id
 from raydp.wire.adapters import AdapterState
+from raydp.wire.control import StatsSnapshot
 
 
 def test_two_servers_numbering_one_adapter_differently_send_the_ranks_one_number() -> None:
@@ -37,7 +38,7 @@ def test_cluster_numbers_are_positive_int32s() -> None:
 
 def test_the_resolver_finds_an_adapter_some_rank_was_given() -> None:
     index = AdapterIndex(2)
-    index.on_snapshot([AdapterState(slots=2), AdapterState(["ad2"], 2, known={"ad2": "/adapters/ad2"})])
+    index.on_snapshot([AdapterState(slots=2), AdapterState(["ad2"], 2)], {"ad2": "/adapters/ad2"})
     resolver = ClusterLoraResolver(index.known)
     found = asyncio.run(resolver.resolve_lora("base", "ad2"))
     assert found is not None and (found.lora_name, found.lora_path) == ("ad2", "/adapters/ad2")
@@ -67,3 +68,28 @@ def test_a_vllm_ranks_report_names_its_adapters_least_recently_used_first() -> N
     core.held = {11}
     later = adapters.state(now=1.0)
     assert later.resident == ["a"] and later.evictions == 1
+
+
+def snap(dead: dict[int, str], adapters: list[AdapterState], paths: dict[str, str] | None = None) -> StatsSnapshot:
+    counts = [(0, 0)] * len(adapters)
+    return StatsSnapshot(counts, 0, False, dead=dead, adapters=adapters, adapter_paths=paths or {})
+
+
+def test_a_rank_back_from_the_dead_is_due_the_adapters_it_held() -> None:
+    reloads = AdapterReloads()
+    known = {"a": "/a", "b": "/b", "c": "/c"}
+    assert reloads.due(snap({}, [AdapterState(["a", "b"], 2), AdapterState(["c"], 2)], known)) == []
+    assert reloads.due(snap({0: "killed"}, [AdapterState(), AdapterState(["c"], 2)], known)) == []
+    ((rank, loras),) = reloads.due(snap({}, [AdapterState(slots=2), AdapterState(["c"], 2)]))
+    assert rank == 0 and [(r.lora_name, r.lora_path, r.lora_int_id) for r in loras] == [
+        ("a", "/a", cluster_lora_id("a", "/a")),
+        ("b", "/b", cluster_lora_id("b", "/b")),
+    ]
+    assert reloads.due(snap({}, [AdapterState(["a", "b"], 2), AdapterState(["c"], 2)])) == [], "once"
+
+
+def test_a_rank_that_held_nothing_is_due_nothing() -> None:
+    reloads = AdapterReloads()
+    reloads.due(snap({}, [AdapterState(slots=2)]))
+    reloads.due(snap({0: "killed"}, [AdapterState()]))
+    assert reloads.due(snap({}, [AdapterState(slots=2)])) == []
