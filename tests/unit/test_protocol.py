@@ -15,6 +15,7 @@ from raydp.errors import ProtocolError
 from raydp.wire import blocks, codec
 from raydp.wire import control as c
 from raydp.wire import protocol as p
+from raydp.wire.adapters import AdapterState
 from raydp.wire.blocks import CacheEvents
 from raydp.wire.sampling import Sampling
 
@@ -36,6 +37,7 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
             sampling=Sampling(
                 temperature=0.7, top_p=0.9, top_k=40, seed=3, stop=["\n"], stop_token_ids=[2], ignore_eos=True
             ),
+            adapter="sql-lora",
         ),
         p.request_decoder,
     ),
@@ -121,6 +123,22 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
             seq=9,
             dead={1: "killed"},
             moved={0: ["tcp://10.0.0.4:7001"]},
+        ),
+        c.snapshot_decoder,
+    ),
+    # ---- LoRA adapters
+    (c.AdapterReport(rank=1, state=AdapterState()), c.coordinator_decoder),
+    (
+        c.AdapterReport(rank=0, state=AdapterState(["a", "b"], 2, 5, 3, 40, 31, {"a": "/adapters/a"})),
+        c.coordinator_decoder,
+    ),
+    (
+        c.StatsSnapshot(
+            counts=[(0, 1)],
+            wave=0,
+            running=True,
+            adapters=[AdapterState(["a"], 2, 1, 0, 4, 3)],
+            adapter_paths={"a": "/adapters/a"},
         ),
         c.snapshot_decoder,
     ),
