@@ -35,7 +35,7 @@ def snapshot(state: CoordinatorState, seq: int, now: float) -> StatsSnapshot:
         hits=cache.hit_counts(),
         cache_versions=cache.versions(),
         cache_epoch=cache.epoch if cache.reported else 0,
-        adapters=[msgspec.structs.replace(a, known={}) for a in state.adapters] if state.adapters_reported() else [],
+        adapters=[msgspec.structs.replace(a, known={}) for a in state.adapters] if _adapters_reported(state) else [],
         adapter_paths={name: path for a in state.adapters for name, path in a.known.items()},
     )
 
@@ -61,5 +61,10 @@ def describe(
         subscribed=sorted(subscribed),
         resynced=state.resync is None or state.resync.done,  # a successor heard every live rank
         prefix_cache=[list(h) for h in state.cache.hit_counts()],
-        adapters=list(state.adapters) if state.adapters_reported() else [],
+        adapters=list(state.adapters) if _adapters_reported(state) else [],
     )
+
+
+def _adapters_reported(state: CoordinatorState) -> bool:
+    """Whether any rank holds (or can hold) a LoRA adapter: snapshots and the status carry them only then."""
+    return any(a.slots or a.resident for a in state.adapters)

@@ -308,10 +308,6 @@ class CoordinatorState:
             self.adapters[msg.rank] = msg.state
             self.changed = True
 
-    def adapters_reported(self) -> bool:
-        """Whether any rank holds (or can hold) an adapter: snapshots carry them only then."""
-        return any(a.slots or a.resident for a in self.adapters)
-
     def _on_report(self, msg: EngineReport) -> StartDPWave | None:
         """A rank's whole state, for a restarted coordinator: its load, and its wave position.
 
