@@ -37,6 +37,8 @@ class AdapterIndex:
     def on_snapshot(self, states: Sequence[AdapterState], paths: dict[str, str] | None = None) -> None:
         """Adopt the ranks' reports (an empty list: no rank reports adapters) and the adapters they were
         given (``paths``); forget old sends."""
+        if not states and not paths and not any(self._sent) and not any(r.slots for r in self._reported):
+            return  # a cluster without adapters: nothing to adopt, nothing to age (the hot path stays as it was)
         self._paths = dict(paths or {})
         n = len(self._reported)
         self._reported = (list(states[:n]) + [AdapterState() for _ in range(n)])[:n]
