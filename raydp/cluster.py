@@ -231,7 +231,7 @@ class Cluster:
         for client in clients:
             _tell(lambda c: c.follow_coordinator(endpoints.coordinator), client)
 
-    def scale(self, dp_size: int, *, drain_timeout_s: float = 30.0) -> None:
+    def scale(self, dp_size: int, *, drain_timeout_s: float = 30.0, pool: str | None = None) -> None:
         """Grow or shrink the running cluster to ``dp_size`` ranks; returns once the change is done.
 
         Growing plans the new ranks on the nodes' free capacity now (or waits up
@@ -244,10 +244,13 @@ class Cluster:
         is re-formed at a wave boundary; requests arriving meanwhile wait.
         Raises :class:`~raydp.errors.PlacementError` if the new ranks cannot
         be placed; on any failure the cluster serves on at its old size.
+
+        A P/D cluster scales its decode pool: ``pool="decode"`` and ``dp_size``
+        its new number of decode ranks (the prefill pool keeps its size).
         """
         check_scale_args(dp_size, drain_timeout_s)
         self._check_open()
-        self._manager.scale(dp_size, float(drain_timeout_s))
+        self._manager.scale(pool_total(self.endpoints.prefill_ranks, dp_size, pool), float(drain_timeout_s))
 
     def _on_scale(self, endpoints: ClusterEndpoints, size: int, drain_timeout_s: float | None) -> None:
         with self._lock:
@@ -339,6 +342,26 @@ def check_scale_args(dp_size: object, drain_timeout_s: object) -> None:
         raise ConfigError(f"dp_size={dp_size!r}: must be an int >= 1")
     if isinstance(drain_timeout_s, bool) or not isinstance(drain_timeout_s, int | float) or drain_timeout_s < 0:
         raise ConfigError(f"drain_timeout_s={drain_timeout_s!r}: must be a number >= 0")
+
+
+def pool_total(prefill_ranks: int, size: int, pool: str | None) -> int:
+    """The cluster's new ``dp_size`` when ``pool`` is to have ``size`` ranks (shared with ``raydp scale``).
+
+    Decode ranks are the highest, so the decode pool grows and shrinks as a
+    cluster does; the prefill pool's ranks are fixed at launch.
+    """
+    if not prefill_ranks:
+        if pool is not None:
+            raise ConfigError(f"pool={pool!r}: this cluster has no P/D pools; leave pool out")
+        return size
+    if pool == "decode":
+        return prefill_ranks + size
+    if pool == "prefill":
+        raise ConfigError(
+            f"pool='prefill': the prefill pool keeps its {prefill_ranks} ranks (set at launch); "
+            "scale the decode pool (pool='decode')"
+        )
+    raise ConfigError(f"pool={pool!r}: a P/D cluster scales one pool at a time; allowed: 'decode'")
 
 
 def _tell(notify: Any, arg: Any) -> None:

@@ -84,6 +84,12 @@ class RaydpConfig(BaseModel):
     name: str = Field("raydp", pattern=_NAME_PATTERN, description="cluster name; prefixes actors and groups")
     dp_size: int = Field(1, ge=1, le=4096, description="number of data-parallel ranks")
     dp_size_local: int | None = Field(None, ge=1, description="ranks on the master node (default: as many as fit)")
+    prefill_dp_size: int = Field(
+        0, ge=0, le=4096, description="ranks that only prefill, handing each request's KV to a decode rank (0: none)"
+    )
+    decode_dp_size: int = Field(
+        0, ge=0, le=4096, description="ranks that decode what the prefill ranks prefilled (with --prefill-dp-size)"
+    )
     tensor_parallel_size: int = Field(1, ge=1, le=1024, description="devices per rank that shard each layer")
     pipeline_parallel_size: int = Field(1, ge=1, le=1024, description="pipeline stages per rank")
     accelerator: str = Field(
@@ -182,6 +188,49 @@ class RaydpConfig(BaseModel):
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
+    @model_validator(mode="before")
+    @classmethod
+    def _size_pools(cls, data: Any) -> Any:
+        """P/D pools: ``dp_size`` is the two pools together (ranks ``0..P-1`` prefill, the rest decode)."""
+        if not isinstance(data, dict):
+            return data
+        prefill, decode = data.get("prefill_dp_size") or 0, data.get("decode_dp_size") or 0
+        if not prefill and not decode:
+            return data
+        if not (isinstance(prefill, int | str) and isinstance(decode, int | str)):
+            return data  # pydantic names the bad type
+        try:
+            total = int(prefill) + int(decode)
+        except ValueError:
+            return data
+        given = data.get("dp_size")
+        if given is not None and str(given) != str(total):
+            raise ValueError(
+                f"dp_size={given}: a P/D cluster's size is prefill_dp_size + decode_dp_size = {total}; "
+                "leave dp_size out"
+            )
+        return {**data, "dp_size": total}
+
+    @model_validator(mode="after")
+    def _check_pools(self) -> RaydpConfig:
+        if not self.prefill_dp_size and not self.decode_dp_size:
+            return self
+        if not self.prefill_dp_size or not self.decode_dp_size:
+            raise ValueError(
+                f"prefill_dp_size={self.prefill_dp_size}, decode_dp_size={self.decode_dp_size}: "
+                "a P/D cluster needs at least one rank in each pool"
+            )
+        if self.lockstep:
+            raise ValueError("lockstep=True: P/D pools run dense ranks only")
+        if self.autoscaling is not None:
+            raise ValueError("autoscaling: a P/D cluster's pools are not autoscaled yet; set their sizes")
+        return self
+
+    @property
+    def pooled(self) -> bool:
+        """Whether the ranks are split into a prefill and a decode pool."""
+        return self.prefill_dp_size > 0
+
     @model_validator(mode="after")
     def _check_local_size(self) -> RaydpConfig:
         if self.dp_size_local is not None and self.dp_size_local > self.dp_size:
@@ -198,6 +247,7 @@ class RaydpConfig(BaseModel):
         keys = (
             "name",
             "dp_size",
+            "prefill_dp_size",
             "tensor_parallel_size",
             "pipeline_parallel_size",
             "engine",

@@ -59,5 +59,7 @@ Modules:
 - ``bench_serve``: ``vllm bench serve`` against one server, its result;
 - ``serve_llm``: Ray Serve LLM's data-parallel app, as a server process;
 - ``load``: readiness, warm-up and the fault turn's load (streamed completions in a closed loop);
-- ``servers``: starting a server under a supervisor, and stopping it for sure.
+- ``servers``: starting a server under a supervisor, and stopping it for sure;
+- ``pd``: a benchmark of its own (``python -m benchmarks.vllm_dp.pd``): P/D pools against collocated DP=2
+  under long prompts mixed with short chats.
 """

@@ -85,7 +85,9 @@ def config_from_args(
     given = {name: getattr(args, name) for name in fields if hasattr(args, name)}
     environ = os.environ if env is None else env
     chosen = {**env_fields(environ), **given}
-    fields_in_force = {**presets, **chosen}
+    pooled = "prefill_dp_size" in chosen or "decode_dp_size" in chosen
+    # P/D pools size the cluster themselves: a command's preset dp_size must not contradict them.
+    fields_in_force = {**{k: v for k, v in presets.items() if not (pooled and k == "dp_size")}, **chosen}
     if "engine" in presets and "engine" not in chosen and _more_than_one(fields_in_force.get("tensor_parallel_size")):
         fields_in_force["engine"] = TENSOR_PARALLEL_ENGINE
     if isinstance(fields_in_force.get("engine"), str):

@@ -32,6 +32,12 @@ def add_parser(sub: Any) -> None:
         metavar="S",
         help="how long removed ranks may finish their requests (default: 30)",
     )
+    p.add_argument(
+        "--pool",
+        choices=["decode", "prefill"],
+        default=None,
+        help="a P/D cluster: the pool that gets N ranks (its decode pool scales; the prefill pool is fixed)",
+    )
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS or the running cluster)")
     p.set_defaults(run=run)
 
@@ -45,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
         cluster = attach(args.name)
         before, t0 = cluster.dp_size, time.monotonic()
         try:
-            cluster.scale(args.dp_size, drain_timeout_s=args.drain_timeout)
+            cluster.scale(args.dp_size, drain_timeout_s=args.drain_timeout, pool=args.pool)
         finally:
             cluster.close()
-        print(f"{args.name}: {before} -> {args.dp_size} ranks in {time.monotonic() - t0:.1f}s")
+        what = f" ({args.pool} pool {args.dp_size})" if args.pool else ""
+        print(f"{args.name}: {before} -> {cluster.dp_size} ranks{what} in {time.monotonic() - t0:.1f}s")
     return 0

@@ -34,6 +34,8 @@ CONFIG_FLAGS = (
     "name",
     "dp_size",
     "dp_size_local",
+    "prefill_dp_size",
+    "decode_dp_size",
     "tensor_parallel_size",
     "pipeline_parallel_size",
     "engine",
@@ -189,14 +191,19 @@ def run(args: argparse.Namespace) -> int:
         scaling = AutoscalingConfig.parse(args.autoscale)
         size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.dp_size))
         config = config.with_changes(autoscaling=scaling, dp_size=size)
+    if config.pooled and args.lb_mode != "internal":
+        raise ConfigError(
+            f"--lb-mode={args.lb_mode}: P/D pools need API servers that reach both pools; use --lb-mode internal"
+        )
     settings = _server_settings(args, config.engine)
     cluster = launch(config, backend=args.backend, address=args.address)
     install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
     with cluster:
         urls = _start_api_servers(cluster, args, settings)
         _first_generation(cluster, config.startup_timeout_s)
+        pools = f" (P/D: {config.prefill_dp_size} prefill + {config.decode_dp_size} decode)" if config.pooled else ""
         print(
-            f"raydp {cluster.name}: {cluster.dp_size} ranks, {args.lb_mode} API servers at "
+            f"raydp {cluster.name}: {cluster.dp_size} ranks{pools}, {args.lb_mode} API servers at "
             f"{' '.join(urls)} (POST /v1/completions, /v1/chat/completions); Ctrl-C to stop",
             flush=True,
         )

@@ -73,6 +73,7 @@ def report(status: ClusterStatus) -> dict[str, Any]:
         ranks.append(
             {
                 "rank": r,
+                "pool": endpoints.pool(r) if endpoints is not None else "",
                 "node_id": ep.node_id,
                 "devices": info.devices[r] if r < len(info.devices) else [],
                 "waiting": waiting,
@@ -139,6 +140,9 @@ def _adapter_lines(ranks: list[dict[str, Any]]) -> list[str]:
 
 def format_report(report: dict[str, Any]) -> str:
     mode = "lockstep" if report["lockstep"] else "dense"
+    pools = [r.get("pool", "") for r in report["ranks"]]
+    if any(pools):
+        mode += f", P/D {pools.count('prefill')} prefill + {pools.count('decode')} decode"
     wave = f"wave {report['wave']} ({'running' if report['running'] else 'paused'})"
     lines = [
         f"cluster {report['name']}: {report['dp_size']} ranks, {mode}, {wave}, "
@@ -147,6 +151,8 @@ def format_report(report: dict[str, Any]) -> str:
     rows = [
         ["rank", "node", "devices", "waiting", "running", "work", "cache hits", "deaths", "hangs", "restarts", "state"]
     ]
+    if any(pools):
+        rows[0].insert(1, "pool")
     for r in report["ranks"]:
         devices = f"{report['accelerator']} {','.join(r['devices'])}" if r["devices"] else "-"
         work = "-" if r.get("work") is None else str(r["work"])
@@ -166,6 +172,8 @@ def format_report(report: dict[str, Any]) -> str:
                 r["state"],
             ]
         )
+        if any(pools):
+            rows[-1].insert(1, r["pool"])
     lines += render_table(rows[0], rows[1:]).split("\n")
     lines += _adapter_lines(report["ranks"])
     servers = report["api_servers"]

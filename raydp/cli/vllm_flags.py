@@ -15,6 +15,7 @@ vLLM's own data parallelism are refused, naming raydp's flag
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -52,12 +53,33 @@ def engine_kwargs(model: str | None, flags: Sequence[str]) -> dict[str, Any]:
     engine_fields = set(EngineArgs.__dataclass_fields__)
     chosen = {k: v for k, v in chosen.items() if k in engine_fields}
     for key, value in chosen.items():
-        if not isinstance(value, _PLAIN) and not _plain_list(value):
+        raw = _json_flag(flags, key)
+        if raw is not None:  # a config object (--kv-transfer-config): the user's own JSON, not every field
+            chosen[key] = raw
+        elif not isinstance(value, _PLAIN) and not _plain_list(value):
             raise ConfigError(
                 f"--{key.replace('_', '-')}={value!r}: raydp passes only plain values through; "
                 "set this one with engine_kwargs in raydp.launch"
             )
     return chosen
+
+
+def _json_flag(flags: Sequence[str], key: str) -> dict[str, Any] | None:
+    """The JSON object given to ``--<key>`` (as ``--k JSON`` or ``--k=JSON``), None if it was not one."""
+    flag = f"--{key.replace('_', '-')}"
+    for i, item in enumerate(flags):
+        if item == flag and i + 1 < len(flags):
+            text = flags[i + 1]
+        elif item.startswith(flag + "="):
+            text = item[len(flag) + 1 :]
+        else:
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+    return None
 
 
 def frontend_flags(model: str, flags: Sequence[str]) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ Modules:
 - ``balancer``: which rank gets the next request;
 - ``prefix``: the prefix policy's rank order for a prompt prefix;
 - ``adapters``: this client's picture of which ranks hold which LoRA adapters;
+- ``pools``: P/D pools: which pool a request's next send goes to;
 - ``cache_index``: this client's copy of the ranks' cache pictures (the longest cached prefix of a prompt);
 - ``membership``: which ranks exist, from the coordinator's snapshots;
 - ``calls``: utility calls waiting for their engine's answer;

@@ -141,7 +141,13 @@ class LoadBalancer:
         """This client's requests on ``rank`` that have not finished."""
         return self._in_flight[rank] if rank < self.engine_count else 0
 
-    def choose(self, dead: Collection[int] = (), prompt: Sequence[int] | None = None, adapter: str = "") -> int:
+    def choose(
+        self,
+        dead: Collection[int] = (),
+        prompt: Sequence[int] | None = None,
+        adapter: str = "",
+        among: range | None = None,
+    ) -> int:
         """The live rank for the next request, by :attr:`policy`.
 
         ``least-loaded`` (the default): the lowest score (ties: least work, then
@@ -149,11 +155,13 @@ class LoadBalancer:
         docstring (``prompt`` is the request's; without one it is least-loaded).
         ``power-of-two`` and ``round-robin`` are the usual alternatives, kept for
         comparison (``python -m benchmarks --only routing``). ``adapter``: the
-        request's LoRA adapter, see the module docstring.
+        request's LoRA adapter, see the module docstring. ``among``: the ranks of
+        the request's pool (P/D), None for every rank.
         """
-        live = [r for r in self.eligible if r not in dead]
+        live = [r for r in self.eligible if r not in dead and (among is None or r in among)]
         if not live:
-            raise ConfigError("no live engine to send to: every rank this client may use is dead or removed")
+            pool = "" if among is None else f" in ranks {among.start}..{among.stop - 1}"
+            raise ConfigError(f"no live engine to send to{pool}: every rank this client may use is dead or removed")
         if self.policy == "round-robin":
             return live[next(self._turn) % len(live)]
         if self.policy == "power-of-two" and len(live) > 2:

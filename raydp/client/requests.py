@@ -35,6 +35,7 @@ class Submission:
     handle: RequestHandle | None = None
     awaited: bool = False
     migrations: int = 0  # times the stream may move to another rank when its rank dies mid-stream
+    whole: bool = False  # P/D: run it on one decode rank, never split over the pools (raydp.client.pools)
 
 
 class RequestState:
@@ -48,6 +49,7 @@ class RequestState:
     __slots__ = (
         "got_output",
         "handle",
+        "handoff",
         "listener",
         "migrations_left",
         "original",
@@ -72,6 +74,13 @@ class RequestState:
         self.migrations_left = migrations
         self.original = request
         self.streamed: list[int] | None = [] if migrations else None
+        self.handoff = False  # P/D: on a prefill rank, to move to a decode rank after its first token
+
+    def prefill_first(self) -> None:
+        """Send it to a prefill rank for its prompt and first token; it moves to a decode rank after."""
+        self.handoff = True
+        self.streamed = self.streamed if self.streamed is not None else []
+        self.request = msgspec.structs.replace(self.original, max_tokens=1, prefill_only=True)
 
     def continuation(self) -> Request | None:
         """The request that goes on from the last streamed token (prompt + streamed, the tokens left), or None

@@ -21,6 +21,7 @@ import zmq
 from raydp.client.balancer import LoadBalancer
 from raydp.client.calls import PendingCalls
 from raydp.client.membership import membership
+from raydp.client.pools import pool_of, wants_prefill_first
 from raydp.client.requests import RequestState, Submission
 from raydp.client.sockets import ClientSockets
 from raydp.errors import (
@@ -145,7 +146,28 @@ class RequestRouter:
         if out.finished:
             del self.requests[out.request_id]
             self.balancer.on_finished(state.rank)
+            if state.handoff and out.error is None and out.finish_reason == "length":
+                self._hand_off(state, out)
+                return
         state.deliver(out)
+
+    def _hand_off(self, state: RequestState, first: Output) -> None:
+        """P/D: the prefill rank made the first token; stream it, and go on from it on a decode rank."""
+        state.handoff = False
+        state.deliver(msgspec.structs.replace(first, finished=False, finish_reason=None))
+        # Also in any later migration: the rank that ends the stream removes what the prefill left.
+        state.original = msgspec.structs.replace(state.original, prefilled=len(state.original.prompt_token_ids))
+        continuation = state.continuation()
+        if continuation is None:  # the budget was one token after all
+            state.deliver(Output(first.request_id, [], True, "length", seq=first.seq))
+            return
+        state.request = continuation
+        try:
+            state.rank = self._choose(state)
+        except ConfigError as exc:
+            state.deliver(next(iter(self.dead.values()), exc))
+            return
+        self._send_request(state)
 
     def submit(self, item: Submission) -> None:
         state = self._admit(item, _NONE)
@@ -164,14 +186,21 @@ class RequestRouter:
         if pinned is not None and pinned >= self.balancer.size:
             listener(ConfigError(f"rank={pinned}: the cluster was scaled to {self.balancer.size} ranks"))
             return None
+        state = RequestState(item.request, -1, listener, item.retryable, item.handle, item.migrations)
+        if wants_prefill_first(self.endpoints.prefill_ranks, state, pinned, item.whole):
+            state.prefill_first()
         try:
-            request = item.request
-            choose = self.balancer.choose
-            rank = pinned if pinned is not None else choose(self.dead, request.prompt_token_ids, request.adapter)
+            state.rank = pinned if pinned is not None else self._choose(state)
         except ConfigError as exc:
             listener(next(iter(self.dead.values()), exc))
             return None
-        return RequestState(item.request, rank, listener, item.retryable, item.handle, item.migrations)
+        return state
+
+    def _choose(self, state: RequestState) -> int:
+        """A live rank for ``state``'s next send, in its pool where ranks are pooled (:mod:`raydp.client.pools`)."""
+        among, by_prompt = pool_of(state, self.endpoints.prefill_ranks, len(self.endpoints.engines))
+        prompt = state.request.prompt_token_ids if by_prompt else None
+        return self.balancer.choose(self.dead, prompt, state.request.adapter, among)
 
     def submit_many(self, items: list[Submission]) -> None:
         if len(items) <= 1:  # the usual inline case: no batch to book
@@ -281,13 +310,16 @@ class RequestRouter:
                 continue
             del self.requests[rid]
             self.balancer.on_finished(state.rank)
-            alive = len(self.dead) < len(self.endpoints.engines)
-            if state.retryable and not state.got_output and alive:
-                state.rank = self.balancer.choose(self.dead, state.request.prompt_token_ids, state.request.adapter)
-                self._send_request(state)
-            elif state.migrations_left > 0 and alive:
-                self._migrate(state, error)
-            else:
+            try:
+                # A P/D request still on its prefill rank has streamed nothing: it is always sent again.
+                if (state.retryable or state.handoff) and not state.got_output:
+                    state.rank = self._choose(state)
+                    self._send_request(state)
+                elif state.migrations_left > 0:
+                    self._migrate(state, error)
+                else:
+                    state.deliver(error)
+            except ConfigError:  # no live rank (of its pool) left to go on
                 state.deliver(error)
         self.tell_reader()
 
@@ -305,7 +337,7 @@ class RequestRouter:
             state.deliver(Output(state.request.request_id, [], True, "length", seq=state.request.seq))
             return
         state.request = continuation
-        state.rank = self.balancer.choose(self.dead, continuation.prompt_token_ids, continuation.adapter)
+        state.rank = self._choose(state)
         self.migrations += 1
         logger.info(
             "client: request %s moved from dead rank %d to rank %d after %d tokens (%d moves left)",
@@ -359,7 +391,7 @@ class RequestRouter:
             del self.requests[rid]
             self.balancer.on_finished(state.rank)
             try:
-                state.rank = self.balancer.choose(self.dead, state.request.prompt_token_ids, state.request.adapter)
+                state.rank = self._choose(state)
             except ConfigError as exc:
                 state.deliver(exc)
                 continue

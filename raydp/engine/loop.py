@@ -226,8 +226,8 @@ class EngineLoop:
         self.counters["added"] += 1
 
     def _abort(self, client: bytes, msg: Abort) -> None:
-        # Only the owner may abort: another client reusing the id must not.
-        self._abort_ids([rid for rid in msg.request_ids if self._owner(rid) == client])
+        # Only the owner may abort: another client reusing the id must not. An id named twice is aborted once.
+        self._abort_ids([rid for rid in dict.fromkeys(msg.request_ids) if self._owner(rid) == client])
 
     def _owner(self, rid: str) -> bytes | None:
         owner = self._owners.get(rid)

@@ -15,6 +15,7 @@ from raydp.wire.protocol import Output, Request
 @dataclass(kw_only=True)
 class _Echo(Running):
     prompt: list[int]
+    offset: int = 0  # tokens of the echo made before it came here (a P/D decode: the prefill's)
 
 
 class EchoEngine(ReferenceEngine[_Echo]):
@@ -32,7 +33,9 @@ class EchoEngine(ReferenceEngine[_Echo]):
     engines do, for the tests of prefix-cache-aware routing. With ``max_loras``
     it holds that many LoRA adapters (:class:`~raydp.models.adapter_slots.AdapterSlots`:
     names, no weights), each load stalling a step ``adapter_load_s`` seconds,
-    and reports them through ``adapters()``, for adapter-aware routing.
+    and reports them through ``adapters()``, for adapter-aware routing. A P/D
+    decode request (``prefilled`` set) goes on with the echo of the prompt its
+    prefill saw, so P/D answers equal collocated ones.
     """
 
     engine_name: ClassVar[str] = "EchoEngine"
@@ -64,7 +67,12 @@ class EchoEngine(ReferenceEngine[_Echo]):
         return self.max_running
 
     def _start(self, request: Request) -> _Echo:
-        return _Echo(budget=request.max_tokens, prompt=request.prompt_token_ids or [0])
+        prompt = request.prompt_token_ids or [0]
+        if 0 < request.prefilled < len(prompt):  # P/D: go on with the echo of the prompt the prefill saw
+            return _Echo(
+                budget=request.max_tokens, prompt=prompt[: request.prefilled], offset=len(prompt) - request.prefilled
+            )
+        return _Echo(budget=request.max_tokens, prompt=prompt)
 
     def attach_dp_group(self, group: Any) -> bool:
         """Called by the engine loop in lockstep mode with the DP process group.
@@ -93,7 +101,9 @@ class EchoEngine(ReferenceEngine[_Echo]):
         self.last_work_step = self.steps + self.dummy_steps
         self._forward()
         # Each running request's next prompt token, cycling through the prompt.
-        tokens = [(rid, echo.prompt[echo.produced % len(echo.prompt)]) for rid, echo in self._running.items()]
+        tokens = [
+            (rid, echo.prompt[(echo.offset + echo.produced) % len(echo.prompt)]) for rid, echo in self._running.items()
+        ]
         return [self._advance(rid, token) for rid, token in tokens]
 
     def execute_dummy_batch(self) -> None:

@@ -156,6 +156,7 @@ class Orchestrator:
             self.ipc_prefix,
             self.config.heartbeat_interval_s,
             self.curve,
+            self.config.prefill_dp_size,
         )
 
     # ---- deaths and restarts ------------------------------------------------------------

@@ -137,7 +137,8 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
         native.arrival_time = float(request.arrival_time)
         moves = 0 if blocker is not None or pinned is not None else self.client.migration_limit
         listener = self._listener(request.request_id)
-        self._batch.add(Submission(native, pinned, listener, True, migrations=moves))
+        # What cannot resume on another rank cannot be split over the P/D pools either: it runs on one rank.
+        self._batch.add(Submission(native, pinned, listener, True, migrations=moves, whole=blocker is not None))
 
     def _listener(self, request_id: str) -> Callable[[Output | RaydpError], None]:
         def listen(item: Output | RaydpError) -> None:

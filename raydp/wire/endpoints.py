@@ -31,6 +31,13 @@ class ClusterEndpoints(msgspec.Struct, frozen=True):
     ipc_prefix: str = ""  # names this launch's IPC directories (cluster name + a random tag)
     heartbeat_interval_s: float = 1.0  # the coordinator publishes at least this often
     curve: CurveKeys | None = None  # set when TCP peers must authenticate (config.auth)
+    prefill_ranks: int = 0  # P/D: ranks 0..prefill_ranks-1 prefill, the others decode (0: every rank does both)
+
+    def pool(self, rank: int) -> str:
+        """The pool ``rank`` serves in: "prefill", "decode", or "" where the ranks are not pooled."""
+        if not self.prefill_ranks:
+            return ""
+        return "prefill" if rank < self.prefill_ranks else "decode"
 
     def with_engine(self, endpoint: EngineEndpoint) -> ClusterEndpoints:
         """These endpoints with one rank moved (a restarted rank binds new addresses)."""

@@ -62,6 +62,10 @@ class Request(WireMessage, gc=False):
     sampling: Sampling | None = None
     native: bytes | None = None
     adapter: str = ""  # the LoRA adapter it runs with ("": the base model); routing prefers its holders
+    # P/D: run the prompt and make the first token only; the client then moves the request to a decode
+    # rank, which takes the prompt's KV through the engines' KV connector (raydp.client.pools).
+    prefill_only: bool = False
+    prefilled: int = 0  # P/D: the first this many prompt tokens were computed by a prefill rank (0: none)
 
 
 class RequestBatch(WireMessage, gc=False):

@@ -84,6 +84,28 @@ def test_status_shows_ranks_devices_load_restarts_and_api_servers(two_nodes: Any
         assert any(line.split() == header for line in table.stdout.splitlines()), table.stdout
 
 
+@pytest.mark.timeout(240)
+def test_status_shows_each_ranks_pool_of_a_p_d_cluster_on_ray(two_nodes: Any) -> None:
+    with raydp.launch(name="statpd", prefill_dp_size=1, decode_dp_size=2, progress=False) as cluster:
+        client = cluster.client()
+        handles = [client.submit([i, i + 1, i + 2], 4) for i in range(6)]
+        assert [h.result(30) for h in handles] == [[i, i + 1, i + 2, i] for i in range(6)]
+        assert {h.rank for h in handles} <= {1, 2}, "every stream ends on a decode rank"
+        result = status("statpd", "--json", address=two_nodes.address)
+        assert result.returncode == 0, result.stderr
+        (report,) = json.loads(result.stdout)
+        assert [r["pool"] for r in report["ranks"]] == ["prefill", "decode", "decode"]
+        table = status("statpd", address=two_nodes.address).stdout
+        assert "cluster statpd: 3 ranks, dense, P/D 1 prefill + 2 decode" in table, table
+        rows = [line.split() for line in table.splitlines()]
+        assert ["rank", "pool", "node"] in [row[:3] for row in rows], table
+        assert [row[:2] for row in rows if row[:1] in (["0"], ["1"], ["2"])] == [
+            ["0", "prefill"],
+            ["1", "decode"],
+            ["2", "decode"],
+        ]
+
+
 @pytest.mark.timeout(120)
 def test_status_without_a_cluster_says_what_it_looked_for(two_nodes: Any) -> None:
     result = status("nosuch", address=two_nodes.address)

@@ -97,6 +97,17 @@ def test_a_bad_environment_value_names_the_field() -> None:
 
 
 @pytest.mark.timeout(10)
+def test_p_d_flags_size_the_cluster_over_the_commands_preset_dp_size() -> None:
+    from raydp.cli import serve
+    from raydp.cli.options import add_config_flags, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, serve.CONFIG_FLAGS, serve.PRESETS)
+    args = parser.parse_args(["--prefill-dp-size", "2", "--decode-dp-size", "3"])
+    config = config_from_args(args, serve.CONFIG_FLAGS, serve.PRESETS, env={})
+    assert (config.dp_size, config.prefill_dp_size, config.decode_dp_size) == (5, 2, 3)
+
+
 def test_the_preset_engine_shards_over_devices_when_tensor_parallel_size_is_above_one() -> None:
     from raydp.cli import demo
     from raydp.cli.options import add_config_flags, config_from_args
@@ -121,6 +132,11 @@ def test_the_preset_engine_shards_over_devices_when_tensor_parallel_size_is_abov
     [
         (("--graceful-shutdown-s", "-1"), "graceful_shutdown_s=-1"),
         (("--graceful-shutdown-s", "1", "--lb-mode", "hybrid"), "internal only, not hybrid"),
+        (
+            ("--prefill-dp-size", "1", "--decode-dp-size", "1", "--lb-mode", "external"),
+            "--lb-mode=external: P/D pools need API servers that reach both pools",
+        ),
+        (("--prefill-dp-size", "1"), "prefill_dp_size=1, decode_dp_size=0: a P/D cluster needs"),
     ],
 )
 def test_a_bad_grace_period_is_refused_before_anything_is_launched(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from raydp.cluster import pool_total
 from raydp.config import RaydpConfig
 from raydp.errors import ConfigError, RaydpError
 
@@ -237,3 +238,29 @@ def test_curve_guards_every_cluster_reachable_over_tcp(fields: dict[str, str], c
 def test_bad_auth_names_what_is_allowed() -> None:
     with pytest.raises(ConfigError, match=r"auth='tls'.*'curve'.*'none'"):
         RaydpConfig.create(env={"RAYDP_AUTH": "tls"})
+
+
+def test_p_d_pools_size_the_cluster_and_refuse_what_they_cannot_run() -> None:
+    config = RaydpConfig(prefill_dp_size=1, decode_dp_size=2)
+    assert (config.dp_size, config.pooled) == (3, True)
+    assert RaydpConfig(prefill_dp_size=1, decode_dp_size=2, dp_size=3).dp_size == 3
+    with pytest.raises(ConfigError, match=r"dp_size=2: a P/D cluster's size is prefill_dp_size \+ decode_dp_size = 3"):
+        RaydpConfig(prefill_dp_size=1, decode_dp_size=2, dp_size=2)
+    with pytest.raises(ConfigError, match="prefill_dp_size=0, decode_dp_size=2: a P/D cluster needs"):
+        RaydpConfig(decode_dp_size=2)
+    with pytest.raises(ConfigError, match="lockstep=True: P/D pools run dense ranks only"):
+        RaydpConfig(prefill_dp_size=1, decode_dp_size=1, lockstep=True)
+    with pytest.raises(ConfigError, match="prefill_dp_size=-1"):
+        RaydpConfig(prefill_dp_size=-1, decode_dp_size=1)
+    assert RaydpConfig.create({"RAYDP_PREFILL_DP_SIZE": "2", "RAYDP_DECODE_DP_SIZE": "2"}).dp_size == 4
+
+
+def test_a_p_d_cluster_scales_its_decode_pool_only() -> None:
+    assert pool_total(0, 3, None) == 3
+    assert pool_total(2, 3, "decode") == 5
+    with pytest.raises(ConfigError, match="pool='prefill': the prefill pool keeps its 2 ranks"):
+        pool_total(2, 3, "prefill")
+    with pytest.raises(ConfigError, match="pool=None: a P/D cluster scales one pool at a time"):
+        pool_total(2, 3, None)
+    with pytest.raises(ConfigError, match="pool='decode': this cluster has no P/D pools"):
+        pool_total(0, 3, "decode")

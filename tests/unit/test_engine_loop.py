@@ -244,6 +244,18 @@ def test_only_the_owner_can_abort(rig: Rig) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_an_abort_naming_an_id_twice_aborts_it_once_and_the_loop_serves_on(rig: Rig) -> None:
+    # Found by the wire fuzzer: the second name of the id crashed the loop (KeyError).
+    a = rig.client(b"ca")
+    send(a, RequestType.ADD, Request("twice", [5], 10**7))
+    assert outputs_until(a, lambda o: o.request_id == "twice" and bool(o.token_ids)), "it is streaming"
+    send(a, RequestType.ABORT, Abort(["twice", "twice", "never-sent"]))
+    send(a, RequestType.ADD, Request("after", [6], 2))
+    assert outputs(a, {"after"})["after"] == [6, 6], "the loop serves on"
+    assert rig.loop.engine.load() == (0, 0), "the abort stopped it"
+
+
+@pytest.mark.timeout(30)
 def test_duplicate_ids_and_bad_utilities_fail_alone(rig: Rig) -> None:
     a = rig.client(b"ca")
     send(a, RequestType.ADD, Request("d", [1], 10**6))

@@ -104,7 +104,11 @@ def exchange(address: tuple[str, int], raw: bytes, half_close: bool = False) -> 
 
 
 def check_answer(data: bytes) -> int | None:
-    """The answer's status (None: the server closed without one); a 4xx must be OpenAI's JSON error shape."""
+    """The first answer's status (None: the server closed without one); a 4xx must be OpenAI's JSON error shape.
+
+    Bytes past the first request's end (its head ended early, at a bare blank line) are a pipelined next
+    request: its answer follows the first one's, and is checked the same way.
+    """
     while re.match(rb"HTTP/1\.1 1\d\d ", data):  # interim answers (Expect: 100-continue)
         data = data.partition(b"\r\n\r\n")[2]
     if not data:
@@ -119,7 +123,12 @@ def check_answer(data: bytes) -> int | None:
     assert 200 <= status < 500, (status, body[:300])
     if status >= 400:
         assert headers.get(b"content-type") == b"application/json", (status, headers, body[:200])
-        assert len(body) == int(headers[b"content-length"]), (status, body[:200])
+        length = int(headers[b"content-length"])
+        body, rest = body[:length], body[length:]
+        assert len(body) == length, (status, body[:200])
+        if rest:
+            assert rest.startswith(b"HTTP/1.1 "), (status, rest[:200])
+            check_answer(rest)
         error = json.loads(body)["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error", error
     return status

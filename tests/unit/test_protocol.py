@@ -48,6 +48,8 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
                 p.Request(request_id="b1", prompt_token_ids=[1]),
                 p.Request(request_id="b2", prompt_token_ids=[2, 3], max_tokens=4, wave=1, seq=8),
                 p.Request(request_id="b3", prompt_token_ids=[4], native=b"\x93\xa2b3\x91\x04"),
+                p.Request(request_id="b4", prompt_token_ids=[5, 6], max_tokens=1, prefill_only=True),
+                p.Request(request_id="b5", prompt_token_ids=[5, 6, 9], max_tokens=3, prefilled=2),
             ]
         ),
         p.request_batch_decoder,

@@ -49,3 +49,20 @@ def test_prompts_wrap_into_the_vocabulary_and_budgets_fit_the_positions_left() -
     assert fit_prompt(Request("r", [257, 3], 100), vocab=256, max_len=8) == ([1, 3], 6)
     assert fit_prompt(Request("r", [], 4), vocab=256, max_len=8) == ([0], 4)
     assert fit_prompt(Request("r", list(range(10)), 4), vocab=256, max_len=8) == ([3, 4, 5, 6, 7, 8, 9], 1)
+
+
+def _run(engine: ReferenceEngine[Any], request: Request) -> list[int]:
+    engine.add_request(request)
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        tokens += [t for out in engine.step() for t in out.token_ids]
+    return tokens
+
+
+@pytest.mark.parametrize("split", [1, 2, 4])
+def test_an_echo_prefilled_elsewhere_goes_on_as_the_whole_echo_would(split: int) -> None:
+    echo = EchoEngine(EngineContext(0, 0, 1, 1, "n"))
+    whole = _run(echo, Request("w", [4, 5, 6], 7))
+    first = _run(echo, Request("p", [4, 5, 6], split))
+    rest = _run(echo, Request("d", [4, 5, 6, *first], 7 - split, prefilled=3))
+    assert whole == [4, 5, 6, 4, 5, 6, 4] and first + rest == whole

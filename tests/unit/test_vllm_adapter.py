@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from raydp.cli import vllm_flags
 from raydp.errors import ConfigError
 from raydp.models.checkpoint import make_model
 from raydp.models.vllm import config as vllm_config
-from raydp.models.vllm.requests import Tracked, finish_reason, sampling_params
+from raydp.models.vllm.requests import Tracked, finish_reason, prefill_params, sampling_params
 from raydp.wire.sampling import Sampling
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,6 +51,21 @@ def test_vllms_own_flags_become_engine_kwargs_that_differ_from_its_defaults() ->
         vllm_flags.engine_kwargs(None, [])
     with pytest.raises(ConfigError, match="vLLM's parser refused them"):
         vllm_flags.engine_kwargs("/m", ["--max-model-len", "lots"])
+
+
+@pytest.mark.parametrize("form", ["spaced", "joined"])
+def test_a_config_object_flag_passes_as_the_users_own_json(form: str) -> None:
+    kv = {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}
+    flag = ["--kv-transfer-config", json.dumps(kv)] if form == "spaced" else [f"--kv-transfer-config={json.dumps(kv)}"]
+    assert vllm_flags.engine_kwargs("/m", flag) == {"model": "/m", "kv_transfer_config": kv}
+
+
+def test_a_p_d_prefill_makes_one_token_and_keeps_the_first_tokens_eos_rule() -> None:
+    params = prefill_params(sampling_params(None, 9))
+    assert (params.max_tokens, params.min_tokens) == (1, 0)
+    held = sampling_params(None, 9)
+    held.min_tokens = 4
+    assert prefill_params(held).min_tokens == 1 and held.min_tokens == 4, "a copy; the decode rank gets the rest"
 
 
 def test_sampling_maps_to_vllms_fields_and_none_is_greedy() -> None:

@@ -15,6 +15,7 @@ Modules:
 - ``instant``: :class:`~raydp.models.vllm.instant.InstantVllmEngine`, vLLM's own requests
   answered at once (vLLM's front-end measured alone);
 - ``adapters``: the LoRA adapters a vLLM engine core holds, for adapter-aware routing;
+- ``kv_files``: the ExampleConnector's P/D KV folders, removed once their requests end;
 - ``cache``: vLLM's KV-cache events in raydp's block names;
 - ``executor``: a vLLM ``Executor`` over raydp's executor;
 - ``workers``: vLLM's workers inside raydp's device workers.

@@ -52,8 +52,9 @@ from raydp.errors import ConfigError
 from raydp.models.vllm import config as vllm_config
 from raydp.models.vllm.adapters import VllmAdapters
 from raydp.models.vllm.cache import TeePublisher, VllmCacheEvents, events_config
+from raydp.models.vllm.kv_files import KvFiles
 from raydp.models.vllm.native import NativeCodec, typed_args
-from raydp.models.vllm.requests import Tracked, finish_reason, resumed, sampling_params
+from raydp.models.vllm.requests import Tracked, finish_reason, prefill_params, resumed, sampling_params
 from raydp.wire.adapters import AdapterState
 from raydp.wire.blocks import CacheEvents
 from raydp.wire.protocol import Output, Request
@@ -113,6 +114,8 @@ class VllmEngine:
         self._tracked: dict[str, Tracked] = {}
         self._codec: NativeCodec | None = None  # made on the first native message: vLLM's own front-end
         self._dummy_batches = 0
+        self._kv_files = KvFiles.of(self.config)
+        self._kv_loaded_tokens = 0  # prompt tokens whose KV came through the KV connector (P/D decode)
 
     # ---- the engine core protocol ------------------------------------------------------
 
@@ -153,7 +156,13 @@ class VllmEngine:
         self.core.add_request(req, wave)
         # vLLM ends a request at max_model_len whatever max_tokens says: work() counts what it can generate.
         budget = min(request.max_tokens, self.config.model_config.max_model_len - len(request.prompt_token_ids))
-        self._tracked[request.request_id] = Tracked(max(budget, 0), stops)
+        self._track(request, Tracked(max(budget, 0), stops))
+
+    def _track(self, request: Request, tracked: Tracked) -> None:
+        tracked.prefill_only = request.prefill_only
+        if self._kv_files is not None:
+            tracked.kv_folders = self._kv_files.uses(list(request.prompt_token_ids), request.prefilled)
+        self._tracked[request.request_id] = tracked
 
     def _add_native(self, request: Request, body: bytes) -> None:
         core_request = self.codec().request(body)
@@ -164,12 +173,14 @@ class VllmEngine:
             # join the prompt, and the budgets shrink by as many (see vllm_requests.resumed).
             core_request.prompt_token_ids = [*prompt, *streamed]
             core_request.sampling_params = resumed(core_request.sampling_params, len(streamed))
+        if request.prefill_only:
+            core_request.sampling_params = prefill_params(core_request.sampling_params)
         req, wave = self.core.preprocess_add_request(core_request)
         self.core.add_request(req, wave)
         if self._adapters is not None and core_request.lora_request is not None:
             self._adapters.arrived(core_request.lora_request)
         budget = min(request.max_tokens, self.config.model_config.max_model_len - len(request.prompt_token_ids))
-        self._tracked[request.request_id] = Tracked(max(budget, 0), [], native=True)
+        self._track(request, Tracked(max(budget, 0) if not request.prefill_only else 1, [], native=True))
 
     def codec(self) -> NativeCodec:
         if self._codec is None:
@@ -177,9 +188,18 @@ class VllmEngine:
         return self._codec
 
     def abort(self, request_ids: Sequence[str]) -> None:
-        known = [rid for rid in request_ids if self._tracked.pop(rid, None) is not None]
+        known = [rid for rid in request_ids if rid in self._tracked]
+        for rid in known:
+            self._untrack(rid, handed_off=False)
         if known:
             self.core.abort_requests(known)
+
+    def _untrack(self, rid: str, handed_off: bool) -> None:
+        """Forget a request that ended; its P/D KV files go unless a decode rank is to read them."""
+        tracked = self._tracked.pop(rid)
+        if self._kv_files is not None:
+            for folder in tracked.kv_folders:
+                self._kv_files.release(folder, remove=not handed_off)
 
     def step(self) -> list[Output]:
         produced, executed = self.core.step_fn()
@@ -225,8 +245,13 @@ class VllmEngine:
         }
 
     def stats(self) -> dict[str, int]:
-        """Counters for tests and the demo (called as a utility)."""
-        return {"dummy_batches": self._dummy_batches, "tracked": len(self._tracked)}
+        """Counters for tests and the demo (called as a utility); ``kv_loaded_tokens``: prompt tokens whose
+        KV this rank loaded through its KV connector instead of computing them (a P/D decode rank's)."""
+        return {
+            "dummy_batches": self._dummy_batches,
+            "tracked": len(self._tracked),
+            "kv_loaded_tokens": self._kv_loaded_tokens,
+        }
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.core.reset_prefix_cache())
@@ -258,23 +283,24 @@ class VllmEngine:
     def _output(self, out: Any) -> Output:
         tracked = self._tracked[out.request_id]
         stats = getattr(out, "prefill_stats", None)
-        if stats is not None and self._cache is not None:
-            self._cache.count(int(stats.num_prompt_tokens), int(stats.num_local_cached_tokens))
+        if stats is not None:
+            self._kv_loaded_tokens += int(stats.num_external_cached_tokens)
+            if self._cache is not None:
+                self._cache.count(int(stats.num_prompt_tokens), int(stats.num_local_cached_tokens))
         tracked.add(out.new_token_ids)
         reason = finish_reason(out.finish_reason)
-        if tracked.native:  # vLLM's own front-end matches stop strings and reads errors itself
-            if reason is not None:
-                del self._tracked[out.request_id]
-            body = self.codec().encode(out)
-            return Output(out.request_id, list(out.new_token_ids), reason is not None, reason, native=body)
-        if reason is None and self._tokenizer is not None and tracked.hit_stop(self._tokenizer):
+        if reason is None and not tracked.native and self._tokenizer is not None and tracked.hit_stop(self._tokenizer):
             self.core.abort_requests([out.request_id])
             reason = "stop"
-        if reason == "error":
-            del self._tracked[out.request_id]
-            return Output(out.request_id, list(out.new_token_ids), True, "error", "vLLM failed the request")
         if reason is not None:
-            del self._tracked[out.request_id]
+            self._untrack(out.request_id, handed_off=tracked.prefill_only and reason == "length")
+        if tracked.native:  # vLLM's own front-end matches stop strings and reads errors itself
+            if tracked.prefill_only and reason == "length":
+                out.finish_reason = None  # for the front-end the stream goes on, on a decode rank
+            body = self.codec().encode(out)
+            return Output(out.request_id, list(out.new_token_ids), reason is not None, reason, native=body)
+        if reason == "error":
+            return Output(out.request_id, list(out.new_token_ids), True, "error", "vLLM failed the request")
         return Output(out.request_id, list(out.new_token_ids), reason is not None, reason)
 
 

@@ -56,6 +56,15 @@ def resumed(params: Any, streamed: int) -> Any:
     return params
 
 
+def prefill_params(params: Any) -> Any:
+    """The sampling parameters of a P/D request's prefill: the first token only (the decode rank makes
+    the rest), with ``min_tokens`` capped to it so the end-of-sequence rule for that token stays."""
+    params = copy.copy(params)
+    params.max_tokens = 1
+    params.min_tokens = min(params.min_tokens, 1)
+    return params
+
+
 def finish_reason(reason: Any) -> str | None:
     """``FinishReason.LENGTH`` -> ``'length'``; None stays None."""
     return None if reason is None else _REASONS.get(int(reason), "stop")
@@ -68,6 +77,8 @@ class Tracked:
     max_tokens: int
     stops: list[str]
     native: bool = False  # vLLM's own request, for vLLM's own front-end
+    prefill_only: bool = False  # P/D: its first token hands it to a decode rank
+    kv_folders: tuple[str, ...] = ()  # with the ExampleConnector: the KV files it stores or loads (kv_files)
     produced: int = 0
     generated: list[int] = field(default_factory=list)
 

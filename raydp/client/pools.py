@@ -1,0 +1,41 @@
+"""Prefill/decode (P/D) pools as a client routes them.
+
+A P/D cluster's first ``prefill_ranks`` ranks only prefill; the others
+decode. A request with more than one token to make goes in two stages:
+
+1. to a prefill rank, chosen by its prompt (prefix-cache affinity pays where
+   prompts are computed), as ``prefill_only`` with a budget of one token. The
+   rank computes the prompt, stores its KV through the engines' KV connector,
+   and makes the first token;
+2. once that token is out, to a decode rank chosen by load, with the prompt
+   plus that token and the budget left, as a migrated stream goes on
+   (:meth:`~raydp.client.requests.RequestState.continuation`). Its connector
+   loads the prompt's KV instead of computing it.
+
+The caller sees one stream. A request still on its prefill rank has streamed
+nothing, so one whose rank dies is sent to another prefill rank; a decode
+rank's death migrates the stream like any other. A one-token request is all
+prefill: it runs on a prefill rank alone. A request that could not resume from
+its first token on another rank (vLLM's structured outputs, seeded sampling,
+penalties: :func:`raydp.serve.vllm_core.migration_blocker`) is never split: it
+runs whole on a decode rank.
+"""
+
+from __future__ import annotations
+
+from raydp.client.requests import RequestState
+
+
+def wants_prefill_first(prefill_ranks: int, state: RequestState, pinned: int | None, whole: bool) -> bool:
+    """Whether a new request goes in two stages (a pinned one runs where it is pinned; a ``whole`` one,
+    which could not resume from its first token, on one decode rank)."""
+    return bool(prefill_ranks) and pinned is None and not whole and state.original.max_tokens > 1
+
+
+def pool_of(state: RequestState, prefill_ranks: int, size: int) -> tuple[range | None, bool]:
+    """The ranks ``state``'s next send may go to (None: any), and whether its prompt picks among them."""
+    if not prefill_ranks:
+        return None, True
+    if state.handoff or state.original.max_tokens <= 1:
+        return range(prefill_ranks), True
+    return range(prefill_ranks, size), False

@@ -1,0 +1,77 @@
+"""What vLLM's ``ExampleConnector`` leaves on disk for P/D, and its removal once nothing needs it.
+
+The connector stores a prompt's KV in a folder of the shared storage path,
+named by a hash of the prompt's tokens up to the last whole block short of
+its end, and never removes it; with ``kv_both`` every rank stores every new
+prompt it computes. A prefill rank writes that folder; the decode rank that
+continues the request (its prompt plus the first token, see
+:mod:`raydp.client.pools`) reads it. raydp removes a request's folders when
+it ends on a rank, unless it ends by handing off to a decode rank: the
+prefill's folder goes with the decode rank's request, and what any other
+request stored (a one-token request, a migrated stream, one run whole) with
+that request. Each rank counts its own users of a folder, so one request's
+end never pulls the files from under another on the same rank. Ranks do not
+coordinate: of two identical prompts in flight on different ranks at once, one
+may find the folder gone that the other removed, and compute its prompt
+itself; should the removal fall in the one step between the connector's
+look-up and its read, the read fails that rank's step, and the rank fails
+and restarts (its streams migrate). The ExampleConnector is vLLM's
+reference connector; a real one (NixlConnector) moves KV between ranks'
+memories and leaves no files.
+
+The folder names follow vLLM 0.32's connector (``_generate_foldername_debug``);
+the tests check that the files are gone after every request.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import shutil
+from typing import Any
+
+logger = logging.getLogger("raydp.models.vllm")
+CONNECTOR = "ExampleConnector"
+
+
+class KvFiles:
+    """The connector folders this rank's requests use, counted per folder."""
+
+    def __init__(self, storage_path: str, block_size: int) -> None:
+        self.storage_path, self.block_size = storage_path, block_size
+        self._users: collections.Counter[str] = collections.Counter()
+
+    @classmethod
+    def of(cls, config: Any) -> KvFiles | None:
+        """For a vLLM config whose KV connector is the ExampleConnector; None for any other (or none)."""
+        kv = config.kv_transfer_config
+        if kv is None or kv.kv_connector != CONNECTOR:
+            return None
+        path = kv.get_from_extra_config("shared_storage_path", "/tmp")
+        return cls(str(path), int(config.cache_config.block_size))
+
+    def folder(self, prompt: list[int]) -> str:
+        """Where the connector stores ``prompt``'s KV (its whole blocks short of the last token)."""
+        import torch
+        from vllm.utils.hashing import safe_hash
+
+        stored = (len(prompt) - 1) // self.block_size * self.block_size
+        data = torch.tensor(prompt)[:stored].numpy().tobytes()
+        return os.path.join(self.storage_path, safe_hash(data, usedforsecurity=False).hexdigest())
+
+    def uses(self, prompt: list[int], prefilled: int) -> tuple[str, ...]:
+        """A new request of this rank: the folders it may store (its prompt's) or load (the prefilled
+        part's, on a decode rank), each counted once more; the names to :meth:`release` it by."""
+        folders = (self.folder(prompt), *((self.folder(prompt[:prefilled]),) if prefilled else ()))
+        self._users.update(folders)
+        return folders
+
+    def release(self, folder: str, remove: bool) -> None:
+        """The request is done with ``folder``; ``remove``: nobody after it needs the files."""
+        self._users[folder] -= 1
+        if self._users[folder] > 0:
+            return
+        del self._users[folder]
+        if remove:
+            shutil.rmtree(folder, ignore_errors=True)

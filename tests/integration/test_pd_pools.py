@@ -1,0 +1,119 @@
+"""P/D pools on reference engines: one stream per request over a prefill rank and a decode rank.
+
+The reference LM (greedy, seeded weights, the same on every rank) runs on an
+in-process mp cluster without restarts. Greedy decoding continued from the
+prompt plus its first token gives what one rank gives for the whole request,
+so a P/D answer must equal the answer of a request pinned to one rank, token
+for token. The kills land while requests are on the killed pool's ranks:
+nothing may be lost, repeated or dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+import raydp
+from raydp.errors import ConfigError
+from tests.integration.helpers import wait_until
+
+pytestmark = pytest.mark.timeout(180)
+ENGINE = "raydp.models.tiny_lm:TinyLMEngine"
+PROMPTS = [[(7 * i + 3 * k) % 97 + 1 for k in range(4 + i % 5)] for i in range(12)]
+
+
+@contextmanager
+def pd_cluster(name: str, prefill: int, decode: int, step_delay_s: float = 0.02) -> Iterator[raydp.Cluster]:
+    with raydp.launch(
+        name=name,
+        prefill_dp_size=prefill,
+        decode_dp_size=decode,
+        backend="mp",
+        engine=ENGINE,
+        max_restarts=0,
+        progress=False,
+        engine_kwargs={"step_delay_s": step_delay_s},
+    ) as cluster:
+        yield cluster
+
+
+def kill_rank(cluster: raydp.Cluster, rank: int) -> None:
+    procs = cluster._manager.procs  # type: ignore[union-attr]
+    os.kill(next(p for p in procs if p.rank == rank).process.pid, signal.SIGKILL)
+
+
+def whole(client: raydp.Client, prompts: list[list[int]], n: int, rank: int) -> list[list[int]]:
+    """Each prompt's answer from one rank alone (a pinned request is never split)."""
+    return [client.generate(p, n, rank=rank, timeout=60) for p in prompts]
+
+
+def test_p_d_answers_equal_one_ranks_and_every_stream_ends_on_a_decode_rank() -> None:
+    with pd_cluster("pd-equal", 1, 2, step_delay_s=0.0) as cluster:
+        assert cluster.dp_size == 3 and cluster.endpoints.prefill_ranks == 1
+        client = cluster.client()
+        reference = whole(client, PROMPTS, 12, rank=1)
+        handles = [client.submit(p, 12) for p in PROMPTS]
+        assert [h.result(60) for h in handles] == reference
+        assert {h.rank for h in handles} <= {1, 2}, "every stream ends on a decode rank"
+        assert all(h.finish_reason == "length" for h in handles)
+        one = client.submit(PROMPTS[0], 1)
+        assert one.result(30) == reference[0][:1] and one.rank == 0, "a one-token request is all prefill"
+
+
+def test_a_prefill_rank_killed_mid_prefill_loses_no_request() -> None:
+    # 0.3 s a step: the prefill step of every request in flight is still running at the kill.
+    with pd_cluster("pd-kill-p", 2, 1, step_delay_s=0.3) as cluster:
+        client = cluster.client()
+        reference = whole(client, PROMPTS[:6], 4, rank=2)
+        handles = [client.submit(p, 4) for p in PROMPTS[:6]]
+        assert wait_until(lambda: any(h.rank == 0 for h in handles), timeout=10), "a request is on rank 0"
+        kill_rank(cluster, 0)
+        assert [h.result(60) for h in handles] == reference, "each went on from another prefill rank"
+        assert {h.rank for h in handles} == {2} and client.migrations == 0
+        after = client.submit(PROMPTS[7], 4)
+        assert after.result(60) == whole(client, [PROMPTS[7]], 4, rank=2)[0], "rank 1 prefills alone now"
+
+
+def test_a_decode_rank_killed_mid_stream_moves_its_streams_to_the_other() -> None:
+    n = 60  # over a second at 20 ms a step
+    with pd_cluster("pd-kill-d", 1, 2) as cluster:
+        client = cluster.client()
+        reference = whole(client, PROMPTS[:4], n, rank=1)
+        handles = [client.submit(p, n, migratable=True) for p in PROMPTS[:4]]
+        chunks: list[list[list[int]]] = [[] for _ in handles]
+        readers = [
+            threading.Thread(target=lambda h=h, c=c: c.extend(h.stream(timeout=60)))
+            for h, c in zip(handles, chunks, strict=True)
+        ]
+        for reader in readers:
+            reader.start()
+        assert wait_until(lambda: all(len(h.tokens) >= 5 for h in handles), timeout=30), "all are streaming"
+        victim = handles[0].rank
+        assert victim in (1, 2)
+        kill_rank(cluster, victim)
+        for reader in readers:
+            reader.join(timeout=90)
+        assert [[t for chunk in c for t in chunk] for c in chunks] == reference, "nothing repeated or dropped"
+        assert {h.rank for h in handles} == {3 - victim} and client.migrations >= 1
+
+
+def test_the_decode_pool_scales_and_the_prefill_pool_keeps_its_size() -> None:
+    with pd_cluster("pd-scale", 1, 1, step_delay_s=0.0) as cluster:
+        client = cluster.client()
+        reference = whole(client, PROMPTS, 6, rank=1)
+        cluster.scale(2, pool="decode")
+        assert cluster.dp_size == 3 and cluster.endpoints.prefill_ranks == 1
+        assert wait_until(lambda: client.snapshot() is not None and client.snapshot().size == 3, timeout=10)  # type: ignore[union-attr]
+        handles = [client.submit(p, 6) for p in PROMPTS]
+        assert [h.result(60) for h in handles] == reference
+        assert {h.rank for h in handles} == {1, 2}, "the new decode rank takes streams"
+        with pytest.raises(ConfigError, match="pool='prefill': the prefill pool keeps its 1 ranks"):
+            cluster.scale(2, pool="prefill")
+        cluster.scale(1, pool="decode")
+        assert cluster.dp_size == 2
+        assert [client.generate(p, 6, timeout=60) for p in PROMPTS[:3]] == reference[:3]
