@@ -38,8 +38,11 @@ class AdapterSizes:
     rate: float  # requests per second
 
 
-ADAPTERS_FULL = AdapterSizes(seconds=30.0, rate=60.0)
-ADAPTERS_QUICK = AdapterSizes(seconds=6.0, rate=60.0)
+# 30 req/s: about half of what the two ranks serve with this adapter churn. At 60 both ranks saturate,
+# queues form whatever the policy, and an engine that batches a loaded adapter's waiting requests hides
+# the routing (measured in docs/benchmarks.md).
+ADAPTERS_FULL = AdapterSizes(seconds=30.0, rate=30.0)
+ADAPTERS_QUICK = AdapterSizes(seconds=10.0, rate=30.0)
 
 
 @dataclass

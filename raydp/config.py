@@ -222,8 +222,6 @@ class RaydpConfig(BaseModel):
             )
         if self.lockstep:
             raise ValueError("lockstep=True: P/D pools run dense ranks only")
-        if self.autoscaling is not None:
-            raise ValueError("autoscaling: a P/D cluster's pools are not autoscaled yet; set their sizes")
         return self
 
     @property
@@ -236,9 +234,11 @@ class RaydpConfig(BaseModel):
         if self.dp_size_local is not None and self.dp_size_local > self.dp_size:
             raise ValueError(f"dp_size_local={self.dp_size_local} must be <= dp_size={self.dp_size}")
         scaling = self.autoscaling
-        if scaling is not None and not scaling.min_dp_size <= self.dp_size <= scaling.max_dp_size:
+        # A P/D cluster autoscales its decode pool: the bounds are decode ranks.
+        field, size = ("decode_dp_size", self.decode_dp_size) if self.pooled else ("dp_size", self.dp_size)
+        if scaling is not None and not scaling.min_dp_size <= size <= scaling.max_dp_size:
             raise ValueError(
-                f"dp_size={self.dp_size} must be within autoscaling's [{scaling.min_dp_size}, {scaling.max_dp_size}]"
+                f"{field}={size} must be within autoscaling's [{scaling.min_dp_size}, {scaling.max_dp_size}]"
             )
         return self
 

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import json
+import statistics
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -129,8 +130,7 @@ def one_turn(system: str, turn: int, model: str, loads: Loads, log_dir: Path, ti
 
 
 def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if ordered else 0.0
+    return statistics.median(values) if values else 0.0
 
 
 FIELDS = ("short_itl_p99_ms", "short_ttft_p50_ms", "short_ttft_p99_ms", "long_ttft_p50_ms", "long_ttft_p99_ms", "tok_s")

@@ -143,7 +143,8 @@ def add_parser(sub: Any) -> None:
         "--autoscale",
         default=None,
         metavar="MIN:MAX",
-        help="change the number of ranks with the load, between MIN and MAX (Ray Serve's defaults: 2 ongoing "
+        help="change the number of ranks (a P/D cluster: of decode ranks) with the load, between MIN and MAX "
+        "(Ray Serve's defaults: 2 ongoing "
         "requests per rank, 30 s before adding, 600 s before removing, a 30 s window; set them with "
         'RAYDP_AUTOSCALING=\'{"min_dp_size": 1, "max_dp_size": 4, "upscale_delay_s": 10}\')',
     )
@@ -189,8 +190,14 @@ def run(args: argparse.Namespace) -> int:
         config = config.with_changes(max_restarts=0)
     if args.autoscale is not None:
         scaling = AutoscalingConfig.parse(args.autoscale)
-        size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.dp_size))
-        config = config.with_changes(autoscaling=scaling, dp_size=size)
+        if config.pooled:  # the decode pool autoscales; the prefill pool keeps its size
+            size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.decode_dp_size))
+            config = config.with_changes(
+                autoscaling=scaling, decode_dp_size=size, dp_size=config.prefill_dp_size + size
+            )
+        else:
+            size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.dp_size))
+            config = config.with_changes(autoscaling=scaling, dp_size=size)
     if config.pooled and args.lb_mode != "internal":
         raise ConfigError(
             f"--lb-mode={args.lb_mode}: P/D pools need API servers that reach both pools; use --lb-mode internal"

@@ -8,6 +8,11 @@ whether it loaded it (an engine reports at once when its step ends the last
 request, and at least once a second while idle), so a burst for a new adapter
 lands on one rank instead of loading it everywhere before the first report.
 Engines that report no adapters are known by these sends alone.
+
+It also keeps how often this client asked for each adapter lately (a count
+that halves every ``DEMAND_HALF_LIFE_S``): loading an adapter where every slot
+is taken evicts the rank's least recently used one, and the cheapest such
+eviction is of the adapter asked for least (:meth:`AdapterIndex.eviction_cost`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Callable, Sequence
 from raydp.wire.adapters import AdapterState
 
 SENT_HOLD_S = 2.0  # how long a send is remembered: long enough for the rank to load the adapter and say so
+DEMAND_HALF_LIFE_S = 10.0  # how fast an adapter's demand is forgotten: a few rounds of a Zipf tail's arrivals
 
 
 class AdapterIndex:
@@ -27,6 +33,7 @@ class AdapterIndex:
         self._reported: list[AdapterState] = [AdapterState() for _ in range(engine_count)]
         self._paths: dict[str, str] = {}
         self._sent: list[dict[str, float]] = [{} for _ in range(engine_count)]  # adapter -> until when
+        self._demand: dict[str, tuple[float, float]] = {}  # adapter -> (decayed count, as of when)
         self._clock = clock
 
     def truncate(self, engine_count: int) -> None:
@@ -49,7 +56,19 @@ class AdapterIndex:
 
     def on_sent(self, rank: int, adapter: str) -> None:
         if adapter and 0 <= rank < len(self._sent):
-            self._sent[rank][adapter] = self._clock() + SENT_HOLD_S
+            now = self._clock()
+            self._sent[rank][adapter] = now + SENT_HOLD_S
+            self._demand[adapter] = (self.demand(adapter) + 1.0, now)
+
+    def demand(self, adapter: str) -> float:
+        """How often this client asked for ``adapter`` lately (each send counts 1, halving every half-life)."""
+        count, since = self._demand.get(adapter, (0.0, 0.0))
+        return count * 0.5 ** ((self._clock() - since) / DEMAND_HALF_LIFE_S) if count else 0.0
+
+    def eviction_cost(self, rank: int) -> float:
+        """The demand for the adapter ``rank`` would evict to load another (its least recently used)."""
+        resident = self._reported[rank].resident
+        return self.demand(resident[0]) if resident else 0.0
 
     def forget(self, rank: int) -> None:
         """``rank`` died: its successor holds nothing until it says so."""
@@ -72,4 +91,4 @@ class AdapterIndex:
         return dict(self._paths)
 
 
-__all__ = ["SENT_HOLD_S", "AdapterIndex"]
+__all__ = ["DEMAND_HALF_LIFE_S", "SENT_HOLD_S", "AdapterIndex"]

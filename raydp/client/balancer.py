@@ -31,8 +31,9 @@ A request for a LoRA adapter (``least-loaded`` and ``prefix``, unless
 its adapter (:mod:`raydp.client.adapters`) and whose load is within
 ``adapter_load_margin`` of the least-loaded rank's. With none, it goes where
 loading the adapter costs least: a rank with a free adapter slot within that
-margin, else the least-loaded rank (whose engine evicts its least recently
-used adapter). So a cold adapter stays on one rank, and a hot one spreads to
+margin, else the rank whose engine would evict (its least recently used
+adapter) the adapter least asked for lately, by this client's own sends; so a
+tail adapter takes a tail adapter's slot, not a hot one's. So a cold adapter stays on one rank, and a hot one spreads to
 one more rank each time its holders pass the margin. The policy then picks
 among those ranks as usual: prefix affinity applies among an adapter's holders.
 """
@@ -184,7 +185,14 @@ class LoadBalancer:
         bound = min(self.running_score(rank) for rank in live) + self.adapter_load_margin
         near = [rank for rank in live if self.running_score(rank) <= bound]
         holders = [rank for rank in near if self.adapters.holds(rank, adapter)]
-        return holders or [rank for rank in near if self.adapters.has_free_slot(rank)] or live
+        if holders:
+            return holders
+        free = [rank for rank in near if self.adapters.has_free_slot(rank)]
+        if free:
+            return free
+        cost = {rank: self.adapters.eviction_cost(rank) for rank in near}
+        cheapest = min(cost.values())
+        return [rank for rank in near if cost[rank] == cheapest]
 
     def score(self, rank: int) -> int:
         """The snapshot's load plus every send since it: a burst spreads, even of requests already done."""

@@ -99,10 +99,13 @@ class AutoscalePolicy:
 class Autoscaler:
     """Applies an :class:`AutoscalePolicy` to a running cluster, on a thread of its own."""
 
-    def __init__(self, controls: Controls, scale: Scale, config: AutoscalingConfig) -> None:
+    def __init__(self, controls: Controls, scale: Scale, config: AutoscalingConfig, fixed: int = 0) -> None:
         self.c = controls
         self.scale = scale  # the orchestrator's: one scale change at a time, whoever asks
         self.config = config
+        # A P/D cluster's prefill ranks (the lowest ``fixed``) keep their number: the policy sizes the
+        # decode pool by the decode ranks' ongoing requests (raydp.client.pools).
+        self.fixed = fixed
         self.policy = AutoscalePolicy(config)
         self.thread: threading.Thread | None = None
 
@@ -121,17 +124,19 @@ class Autoscaler:
     def step(self, now: float) -> None:
         """Read the load, decide, and make the change (blocking until it is done)."""
         state = self.c.rt.coordinator_state()
-        ongoing = sum(sum(state.counts[r]) for r in range(min(state.routable, len(state.counts))))
+        routable = range(self.fixed, min(state.routable, len(state.counts)))
+        ongoing = sum(sum(state.counts[r]) for r in routable)
         current = len(self.c.table)
         self.policy.observe(now, ongoing)
-        want = self.policy.decide(now, current)
+        want = self.policy.decide(now, current - self.fixed)
         if want is None:
             self.c.rt.record_autoscale(AutoscaleDecision(current, current, "", time.time()))
             return
-        logger.warning("autoscaler: %d -> %d ranks: %s", current, want.size, want.reason)
-        self.c.rt.record_autoscale(AutoscaleDecision(current, want.size, want.reason, time.time()))
+        size = self.fixed + want.size
+        logger.warning("autoscaler: %d -> %d ranks: %s", current, size, want.reason)
+        self.c.rt.record_autoscale(AutoscaleDecision(current, size, want.reason, time.time()))
         try:
-            self.scale(want.size, self.config.drain_timeout_s)
+            self.scale(size, self.config.drain_timeout_s)
         except RaydpError as exc:
-            logger.error("autoscaler: scaling to %d ranks failed, serving on with %d: %s", want.size, current, exc)
-        self.c.rt.record_autoscale(AutoscaleDecision(len(self.c.table), want.size, want.reason, time.time()))
+            logger.error("autoscaler: scaling to %d ranks failed, serving on with %d: %s", size, current, exc)
+        self.c.rt.record_autoscale(AutoscaleDecision(len(self.c.table), size, want.reason, time.time()))

@@ -138,7 +138,7 @@ class Orchestrator:
         if cfg.autoscaling is not None:
             from raydp.orchestration.autoscaling import Autoscaler
 
-            Autoscaler(controls, self.scale, cfg.autoscaling).start()
+            Autoscaler(controls, self.scale, cfg.autoscaling, fixed=cfg.prefill_dp_size).start()
         return state.endpoints
 
     def coordinator_client(self, endpoints: CoordinatorEndpoints) -> CoordinatorClient:

@@ -117,3 +117,32 @@ def test_the_decode_pool_scales_and_the_prefill_pool_keeps_its_size() -> None:
         cluster.scale(1, pool="decode")
         assert cluster.dp_size == 2
         assert [client.generate(p, 6, timeout=60) for p in PROMPTS[:3]] == reference[:3]
+
+
+def test_the_autoscaler_sizes_the_decode_pool_by_its_load_and_leaves_the_prefill_pool() -> None:
+    scaling = {
+        "min_dp_size": 1,
+        "max_dp_size": 3,
+        "target_ongoing_requests": 2,
+        "upscale_delay_s": 0,
+        "downscale_delay_s": 1,
+        "look_back_s": 0.3,
+        "interval_s": 0.05,
+    }
+    with raydp.launch(
+        name="pd-auto",
+        prefill_dp_size=1,
+        decode_dp_size=1,
+        backend="mp",
+        engine="raydp.models.echo:EchoEngine",
+        engine_kwargs={"step_delay_s": 0.02, "max_running": 4},
+        autoscaling=scaling,
+        progress=False,
+    ) as cluster:
+        client = cluster.client()
+        handles = [client.submit(p, 150) for p in PROMPTS]  # 3 s of decoding: 12 streams on one decode rank
+        assert wait_until(lambda: cluster.dp_size == 4, timeout=30), "the decode pool grew to its maximum"
+        assert cluster.endpoints.prefill_ranks == 1
+        assert all(len(h.result(60)) == 150 for h in handles)
+        assert wait_until(lambda: cluster.dp_size == 2, timeout=30), "and shrank back once the load fell"
+        assert client.generate(PROMPTS[0], 4, timeout=30) == [PROMPTS[0][k % len(PROMPTS[0])] for k in range(4)]

@@ -52,6 +52,20 @@ def test_a_hot_adapter_spreads_to_one_more_rank_once_its_holder_passes_the_margi
     assert lb.choose(adapter="hot") == first, "the next overflow goes to the rank it spread to, not a third"
 
 
+def test_with_every_slot_taken_a_new_adapter_evicts_the_least_asked_for_not_a_hot_one() -> None:
+    clock = [0.0]
+    lb = LoadBalancer(2)
+    lb.adapters = AdapterIndex(2, clock=lambda: clock[0])
+    for _ in range(5):  # "hot" was asked for five times, "tail" once
+        lb.adapters.on_sent(0, "hot")
+    lb.adapters.on_sent(1, "tail")
+    clock[0] = SENT_HOLD_S + 1  # the sends are no longer taken for holdings: only the reports say who holds what
+    # Each rank's least recently used adapter comes first: loading evicts rank 0's "hot" or rank 1's "tail".
+    lb.on_snapshot(snapshot([(0, 0), (0, 2)], [held("hot", "b"), held("tail", "c")]))
+    assert lb.choose(adapter="new") == 1, "rank 0 is idler, but loading there would evict the hot adapter"
+    assert lb.adapters.demand("hot") == pytest.approx(5 * 0.5 ** ((SENT_HOLD_S + 1) / 10.0))
+
+
 def test_with_no_holder_a_free_slot_beats_evicting_on_a_full_rank() -> None:
     lb = LoadBalancer(2)
     lb.on_snapshot(snapshot([(0, 0), (0, 2)], [held("x", "y"), held("z")]))
