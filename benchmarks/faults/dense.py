@@ -1,6 +1,6 @@
 """The failure table: per fault, the time until the cluster detects it and until it serves again; requests lost.
 
-Run alone as ``.venv/bin/python -m benchmarks.faults.dense [--trials N] [--json PATH]``
+Run alone as ``.venv/bin/python -m benchmarks.faults.dense [--trials N] [--json PATH] [--only GROUP ...]``
 or as the ``faults`` section of ``python -m benchmarks`` (which runs this module
 in a process of its own: it needs a multi-node Ray, not the bench's single node).
 A local Ray of two nodes (2 logical GPUs each); per row, ``trials`` faults
@@ -104,7 +104,10 @@ GANG_ROW = Row(
 )
 
 
-def run_rows(trials: int) -> list[FaultRow]:
+GROUPS = ("dense", "coordinator-node", "worker", "hang", "gang")  # the clusters of the table, in its order
+
+
+def run_rows(trials: int, only: frozenset[str] = frozenset(GROUPS)) -> list[FaultRow]:
     import raydp
     from raydp.serve.settings import ServerSettings
 
@@ -117,43 +120,48 @@ def run_rows(trials: int) -> list[FaultRow]:
         "progress": False,
     }
     try:
-        with raydp.launch(
-            name="fbdense", dp_size=4, dp_size_local=2, engine_kwargs={"step_delay_s": 0.005}, **restarts
-        ) as cluster:
-            servers = cluster.serve_api(2, settings=ServerSettings(max_restarts=1000))
-            for row in DENSE_ROWS:
-                rows.append(measure_row(cluster, local, servers, row, trials))
-        rows.append(coordinator_node_row(local, trials, restarts))
-        with raydp.launch(
-            name="fbtp",
-            dp_size=2,
-            dp_size_local=1,
-            tensor_parallel_size=2,
-            engine="raydp.models.echo_workers:WorkerEchoEngine",
-            engine_kwargs={"step_delay_s": 0.005},
-            **restarts,
-        ) as cluster:
-            rows.append(measure_row(cluster, local, None, WORKER_ROW, trials))
-        with raydp.launch(
-            name="fbhang",
-            dp_size=2,
-            dp_size_local=1,
-            engine="raydp.testing.hangs:HangableWorkerEchoEngine",
-            engine_kwargs={"step_delay_s": 0.005},
-            step_timeout_s=HANG_STEP_TIMEOUT_S,
-            **restarts,
-        ) as cluster:
-            rows.append(measure_row(cluster, local, None, HANG_ROW, trials))
-        with raydp.launch(
-            name="fbgang",
-            dp_size=2,
-            dp_size_local=1,
-            lockstep=True,
-            allreduce_interval=4,
-            engine_kwargs={"collective": True, "step_delay_s": 0.005},
-            **restarts,
-        ) as cluster:
-            rows.append(measure_row(cluster, local, None, GANG_ROW, trials, gang=True))
+        if "dense" in only:
+            with raydp.launch(
+                name="fbdense", dp_size=4, dp_size_local=2, engine_kwargs={"step_delay_s": 0.005}, **restarts
+            ) as cluster:
+                servers = cluster.serve_api(2, settings=ServerSettings(max_restarts=1000))
+                for row in DENSE_ROWS:
+                    rows.append(measure_row(cluster, local, servers, row, trials))
+        if "coordinator-node" in only:
+            rows.append(coordinator_node_row(local, trials, restarts))
+        if "worker" in only:
+            with raydp.launch(
+                name="fbtp",
+                dp_size=2,
+                dp_size_local=1,
+                tensor_parallel_size=2,
+                engine="raydp.models.echo_workers:WorkerEchoEngine",
+                engine_kwargs={"step_delay_s": 0.005},
+                **restarts,
+            ) as cluster:
+                rows.append(measure_row(cluster, local, None, WORKER_ROW, trials))
+        if "hang" in only:
+            with raydp.launch(
+                name="fbhang",
+                dp_size=2,
+                dp_size_local=1,
+                engine="raydp.testing.hangs:HangableWorkerEchoEngine",
+                engine_kwargs={"step_delay_s": 0.005},
+                step_timeout_s=HANG_STEP_TIMEOUT_S,
+                **restarts,
+            ) as cluster:
+                rows.append(measure_row(cluster, local, None, HANG_ROW, trials))
+        if "gang" in only:
+            with raydp.launch(
+                name="fbgang",
+                dp_size=2,
+                dp_size_local=1,
+                lockstep=True,
+                allreduce_interval=4,
+                engine_kwargs={"collective": True, "step_delay_s": 0.005},
+                **restarts,
+            ) as cluster:
+                rows.append(measure_row(cluster, local, None, GANG_ROW, trials, gang=True))
     finally:
         local.shutdown()
     return rows
@@ -257,8 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=TRIALS)
     parser.add_argument("--json", metavar="PATH", help="also write the rows to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="print no table (python -m benchmarks prints it)")
+    parser.add_argument(
+        "--only", nargs="+", choices=GROUPS, default=list(GROUPS), help="the clusters whose rows to measure"
+    )
     args = parser.parse_args(argv)
-    rows = run_rows(args.trials)
+    rows = run_rows(args.trials, frozenset(args.only))
     if not args.quiet:
         print("\n".join(faults_table(rows)))
     if args.json:
