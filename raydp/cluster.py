@@ -98,6 +98,7 @@ class Cluster:
         migration_limit: int = 3,
         prefix_load_margin: int | None = None,
         adapter_affinity: bool = True,
+        kv_timeout_s: float | None = None,
     ) -> Client:
         """A new :class:`~raydp.client.client.Client` wired to this cluster.
 
@@ -110,10 +111,15 @@ class Cluster:
         ``adapter_affinity`` (with ``least-loaded`` and ``prefix``) sends a
         request for a LoRA adapter to a rank that holds it, unless that rank
         is much busier than the least-loaded one (False: adapter-blind).
+        ``kv_timeout_s`` (P/D pools): how long a decode rank may take to make a
+        request's first token after its prefill before the request fails with
+        :class:`~raydp.errors.KVTransferError` (default 120).
         """
         from raydp.client.client import Client
 
-        margin: dict[str, Any] = {} if prefix_load_margin is None else {"prefix_load_margin": prefix_load_margin}
+        extra: dict[str, Any] = {} if prefix_load_margin is None else {"prefix_load_margin": prefix_load_margin}
+        if kv_timeout_s is not None:
+            extra["kv_timeout_s"] = kv_timeout_s
         with self._lock:
             if self._closed:
                 raise ClusterClosedError(f"cluster {self.name!r} is closed")
@@ -126,7 +132,7 @@ class Cluster:
                 balancer=balancer,
                 migration_limit=migration_limit,
                 adapter_affinity=adapter_affinity,
-                **margin,
+                **extra,
             )
             for err in self._dead_ranks.values():
                 client.mark_dead(err)

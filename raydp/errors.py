@@ -18,7 +18,8 @@ Every error raydp raises on purpose derives from :class:`RaydpError`, so
     │   └── ProcessDeadError   ... a local process (mp backend, API server)
     ├── WorkerError            a device worker raised (names it, carries its traceback)
     ├── RequestError           one request failed on its engine
-    │   └── MigrationRefusedError  its rank died mid-stream and its state cannot be replayed elsewhere
+    │   ├── MigrationRefusedError  its rank died mid-stream and its state cannot be replayed elsewhere
+    │   └── KVTransferError    P/D: its decode rank gave no token within the bound after its prefill
     ├── ScaleDownError         a request outlived the drain of a rank that a scale-down removed
     └── ClusterClosedError     the cluster handle was used after ``close()``
         └── ShuttingDownError  an API server is stopping (HTTP 503 ``shutting_down``)
@@ -303,6 +304,24 @@ class MigrationRefusedError(RequestError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.request_id, self.why, self.error))
+
+
+class KVTransferError(RequestError):
+    """P/D: a request's decode rank made no token within ``waited_s`` of its prefill's hand-off.
+
+    The decode rank waits for the prompt's KV from the prefill rank (through
+    the KV connector); this bounds that wait, so that KV that never arrives
+    fails the request instead of hanging it. The request is aborted on the
+    decode rank.
+    """
+
+    def __init__(self, request_id: str, rank: int, node_id: str | None, waited_s: float) -> None:
+        where = f"decode rank {rank}" + (f" on node {node_id[:12]}" if node_id else "")
+        super().__init__(request_id, f"{where} made no token within {waited_s:g}s of the prefill's hand-off")
+        self.rank, self.node_id, self.waited_s = rank, node_id, waited_s
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.request_id, self.rank, self.node_id, self.waited_s))
 
 
 class ScaleDownError(RaydpError):

@@ -23,6 +23,11 @@ mid-stream: it continues on a live rank from its last token (the prompt plus
 what it streamed, with the tokens left), up to ``migration_limit`` times;
 then, or without the opt-in, it fails with the rank's
 :class:`~raydp.errors.EngineDeadError`. ``Client.migrations`` counts the moves.
+
+Over P/D pools (:mod:`raydp.client.pools`) a request prefills on a prefill
+rank and decodes on a decode rank; ``kv_timeout_s`` bounds the wait for the
+decode rank's first token, past which the request fails with
+:class:`~raydp.errors.KVTransferError`.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from raydp.client.balancer import DEFAULT_PREFIX_LOAD_MARGIN, LoadBalancer, Policy
+from raydp.client.pools import DEFAULT_KV_TIMEOUT_S
 from raydp.client.requests import RequestHandle, Submission
 from raydp.client.router import RequestRouter
 from raydp.client.sockets import ClientSockets
@@ -68,12 +74,15 @@ class Client:
         migration_limit: int = 3,
         prefix_load_margin: int = DEFAULT_PREFIX_LOAD_MARGIN,
         adapter_affinity: bool = True,
+        kv_timeout_s: float = DEFAULT_KV_TIMEOUT_S,
     ) -> None:
         if not 0 <= client_index < client_count:
             raise ConfigError(f"client_index={client_index}: must be in [0, client_count={client_count})")
         if isinstance(migration_limit, bool) or not isinstance(migration_limit, int) or migration_limit < 0:
             raise ConfigError(f"migration_limit={migration_limit!r}: must be an int >= 0 (moves of one stream)")
         self.migration_limit = migration_limit
+        if isinstance(kv_timeout_s, bool) or not isinstance(kv_timeout_s, int | float) or not kv_timeout_s > 0:
+            raise ConfigError(f"kv_timeout_s={kv_timeout_s!r}: must be a number of seconds > 0")
         self.client_index, self.client_count = client_index, client_count
         policy = LoadBalancer(
             len(endpoints.engines),
@@ -89,6 +98,7 @@ class Client:
         self._router = RequestRouter(
             endpoints, self._io, policy, follow_liveness=follow_liveness, last_heard=time.monotonic()
         )
+        self._router.kv_timeout_s = float(kv_timeout_s)
         self._id_prefix = self._io.identity.hex()  # request ids: unique per client, then a counter
         self._turns = ClientTurns(
             self._io, self._router, follow_liveness=follow_liveness, heartbeat_interval_s=endpoints.heartbeat_interval_s

@@ -15,7 +15,10 @@ decode. A request with more than one token to make goes in two stages:
 The caller sees one stream. A request still on its prefill rank has streamed
 nothing, so one whose rank dies is sent to another prefill rank; a decode
 rank's death migrates the stream like any other. A one-token request is all
-prefill: it runs on a prefill rank alone. A request that could not resume from
+prefill: it runs on a prefill rank alone. A decode rank that makes no token
+within ``kv_timeout_s`` of the hand-off (the KV never came) fails the request
+with :class:`~raydp.errors.KVTransferError`, and the request is aborted there.
+A request that could not resume from
 its first token on another rank (vLLM's structured outputs, seeded sampling,
 penalties: :func:`raydp.serve.vllm_core.migration_blocker`) is never split: it
 runs whole on a decode rank.
@@ -24,6 +27,11 @@ runs whole on a decode rank.
 from __future__ import annotations
 
 from raydp.client.requests import RequestState
+
+# How long a decode rank may take to make a P/D request's first token after the hand-off, before the
+# request fails with KVTransferError: the KV that should have come from the prefill rank never did.
+# Generous: it includes the decode rank's queue, and a KV transfer of a long prompt.
+DEFAULT_KV_TIMEOUT_S = 120.0
 
 
 def wants_prefill_first(prefill_ranks: int, state: RequestState, pinned: int | None, whole: bool) -> bool:

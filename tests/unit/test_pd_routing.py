@@ -12,10 +12,10 @@ import pytest
 import zmq
 
 from raydp.client.client import Client
-from raydp.errors import DeathCause, EngineDeadError
+from raydp.errors import ConfigError, DeathCause, EngineDeadError, KVTransferError
 from raydp.wire.codec import encode
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
-from raydp.wire.protocol import Output, OutputBatch, Request, RequestType, request_decoder
+from raydp.wire.protocol import Output, OutputBatch, Request, RequestType, abort_decoder, request_decoder
 
 pytestmark = pytest.mark.timeout(30)
 PROMPT = [3, 1, 4, 1, 5]
@@ -131,3 +131,39 @@ def test_with_every_prefill_rank_dead_a_request_fails_typed_naming_one(rig: Rig)
         client.mark_dead(EngineDeadError(rank, "n", DeathCause.KILLED, "test"))
     with pytest.raises(EngineDeadError, match="rank 0"):
         client.submit(PROMPT, max_tokens=3).result(timeout=10)
+
+
+def test_kv_that_never_reaches_the_decode_rank_fails_the_request_typed_and_aborts_it_there() -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    engines = [ctx.socket(zmq.ROUTER) for _ in range(2)]
+    collect, publish = ctx.socket(zmq.PULL), ctx.socket(zmq.PUB)
+    addr = {s: f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in (*engines, collect, publish)}
+    endpoints = ClusterEndpoints(
+        "pdkv",
+        [EngineEndpoint(r, f"node{r}", [addr[e]]) for r, e in enumerate(engines)],
+        CoordinatorEndpoints("n", [addr[publish]], [addr[collect]], [addr[collect]]),
+        lockstep=False,
+        prefill_ranks=1,
+    )
+    client = Client(endpoints, node_id="n", follow_liveness=False, kv_timeout_s=0.5)
+    try:
+        handle = client.submit(PROMPT, max_tokens=4)
+        rank, identity, first = receive(engines, range(1))
+        reply(engines, rank, identity, Output(first.request_id, [7], True, "length", seq=first.seq))
+        _, _, rest = receive(engines, range(1, 2))  # the decode rank never answers: its KV never came
+        with pytest.raises(KVTransferError, match=r"decode rank 1 on node node1 made no token within 0\.5s") as info:
+            handle.result(timeout=10)
+        assert (info.value.rank, info.value.waited_s) == (1, 0.5) and handle.tokens == [7]
+        assert engines[1].poll(5000), "the request is aborted on the decode rank"
+        _, tag, body = engines[1].recv_multipart()
+        assert tag == RequestType.ABORT.value and abort_decoder(body).request_ids == [rest.request_id]
+    finally:
+        client.close()
+        ctx.destroy(linger=0)
+
+
+def test_a_bad_kv_timeout_is_refused_naming_it() -> None:
+    endpoints = ClusterEndpoints("x", [], CoordinatorEndpoints("n", [], [], []), lockstep=False)
+    for bad in (0, -1, True, "5"):
+        with pytest.raises(ConfigError, match=f"kv_timeout_s={bad!r}: must be a number of seconds > 0"):
+            Client(endpoints, node_id="n", follow_liveness=False, kv_timeout_s=bad)  # type: ignore[arg-type]
