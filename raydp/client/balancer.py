@@ -148,6 +148,7 @@ class LoadBalancer:
         prompt: Sequence[int] | None = None,
         adapter: str = "",
         among: range | None = None,
+        by_prefix: bool = False,
     ) -> int:
         """The live rank for the next request, by :attr:`policy`.
 
@@ -157,20 +158,23 @@ class LoadBalancer:
         ``power-of-two`` and ``round-robin`` are the usual alternatives, kept for
         comparison (``python -m benchmarks --only routing``). ``adapter``: the
         request's LoRA adapter, see the module docstring. ``among``: the ranks of
-        the request's pool (P/D), None for every rank.
+        the request's pool (P/D), None for every rank. ``by_prefix``: prefix
+        affinity for this choice where the policy is ``least-loaded`` (a P/D
+        prefill: the prefill pool is where a prompt's cached prefix pays).
         """
         live = [r for r in self.eligible if r not in dead and (among is None or r in among)]
         if not live:
             pool = "" if among is None else f" in ranks {among.start}..{among.stop - 1}"
             raise ConfigError(f"no live engine to send to{pool}: every rank this client may use is dead or removed")
-        if self.policy == "round-robin":
+        policy = "prefix" if by_prefix and self.policy == "least-loaded" else self.policy
+        if policy == "round-robin":
             return live[next(self._turn) % len(live)]
-        if self.policy == "power-of-two" and len(live) > 2:
+        if policy == "power-of-two" and len(live) > 2:
             live = self._random.sample(live, 2)
-        if adapter and self.adapter_affinity and self.policy in ("least-loaded", "prefix"):
+        if adapter and self.adapter_affinity and policy in ("least-loaded", "prefix"):
             live = self._adapter_ranks(live, adapter)
         least = min(live, key=lambda rank: (self.score(rank), self.work(rank), self._in_flight[rank], rank))
-        if self.policy != "prefix" or not prompt:
+        if policy != "prefix" or not prompt:
             return least
         bound = min(self.running_score(rank) for rank in live) + self.prefix_load_margin
         order = preference(prefix_key(prompt, self.prefix_tokens), live)

@@ -232,7 +232,8 @@ class RequestRouter:
         """A live rank for ``state``'s next send, in its pool where ranks are pooled (:mod:`raydp.client.pools`)."""
         among, by_prompt = pool_of(state, self.endpoints.prefill_ranks, len(self.endpoints.engines))
         prompt = state.request.prompt_token_ids if by_prompt else None
-        return self.balancer.choose(self.dead, prompt, state.request.adapter, among)
+        prefill = among is not None and by_prompt  # prefix affinity pays where prompts are computed
+        return self.balancer.choose(self.dead, prompt, state.request.adapter, among, by_prefix=prefill)
 
     def submit_many(self, items: list[Submission]) -> None:
         if len(items) <= 1:  # the usual inline case: no batch to book

@@ -167,3 +167,22 @@ def test_a_bad_kv_timeout_is_refused_naming_it() -> None:
     for bad in (0, -1, True, "5"):
         with pytest.raises(ConfigError, match=f"kv_timeout_s={bad!r}: must be a number of seconds > 0"):
             Client(endpoints, node_id="n", follow_liveness=False, kv_timeout_s=bad)  # type: ignore[arg-type]
+
+
+def test_prefill_ranks_are_chosen_by_the_prompts_prefix_decode_ranks_by_load(rig: Rig) -> None:
+    from raydp.client.prefix import preference, prefix_key
+
+    client, engines = rig
+    # Two prompts whose prefixes prefer different prefill ranks: a load-only choice would send both to rank 0.
+    prompts = [[k, 1, 2, 3] for k in range(40)]
+    first_choice = {preference(prefix_key(p), [0, 1])[0]: p for p in prompts}
+    assert set(first_choice) == {0, 1}
+    for rank, prompt in sorted(first_choice.items()):
+        for _ in range(2):  # the same prefix again: the same prefill rank
+            handle = client.submit(prompt, max_tokens=2)
+            got, identity, first = receive(engines, range(2))
+            assert got == rank, f"prompt {prompt[:2]} prefilled on rank {got}, its prefix prefers {rank}"
+            reply(engines, got, identity, Output(first.request_id, [9], True, "length", seq=first.seq))
+            decode, identity, rest = receive(engines, range(2, 4))
+            reply(engines, decode, identity, Output(rest.request_id, [8], True, "length", seq=rest.seq))
+            assert handle.result(timeout=10) == [9, 8]
