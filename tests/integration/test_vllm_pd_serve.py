@@ -6,8 +6,8 @@ decode on another, their KV moved through vLLM's ``ExampleConnector``. A
 client sees one ordinary OpenAI response: the same text, logprobs, usage and
 finish reasons as a collocated server's. What a split cannot resume (n=2 with
 a seed, penalties, structured outputs) runs whole on the decode rank, with the
-same answers. The decode rank's log shows vLLM's connector finding the long
-prompt's KV, and the connector's directory is empty once the corpus is done.
+same answers. The decode rank's log shows vLLM's connector loading the long
+prompt's KV, and the connector leaves no prompt's files once the corpus is done.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from raydp.models.vllm.kv_files import KvFiles
 from tests.integration.conftest import ClusterPool
 from tests.integration.http_helpers import Served, raydp_serve
 from tests.integration.vllm_corpus import (
@@ -95,9 +96,11 @@ def test_the_decode_rank_loaded_the_long_prompts_kv_and_no_file_is_left(
     served: Served, pd_answers: dict[str, Any], store: Path
 ) -> None:
     assert pd_answers["long prompt"]["status"] == 200
-    # vLLM's connector logs each prompt whose KV it found; only the decode rank (dp1) may have found any.
-    hits = [line for line in Path(served.stderr_path).read_text().splitlines() if "External Cache Hit!" in line]
-    assert hits and all("pdserve-dp1 " in line for line in hits), hits[:3]
+    # vLLM's connector logs each KV it loads: the long prompt's two blocks, on the decode rank (dp1) alone.
+    log = Path(served.stderr_path).read_text().splitlines()
+    loads = [line for line in log if "Inject KV cache of" in line]
+    assert [line.split(")")[0].split()[0] for line in loads] == ["(pdserve-dp1"], loads
+    assert "Inject KV cache of 256 tokens" in loads[0]
     # vLLM's own front-end counts a stream's prompt tokens from its first output (the prefill's): all computed.
     by_source = {
         sample.labels["source"]: sample.value
@@ -107,4 +110,5 @@ def test_the_decode_rank_loaded_the_long_prompts_kv_and_no_file_is_left(
         if sample.name.endswith("_total")
     }
     assert by_source["local_compute"] >= 300 and by_source["external_kv_transfer"] == 0, by_source
-    assert list(store.iterdir()) == [], "the connector's files are gone once the requests are done"
+    shared = Path(KvFiles(str(store), 128).shared_folder()).name  # every prompt shorter than a block: left
+    assert sorted(p.name for p in store.iterdir() if p.name != shared) == [], "no prompt's files are left"

@@ -45,6 +45,13 @@ def test_a_folder_goes_when_its_last_user_on_the_rank_ends_unless_it_was_handed_
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_folder_every_short_prompt_shares_is_never_counted_nor_removed(tmp_path: Path) -> None:
+    files = KvFiles(str(tmp_path), BLOCK)
+    assert files.uses(list(range(BLOCK)), 0) == (), "a block's worth stores nothing of its own"
+    assert files.shared_folder() == files.folder([1, 2]) == files.folder(list(range(BLOCK)))
+    assert files.uses(list(range(BLOCK + 1)), 0) == (files.folder(list(range(BLOCK + 1))),)
+
+
 def test_only_the_example_connector_leaves_files_to_remove() -> None:
     def config(connector: str | None) -> SimpleNamespace:
         extra = {"get_from_extra_config": lambda key, default: default}

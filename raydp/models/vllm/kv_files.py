@@ -9,15 +9,17 @@ continues the request (its prompt plus the first token, see
 it ends on a rank, unless it ends by handing off to a decode rank: the
 prefill's folder goes with the decode rank's request, and what any other
 request stored (a one-token request, a migrated stream, one run whole) with
-that request. Each rank counts its own users of a folder, so one request's
-end never pulls the files from under another on the same rank. Ranks do not
-coordinate: of two identical prompts in flight on different ranks at once, one
-may find the folder gone that the other removed, and compute its prompt
-itself; should the removal fall in the one step between the connector's
-look-up and its read, the read fails that rank's step, and the rank fails
-and restarts (its streams migrate). The ExampleConnector is vLLM's
-reference connector; a real one (NixlConnector) moves KV between ranks'
-memories and leaves no files.
+that request. The one folder that every prompt no longer than a block
+shares is left in place (:meth:`KvFiles.uses`).
+
+Each rank counts its own users of a folder, so one request's end never pulls
+the files from under another on the same rank. Ranks do not coordinate: of
+two identical prompts in flight on different ranks at once, one may find the
+folder gone that the other removed, and compute its prompt itself; should the
+removal fall inside the other rank's write or read of that folder, that
+rank's step fails, and the rank fails and restarts (its streams migrate).
+The ExampleConnector is vLLM's reference connector; a real one
+(NixlConnector) moves KV between ranks' memories and leaves no files.
 
 The folder names follow vLLM 0.32's connector (``_generate_foldername_debug``);
 the tests check that the files are gone after every request.
@@ -62,10 +64,20 @@ class KvFiles:
 
     def uses(self, prompt: list[int], prefilled: int) -> tuple[str, ...]:
         """A new request of this rank: the folders it may store (its prompt's) or load (the prefilled
-        part's, on a decode rank), each counted once more; the names to :meth:`release` it by."""
-        folders = (self.folder(prompt), *((self.folder(prompt[:prefilled]),) if prefilled else ()))
+        part's, on a decode rank), each counted once more; the names to :meth:`release` it by.
+
+        Every prompt no longer than a block stores (empty tensors) in one folder, that of no tokens,
+        which every rank writes all the time: removing it would pull it from under another rank's
+        write (the connector's ``makedirs`` then fails that rank's step). It is left, and not counted.
+        """
+        parts = (prompt, *((prompt[:prefilled],) if prefilled else ()))
+        folders = tuple(self.folder(part) for part in parts if len(part) - 1 >= self.block_size)
         self._users.update(folders)
         return folders
+
+    def shared_folder(self) -> str:
+        """The one folder of every prompt no longer than a block (left in place; see :meth:`uses`)."""
+        return self.folder([0])
 
     def release(self, folder: str, remove: bool) -> None:
         """The request is done with ``folder``; ``remove``: nobody after it needs the files."""
