@@ -24,7 +24,9 @@ from typing import Any
 from raydp.client.client import Client
 from raydp.errors import RaydpError
 
-PROBE_PROMPT = [1]  # an id every vocabulary has; the answer's token does not matter, only that it comes
+# An id every vocabulary has; the answer's token does not matter, only that it comes. Two of them: vLLM's
+# ExampleConnector (P/D) fails a rank's step on a one-token prompt (raydp.models.vllm.kv_files).
+PROBE_PROMPT = [1, 1]
 READY_PATH = "/ready"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import raydp
+from raydp.errors import RequestError
 from raydp.models.vllm.kv_files import KvFiles
 from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference, want_reference
 
@@ -95,6 +96,9 @@ def test_concurrent_requests_give_the_same_tokens_and_leave_nothing_behind(
     assert [h.result(120) for h in handles] == reference[4:]
     assert client.call_utility(1, "stats")["kv_loaded_tokens"] - before == sum(map(stored, SECOND))
     assert left_in(store) == []
+    # vLLM's ExampleConnector fails a rank on a one-token prompt: the rank refuses it instead, and serves on.
+    with pytest.raises(RequestError, match="prompt_token_ids: a one-token prompt fails vLLM's ExampleConnector"):
+        client.generate([7], N, timeout=60)
     # A request whose first token ends it never reaches the decode rank: its prefill removes the files.
     one = client.submit(PROMPTS[0][:-1], 1)
     assert len(one.result(60)) == 1 and one.rank == 0

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from raydp.errors import ConfigError
 from raydp.models.vllm.kv_files import KvFiles
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,6 +51,13 @@ def test_the_folder_every_short_prompt_shares_is_never_counted_nor_removed(tmp_p
     assert files.uses(list(range(BLOCK)), 0) == (), "a block's worth stores nothing of its own"
     assert files.shared_folder() == files.folder([1, 2]) == files.folder(list(range(BLOCK)))
     assert files.uses(list(range(BLOCK + 1)), 0) == (files.folder(list(range(BLOCK + 1))),)
+
+
+def test_a_one_token_prompt_is_refused_naming_the_field(tmp_path: Path) -> None:
+    files = KvFiles(str(tmp_path), BLOCK)
+    with pytest.raises(ConfigError, match="prompt_token_ids: a one-token prompt fails vLLM's ExampleConnector"):
+        files.check_prompt(1)
+    files.check_prompt(2)
 
 
 def test_only_the_example_connector_leaves_files_to_remove() -> None:

@@ -140,6 +140,7 @@ class VllmEngine:
                 f"adapter={request.adapter!r}: a vLLM rank takes its adapters from vLLM's own requests "
                 "(raydp serve --enable-lora); raydp's Client names adapters only to engines that hold them by name"
             )
+        self._check_prompt(len(request.prompt_token_ids))
         stops = list(request.sampling.stop) if request.sampling is not None else []
         if stops and self._tokenizer is None:
             raise ConfigError("stop: this engine has no tokenizer to match stop strings (skip_tokenizer_init?)")
@@ -158,6 +159,10 @@ class VllmEngine:
         budget = min(request.max_tokens, self.config.model_config.max_model_len - len(request.prompt_token_ids))
         self._track(request, Tracked(max(budget, 0), stops))
 
+    def _check_prompt(self, prompt_len: int) -> None:
+        if self._kv_files is not None:
+            self._kv_files.check_prompt(prompt_len)
+
     def _track(self, request: Request, tracked: Tracked) -> None:
         tracked.prefill_only = request.prefill_only
         if self._kv_files is not None:
@@ -167,6 +172,7 @@ class VllmEngine:
     def _add_native(self, request: Request, body: bytes) -> None:
         core_request = self.codec().request(body)
         prompt = core_request.prompt_token_ids or []
+        self._check_prompt(len(request.prompt_token_ids))
         streamed = list(request.prompt_token_ids[len(prompt) :])  # a migrated stream's tokens so far
         if streamed:
             # vLLM's model runner takes a new request's tokens from its prompt alone: the streamed tokens

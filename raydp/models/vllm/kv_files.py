@@ -33,6 +33,8 @@ import os
 import shutil
 from typing import Any
 
+from raydp.errors import ConfigError
+
 logger = logging.getLogger("raydp.models.vllm")
 CONNECTOR = "ExampleConnector"
 
@@ -74,6 +76,15 @@ class KvFiles:
         folders = tuple(self.folder(part) for part in parts if len(part) - 1 >= self.block_size)
         self._users.update(folders)
         return folders
+
+    def check_prompt(self, prompt_len: int) -> None:
+        """Refuse a one-token prompt: the connector looks its KV up under a negative block count, which
+        names the shared folder, and (once that exists) fails the rank's step (an index out of range)."""
+        if prompt_len == 1:
+            raise ConfigError(
+                "prompt_token_ids: a one-token prompt fails vLLM's ExampleConnector (its KV look-up of no whole "
+                "block); send at least 2 tokens, or run without the ExampleConnector"
+            )
 
     def shared_folder(self) -> str:
         """The one folder of every prompt no longer than a block (left in place; see :meth:`uses`)."""
