@@ -14,7 +14,10 @@ HTTP requests to 2 API servers where they exist):
 * a TP cluster (DP=2, ``tensor_parallel_size=2``, ``WorkerEchoEngine``): kill
   a device worker (its rank fails and restarts);
 * a lockstep gang (DP=2, a collective every step): kill one rank; the whole
-  gang restarts.
+  gang restarts;
+* the same gang with one rank's loop blocked for good (``hang_now``) under
+  ``step_timeout_s`` 2 s: both watchdogs fire (the peer waits in the
+  all-reduce), and the gang restarts.
 
 *Detected*: fault to the death report (``Cluster.deaths`` grows), polled every
 5 ms. *Back*: fault to a request pinned to the affected rank answered
@@ -97,6 +100,12 @@ HANG_ROW = Row(
     "its watchdog ends it with EngineHungError and the stuck stack; then as a death: requests move or fail "
     "typed, the rank restarts",
 )
+GANG_HANG_ROW = Row(
+    f"hang lockstep rank (its loop blocks; step_timeout_s {HANG_STEP_TIMEOUT_S:g} s)",
+    "rank-hang",
+    "its watchdog ends it, and its peer's (stuck in the DP all-reduce) ends the peer: EngineHungError for both; "
+    "in-flight requests fail typed; the gang restarts",
+)
 GANG_ROW = Row(
     "kill lockstep rank (SIGKILL)",
     "rank-sigkill",
@@ -104,7 +113,7 @@ GANG_ROW = Row(
 )
 
 
-GROUPS = ("dense", "coordinator-node", "worker", "hang", "gang")  # the clusters of the table, in its order
+GROUPS = ("dense", "coordinator-node", "worker", "hang", "gang", "gang-hang")  # the table's clusters, in its order
 
 
 def run_rows(trials: int, only: frozenset[str] = frozenset(GROUPS)) -> list[FaultRow]:
@@ -162,6 +171,19 @@ def run_rows(trials: int, only: frozenset[str] = frozenset(GROUPS)) -> list[Faul
                 **restarts,
             ) as cluster:
                 rows.append(measure_row(cluster, local, None, GANG_ROW, trials, gang=True))
+        if "gang-hang" in only:
+            with raydp.launch(
+                name="fbganghang",
+                dp_size=2,
+                dp_size_local=1,
+                lockstep=True,
+                allreduce_interval=4,
+                engine="raydp.testing.hangs:HangableEchoEngine",
+                engine_kwargs={"collective": True, "step_delay_s": 0.005},
+                step_timeout_s=HANG_STEP_TIMEOUT_S,
+                **restarts,
+            ) as cluster:
+                rows.append(measure_row(cluster, local, None, GANG_HANG_ROW, trials, gang=True))
     finally:
         local.shutdown()
     return rows

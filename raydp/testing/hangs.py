@@ -11,7 +11,8 @@ rank does after a transient wedge.
 
 :class:`HangableWorkerEchoEngine` (the chaos soak's engine) hangs on demand:
 its ``hang_now`` utility never returns, so the loop turn that runs it never
-ends, as a step that blocks does.
+ends, as a step that blocks does; :class:`HangableEchoEngine` is the same
+without device workers (a lockstep gang's, in the failure table).
 
 :class:`HangableVllmEngine` is the same for a real vLLM engine core (the
 vLLM chaos soak's). :class:`HangingVllmEngine` is a real vLLM engine core whose model executor
@@ -141,6 +142,13 @@ class HangingEchoEngine(EchoEngine):
         if self.hang_in == "dummy":
             self._hang.call()
         super().execute_dummy_batch()
+
+
+class HangableEchoEngine(EchoEngine):
+    """The echo engine, plus a utility that hangs its rank's loop for good (a lockstep gang's hang row)."""
+
+    def hang_now(self) -> None:
+        block_forever()
 
 
 class HangableWorkerEchoEngine(WorkerEchoEngine):
