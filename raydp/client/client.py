@@ -98,7 +98,7 @@ class Client:
         self._router = RequestRouter(
             endpoints, self._io, policy, follow_liveness=follow_liveness, last_heard=time.monotonic()
         )
-        self._router.kv_timeout_s = float(kv_timeout_s)
+        self._router.kv_waits.timeout_s = float(kv_timeout_s)
         self._id_prefix = self._io.identity.hex()  # request ids: unique per client, then a counter
         self._turns = ClientTurns(
             self._io, self._router, follow_liveness=follow_liveness, heartbeat_interval_s=endpoints.heartbeat_interval_s

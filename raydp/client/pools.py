@@ -26,6 +26,8 @@ runs whole on a decode rank.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from raydp.client.requests import RequestState
 
 # How long a decode rank may take to make a P/D request's first token after the hand-off, before the
@@ -47,3 +49,37 @@ def pool_of(state: RequestState, prefill_ranks: int, size: int) -> tuple[range |
     if state.handoff or state.original.max_tokens <= 1:
         return range(prefill_ranks), True
     return range(prefill_ranks, size), False
+
+
+class KvWaits:
+    """P/D requests handed to a decode rank that has not made their first token yet, with their deadlines.
+
+    Each is keyed by request id and remembered with the ``seq`` of its decode
+    send: a request aborted, failed over or migrated since is sent again under
+    another ``seq``, and its old deadline no longer applies.
+    """
+
+    def __init__(self, timeout_s: float = DEFAULT_KV_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self._due: dict[str, tuple[float, int]] = {}  # request id -> (deadline, seq of the decode send)
+
+    def __bool__(self) -> bool:
+        return bool(self._due)
+
+    def start(self, request_id: str, seq: int, now: float) -> None:
+        self._due[request_id] = (now + self.timeout_s, seq)
+
+    def arrived(self, request_id: str) -> None:
+        """The decode rank's first token: its KV came."""
+        self._due.pop(request_id, None)
+
+    def expired(self, now: float, current_seq: Callable[[str], int | None]) -> list[str]:
+        """The requests past their deadline (forgotten here); those sent again since are forgotten too."""
+        late = []
+        for rid, (due, seq) in list(self._due.items()):
+            if current_seq(rid) != seq:
+                del self._due[rid]
+            elif due <= now:
+                del self._due[rid]
+                late.append(rid)
+        return late

@@ -21,7 +21,7 @@ import zmq
 from raydp.client.balancer import LoadBalancer
 from raydp.client.calls import PendingCalls
 from raydp.client.membership import membership
-from raydp.client.pools import DEFAULT_KV_TIMEOUT_S, pool_of, wants_prefill_first
+from raydp.client.pools import KvWaits, pool_of, wants_prefill_first
 from raydp.client.requests import RequestState, Submission
 from raydp.client.sockets import ClientSockets
 from raydp.errors import (
@@ -73,8 +73,7 @@ class RequestRouter:
         self._seqs = itertools.count(1)
         self._cache_asked: dict[int, float] = {}  # rank -> when this client last asked for its whole picture
         self.migrations = 0  # streams moved to another rank after their rank died (exported by API servers)
-        self.kv_timeout_s = DEFAULT_KV_TIMEOUT_S  # P/D: the bound on a decode rank's first token (Client sets it)
-        self._kv_due: dict[str, tuple[float, int]] = {}  # P/D: request id -> (deadline, its decode send's seq)
+        self.kv_waits = KvWaits()  # P/D: requests whose decode rank has not made a token yet (Client sets the bound)
 
     def sender(self, sock: zmq.Socket[bytes]) -> str:
         """Who sent on ``sock``, as a dropped message names it: its role and the address it connects to."""
@@ -146,8 +145,8 @@ class RequestRouter:
             # Aborted (and perhaps submitted again), or moved to another rank: a late
             # output of an earlier submission must not join this one's answer.
             return
-        if self._kv_due:
-            self._kv_due.pop(out.request_id, None)  # the decode rank's first token: its KV arrived
+        if self.kv_waits:
+            self.kv_waits.arrived(out.request_id)
         if out.finished:
             del self.requests[out.request_id]
             self.balancer.on_finished(state.rank)
@@ -174,31 +173,19 @@ class RequestRouter:
             return
         self._send_request(state)
         if state.request.request_id in self.requests:
-            self._kv_due[state.request.request_id] = (time.monotonic() + self.kv_timeout_s, state.request.seq)
-
-    @property
-    def kv_waiting(self) -> bool:
-        """Whether a P/D request waits for its decode rank's first token (the IO thread then checks)."""
-        return bool(self._kv_due)
+            self.kv_waits.start(state.request.request_id, state.request.seq, time.monotonic())
 
     def expire_kv(self, now: float) -> None:
         """P/D: fail, typed, the requests whose decode rank made no token in time (their KV never came)."""
-        failed = False
-        for rid, (due, seq) in list(self._kv_due.items()):
-            state = self.requests.get(rid)
-            if state is None or state.request.seq != seq:  # done, aborted, or sent again since
-                del self._kv_due[rid]
-                continue
-            if due > now:
-                continue
-            del self._kv_due[rid], self.requests[rid]
+        late = self.kv_waits.expired(now, lambda rid: self.requests[rid].request.seq if rid in self.requests else None)
+        for rid in late:
+            state = self.requests.pop(rid)
             self.balancer.on_finished(state.rank)
             if state.rank not in self.dead:
                 self.io.send_input(state.rank, RequestType.ABORT, encode(Abort([rid])))
             node = self.endpoints.engines[state.rank].node_id
-            state.deliver(KVTransferError(rid, state.rank, node, self.kv_timeout_s))
-            failed = True
-        if failed:
+            state.deliver(KVTransferError(rid, state.rank, node, self.kv_waits.timeout_s))
+        if late:
             self.tell_reader()
 
     def submit(self, item: Submission) -> None:

@@ -236,7 +236,7 @@ class ClientTurns:
                     self._run_queued()  # commands first: a flood of outputs never delays an abort
                     self._read_ready(ready)
                     self._read_touched()
-                    if self.router.kv_waiting:
+                    if self.router.kv_waits:
                         self.router.expire_kv(time.monotonic())
                     watching = self._in_flight()
                     if watching and not self._io_watching:
