@@ -113,6 +113,40 @@ GANG_ROW = Row(
 )
 
 
+_STEP = {"step_delay_s": 0.005}
+_GANG = {"lockstep": True, "allreduce_interval": 4}
+_HANGS = "raydp.testing.hangs:"
+# group -> (cluster name, its row, whether a death restarts the gang, launch fields): the DP=2 clusters.
+PAIR_CLUSTERS: dict[str, tuple[str, Row, bool, dict[str, Any]]] = {
+    "worker": (
+        "fbtp",
+        WORKER_ROW,
+        False,
+        {"tensor_parallel_size": 2, "engine": "raydp.models.echo_workers:WorkerEchoEngine", "engine_kwargs": _STEP},
+    ),
+    "hang": (
+        "fbhang",
+        HANG_ROW,
+        False,
+        {
+            "engine": _HANGS + "HangableWorkerEchoEngine",
+            "engine_kwargs": _STEP,
+            "step_timeout_s": HANG_STEP_TIMEOUT_S,
+        },
+    ),
+    "gang": ("fbgang", GANG_ROW, True, {**_GANG, "engine_kwargs": {"collective": True, **_STEP}}),
+    "gang-hang": (
+        "fbganghang",
+        GANG_HANG_ROW,
+        True,
+        {
+            **_GANG,
+            "engine": _HANGS + "HangableEchoEngine",
+            "engine_kwargs": {"collective": True, **_STEP},
+            "step_timeout_s": HANG_STEP_TIMEOUT_S,
+        },
+    ),
+}
 GROUPS = ("dense", "coordinator-node", "worker", "hang", "gang", "gang-hang")  # the table's clusters, in its order
 
 
@@ -138,52 +172,10 @@ def run_rows(trials: int, only: frozenset[str] = frozenset(GROUPS)) -> list[Faul
                     rows.append(measure_row(cluster, local, servers, row, trials))
         if "coordinator-node" in only:
             rows.append(coordinator_node_row(local, trials, restarts))
-        if "worker" in only:
-            with raydp.launch(
-                name="fbtp",
-                dp_size=2,
-                dp_size_local=1,
-                tensor_parallel_size=2,
-                engine="raydp.models.echo_workers:WorkerEchoEngine",
-                engine_kwargs={"step_delay_s": 0.005},
-                **restarts,
-            ) as cluster:
-                rows.append(measure_row(cluster, local, None, WORKER_ROW, trials))
-        if "hang" in only:
-            with raydp.launch(
-                name="fbhang",
-                dp_size=2,
-                dp_size_local=1,
-                engine="raydp.testing.hangs:HangableWorkerEchoEngine",
-                engine_kwargs={"step_delay_s": 0.005},
-                step_timeout_s=HANG_STEP_TIMEOUT_S,
-                **restarts,
-            ) as cluster:
-                rows.append(measure_row(cluster, local, None, HANG_ROW, trials))
-        if "gang" in only:
-            with raydp.launch(
-                name="fbgang",
-                dp_size=2,
-                dp_size_local=1,
-                lockstep=True,
-                allreduce_interval=4,
-                engine_kwargs={"collective": True, "step_delay_s": 0.005},
-                **restarts,
-            ) as cluster:
-                rows.append(measure_row(cluster, local, None, GANG_ROW, trials, gang=True))
-        if "gang-hang" in only:
-            with raydp.launch(
-                name="fbganghang",
-                dp_size=2,
-                dp_size_local=1,
-                lockstep=True,
-                allreduce_interval=4,
-                engine="raydp.testing.hangs:HangableEchoEngine",
-                engine_kwargs={"collective": True, "step_delay_s": 0.005},
-                step_timeout_s=HANG_STEP_TIMEOUT_S,
-                **restarts,
-            ) as cluster:
-                rows.append(measure_row(cluster, local, None, GANG_HANG_ROW, trials, gang=True))
+        for group, (name, row, gang, launch) in PAIR_CLUSTERS.items():
+            if group in only:  # two ranks, one per node, as each row's fault wants
+                with raydp.launch(name=name, dp_size=2, dp_size_local=1, **launch, **restarts) as cluster:
+                    rows.append(measure_row(cluster, local, None, row, trials, gang=gang))
     finally:
         local.shutdown()
     return rows
