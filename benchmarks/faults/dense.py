@@ -17,10 +17,17 @@ HTTP requests to 2 API servers where they exist):
   gang restarts;
 * the same gang with one rank's loop blocked for good (``hang_now``) under
   ``step_timeout_s`` 2 s: both watchdogs fire (the peer waits in the
-  all-reduce), and the gang restarts.
+  all-reduce), and the gang restarts;
+* the same gang with one rank that stops joining the all-reduces
+  (``skip_all_reduces_now``): it runs on, its peer's watchdog fires, and the
+  gang restarts;
+* a dense pair whose rank 1 restarts wedged once after each kill
+  (``HangingEchoEngine``, ``hang_in="restart"``, ``startup_timeout_s`` 3 s):
+  the successor's own deadline ends it, and the next try serves.
 
-*Detected*: fault to the death report (``Cluster.deaths`` grows), polled every
-5 ms. *Back*: fault to a request pinned to the affected rank answered
+*Detected*: fault to the death report (``Cluster.deaths`` grows; for the
+wedged restart, the wedge's ``INIT_FAILED`` report), polled every 5 ms.
+*Back*: fault to a request pinned to the affected rank answered
 correctly (every rank for a gang or a node; for the coordinator, every rank
 resubscribed to the successor and a request answered; for an API server, the
 respawned process alive and the endpoint answering), polled every 15 ms.
@@ -38,6 +45,7 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -106,6 +114,19 @@ GANG_HANG_ROW = Row(
     "its watchdog ends it, and its peer's (stuck in the DP all-reduce) ends the peer: EngineHungError for both; "
     "in-flight requests fail typed; the gang restarts",
 )
+GANG_SKIP_ROW = Row(
+    f"lockstep rank skips its all-reduces (step_timeout_s {HANG_STEP_TIMEOUT_S:g} s)",
+    "rank-skip-allreduce",
+    "the skipping rank runs on; its peer waits in the DP all-reduce until its watchdog ends it "
+    "(EngineHungError: its peers never joined); in-flight requests fail typed; the gang restarts",
+)
+WEDGE_STARTUP_TIMEOUT_S = 3.0  # the startup deadline in this row (600 s by default)
+WEDGE_ROW = Row(
+    f"restart wedges while starting (startup_timeout_s {WEDGE_STARTUP_TIMEOUT_S:g} s)",
+    "restart-wedge",
+    "the rank is killed; its successor wedges in its constructor, its own startup deadline ends it "
+    "(INIT_FAILED, with the stuck stack), and the next try serves; detected is the wedge's report",
+)
 GANG_ROW = Row(
     "kill lockstep rank (SIGKILL)",
     "rank-sigkill",
@@ -146,8 +167,29 @@ PAIR_CLUSTERS: dict[str, tuple[str, Row, bool, dict[str, Any]]] = {
             "step_timeout_s": HANG_STEP_TIMEOUT_S,
         },
     ),
+    "gang-skip": (
+        "fbgangskip",
+        GANG_SKIP_ROW,
+        True,
+        {
+            **_GANG,
+            "engine": _HANGS + "HangableEchoEngine",
+            "engine_kwargs": {"collective": True, **_STEP},
+            "step_timeout_s": HANG_STEP_TIMEOUT_S,
+        },
+    ),
+    "restart-wedge": (
+        "fbwedge",
+        WEDGE_ROW,
+        False,
+        {
+            "engine": _HANGS + "HangingEchoEngine",
+            "engine_kwargs": {"hang_in": "restart", "ranks": [1], "once_dir": None, **_STEP},  # once_dir: run_rows'
+            "startup_timeout_s": WEDGE_STARTUP_TIMEOUT_S,
+        },
+    ),
 }
-GROUPS = ("dense", "coordinator-node", "worker", "hang", "gang", "gang-hang")  # the table's clusters, in its order
+GROUPS = ("dense", "coordinator-node", *PAIR_CLUSTERS)  # the table's clusters, in its order
 
 
 def run_rows(trials: int, only: frozenset[str] = frozenset(GROUPS)) -> list[FaultRow]:
@@ -174,11 +216,24 @@ def run_rows(trials: int, only: frozenset[str] = frozenset(GROUPS)) -> list[Faul
             rows.append(coordinator_node_row(local, trials, restarts))
         for group, (name, row, gang, launch) in PAIR_CLUSTERS.items():
             if group in only:  # two ranks, one per node, as each row's fault wants
-                with raydp.launch(name=name, dp_size=2, dp_size_local=1, **launch, **restarts) as cluster:
+                with (
+                    tempfile.TemporaryDirectory(prefix="raydp-faults-") as marks,
+                    raydp.launch(
+                        name=name, dp_size=2, dp_size_local=1, **_with_marks(launch, marks), **restarts
+                    ) as cluster,
+                ):
                     rows.append(measure_row(cluster, local, None, row, trials, gang=gang))
     finally:
         local.shutdown()
     return rows
+
+
+def _with_marks(launch: dict[str, Any], marks: str) -> dict[str, Any]:
+    """``launch`` with an engine's ``once_dir`` of None pointed at ``marks`` (where a hanging engine counts)."""
+    kwargs = launch.get("engine_kwargs", {})
+    if "once_dir" not in kwargs:
+        return launch
+    return {**launch, "engine_kwargs": {**kwargs, "once_dir": marks}}
 
 
 def coordinator_node_row(local: Any, trials: int, restarts: dict[str, Any]) -> FaultRow:

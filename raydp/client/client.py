@@ -219,7 +219,7 @@ class Client:
 
     def snapshot(self) -> StatsSnapshot | None:
         """The latest (counts, wave, running) published by the coordinator."""
-        return self._router.last_snapshot
+        return self._router.feed.last_snapshot
 
     def mark_dead(self, error: EngineDeadError) -> None:
         """Fail (or retry elsewhere) the requests on a dead rank; stop routing to it."""

@@ -8,7 +8,6 @@ answer when something reached it behind its back.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -20,9 +19,11 @@ import zmq
 
 from raydp.client.balancer import LoadBalancer
 from raydp.client.calls import PendingCalls
-from raydp.client.membership import membership
+from raydp.client.feed import CoordinatorFeed, one_frame
+from raydp.client.membership import liveness, membership
 from raydp.client.pools import KvWaits, pool_of, wants_prefill_first
 from raydp.client.requests import RequestState, Submission
+from raydp.client.sending import RequestSender
 from raydp.client.sockets import ClientSockets
 from raydp.errors import (
     ConfigError,
@@ -34,10 +35,10 @@ from raydp.errors import (
     ScaleDownError,
 )
 from raydp.wire.codec import encode
-from raydp.wire.control import CacheWanted, FirstRequest, StatsSnapshot, snapshot_decoder
+from raydp.wire.control import StatsSnapshot
 from raydp.wire.dropped import DropLog
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
-from raydp.wire.protocol import Abort, Output, RequestBatch, RequestType, output_decoder
+from raydp.wire.protocol import Abort, Output, RequestType, output_decoder
 
 logger = logging.getLogger("raydp.client.client")
 _NONE: frozenset[str] = frozenset()  # a single submit has no batch to clash with
@@ -59,38 +60,21 @@ class RequestRouter:
         # Clients in the launching process hear of deaths from the manager directly;
         # every other client (API servers, attached notebooks) from the coordinator.
         self.follow_liveness = follow_liveness
-        # Wakes a caller polling for its own answer; set by the client's ClientTurns.
-        self.tell_reader: Callable[[], None] = _nobody
+        # Wakes a caller polling for its own answer; set by the client's ClientTurns (none reads until then).
+        self.tell_reader: Callable[[], None] = lambda: None
         self.requests: dict[str, RequestState] = {}
         self.calls = PendingCalls()
         self.dead: dict[int, EngineDeadError] = {}
-        self.last_snapshot: StatsSnapshot | None = None
-        self.last_heard = last_heard
         self._drops = DropLog(logger, "client")
-        # Every send of a request gets a new number, echoed in its outputs: what
-        # a rank still sends for an aborted or moved submission can never be taken
-        # for the answer to a later one under the same id.
-        self._seqs = itertools.count(1)
-        self._cache_asked: dict[int, float] = {}  # rank -> when this client last asked for its whole picture
+        self.feed = CoordinatorFeed(io.to_coordinator, self._drops, last_heard)
+        self.out = RequestSender(io, balancer, self.requests, endpoints.lockstep)
         self.migrations = 0  # streams moved to another rank after their rank died (exported by API servers)
         self.kv_waits = KvWaits()  # P/D: requests whose decode rank has not made a token yet (Client sets the bound)
 
-    def sender(self, sock: zmq.Socket[bytes]) -> str:
-        """Who sent on ``sock``, as a dropped message names it: its role and the address it connects to."""
-        address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        if sock is self.io.stats:
-            return f"coordinator publish {address}"
-        rank = next((r for r, s in enumerate(self.io.engines) if s is sock), "?")
-        return f"rank {rank} {address}"
-
     def on_snapshot(self, frames: list[bytes]) -> None:
-        try:
-            snap = snapshot_decoder(_one_frame(frames))
-        except ProtocolError as exc:
-            self._drops.drop(self.sender(self.io.stats), str(exc))
+        snap = self.feed.take(frames, self.io.describe(self.io.stats))
+        if snap is None:
             return
-        self.last_snapshot = snap
-        self.last_heard = time.monotonic()
         if self.follow_liveness:
             try:
                 engines, size = membership(self.endpoints.engines, snap)
@@ -99,7 +83,7 @@ class RequestRouter:
             except Exception:  # a bad notice must not take the IO thread down
                 logger.exception("client: could not follow the coordinator's scale notice")
         try:
-            self._ask_for_pictures(self.balancer.on_snapshot(snap))
+            self.feed.ask_for_pictures(self.balancer.on_snapshot(snap))
         except Exception:  # a bad snapshot must not take the IO thread down
             logger.exception("client: could not apply the coordinator's snapshot")
         if self.follow_liveness:
@@ -108,31 +92,19 @@ class RequestRouter:
             except Exception:  # a bad notice must not take the IO thread down
                 logger.exception("client: could not apply the coordinator's liveness notice")
 
-    def _ask_for_pictures(self, ranks: list[int]) -> None:
-        """Ask for the whole cache pictures this client fell behind on, each at most once a second."""
-        now = time.monotonic()
-        for rank in ranks:
-            if now - self._cache_asked.get(rank, float("-inf")) >= 1.0:
-                self._cache_asked[rank] = now
-                self.io.to_coordinator(CacheWanted(rank=rank))
-
     def _apply_liveness(self, snap: StatsSnapshot) -> None:
         """Deaths and restarts as the coordinator publishes them (snapshots arrive in order)."""
-        for ep in self.endpoints.engines:
-            if ep.rank in snap.dead:
-                if ep.rank not in self.dead:
-                    cause = _cause(snap.dead[ep.rank])
-                    self.mark_dead(EngineDeadError(ep.rank, ep.node_id, cause, "reported by the coordinator"))
-            elif ep.rank in self.dead or ep.rank in snap.moved:
-                addresses = snap.moved.get(ep.rank, ep.input_addresses)
-                node = snap.nodes.get(ep.rank, ep.node_id)  # a rank re-added may sit on another node
-                self.revive(EngineEndpoint(ep.rank, node, addresses))
+        deaths, revived = liveness(self.endpoints.engines, self.dead, snap)
+        for death in deaths:
+            self.mark_dead(death)
+        for endpoint in revived:
+            self.revive(endpoint)
 
     def on_output_batch(self, frames: list[bytes], sock: zmq.Socket[bytes]) -> None:
         try:
-            batch = output_decoder(_one_frame(frames))
+            batch = output_decoder(one_frame(frames))
         except ProtocolError as exc:
-            self._drops.drop(self.sender(sock), str(exc))
+            self._drops.drop(self.io.describe(sock), str(exc))
             return
         for out in batch.outputs:
             self._deliver(out, batch.rank)
@@ -161,17 +133,14 @@ class RequestRouter:
         state.deliver(msgspec.structs.replace(first, finished=False, finish_reason=None))
         # Also in any later migration: the rank that ends the stream removes what the prefill left.
         state.original = msgspec.structs.replace(state.original, prefilled=len(state.original.prompt_token_ids))
-        continuation = state.continuation()
-        if continuation is None:  # the budget was one token after all
-            state.deliver(Output(first.request_id, [], True, "length", seq=first.seq))
+        if not self._continued(state):  # the budget was one token after all
             return
-        state.request = continuation
         try:
             state.rank = self._choose(state)
         except ConfigError as exc:
             state.deliver(next(iter(self.dead.values()), exc))
             return
-        self._send_request(state)
+        self.out.send(state)
         if state.request.request_id in self.requests:
             self.kv_waits.start(state.request.request_id, state.request.seq, time.monotonic())
 
@@ -179,10 +148,8 @@ class RequestRouter:
         """P/D: fail, typed, the requests whose decode rank made no token in time (their KV never came)."""
         late = self.kv_waits.expired(now, lambda rid: self.requests[rid].request.seq if rid in self.requests else None)
         for rid in late:
-            state = self.requests.pop(rid)
-            self.balancer.on_finished(state.rank)
-            if state.rank not in self.dead:
-                self.io.send_input(state.rank, RequestType.ABORT, encode(Abort([rid])))
+            state = self._withdraw(rid)
+            assert state is not None, "expired() names only requests in flight"
             node = self.endpoints.engines[state.rank].node_id
             state.deliver(KVTransferError(rid, state.rank, node, self.kv_waits.timeout_s))
         if late:
@@ -191,7 +158,7 @@ class RequestRouter:
     def submit(self, item: Submission) -> None:
         state = self._admit(item, _NONE)
         if state is not None:
-            self._send_request(state)
+            self.out.send(state)
 
     def _admit(self, item: Submission, batch_ids: Collection[str]) -> RequestState | None:
         """Check one submission and pick its rank; None (and the listener told why) if it cannot go."""
@@ -240,60 +207,21 @@ class RequestRouter:
         for rank, states in by_rank.items():
             for state in states:
                 self.balancer.undo_sent(rank, state.request.max_tokens)  # the send below books what really goes
-            self._send_batch(rank, states)
-
-    def _send_batch(self, rank: int, states: list[RequestState]) -> None:
-        """One message for every request of the batch that goes to ``rank``."""
-        if len(states) == 1:
-            self._send_request(states[0])
-            return
-        wave = self.balancer.wave
-        for state in states:
-            state.request.wave, state.request.seq = wave, next(self._seqs)
-        body = encode(RequestBatch([state.request for state in states]))
-        if len(body) > self.io.opts.max_message_bytes:  # too big together: each on its own
-            for state in states:
-                self._send_request(state)
-            return
-        if self.endpoints.lockstep and self.balancer.note_first_request():
-            self.io.to_coordinator(FirstRequest(rank=rank, wave=wave))
-        if not self.io.send_input(rank, RequestType.ADD_MANY, body):
-            for state in states:
-                state.deliver(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
-            return
-        for state in states:
-            self.requests[state.request.request_id] = state
-            self.balancer.on_sent(rank, state.request.max_tokens, state.request.adapter)
-            if state.handle is not None:
-                state.handle.rank = rank
-
-    def _send_request(self, state: RequestState) -> None:
-        request, rank = state.request, state.rank
-        request.wave, request.seq = self.balancer.wave, next(self._seqs)
-        body = encode(request)
-        if len(body) > self.io.opts.max_message_bytes:  # refused before it can wake a paused cluster
-            limit = self.io.opts.max_message_bytes
-            why = f"prompt_token_ids: the request is {len(body)} bytes, over max_message_bytes={limit}"
-            state.deliver(ConfigError(why))
-            return
-        if self.endpoints.lockstep and self.balancer.note_first_request():
-            self.io.to_coordinator(FirstRequest(rank=rank, wave=request.wave))
-        if not self.io.send_input(rank, RequestType.ADD, body):
-            state.deliver(RaydpError(f"engine rank {rank} is not accepting input (queue full)"))
-            return
-        self.requests[request.request_id] = state
-        self.balancer.on_sent(rank, request.max_tokens, request.adapter)
-        if state.handle is not None:
-            state.handle.rank = rank
+            self.out.send_batch(rank, states)
 
     def abort(self, request_id: str) -> None:
+        state = self._withdraw(request_id)
+        if state is not None:
+            state.deliver(Output(request_id, [], True, "abort"))
+
+    def _withdraw(self, request_id: str) -> RequestState | None:
+        """Take ``request_id`` off the table and off its rank (if that rank lives); None if not in flight."""
         state = self.requests.pop(request_id, None)
-        if state is None:
-            return
-        self.balancer.on_finished(state.rank)
-        if state.rank not in self.dead:
-            self.io.send_input(state.rank, RequestType.ABORT, encode(Abort([request_id])))
-        state.deliver(Output(request_id, [], True, "abort"))
+        if state is not None:
+            self.balancer.on_finished(state.rank)
+            if state.rank not in self.dead:
+                self.io.send_input(state.rank, RequestType.ABORT, encode(Abort([request_id])))
+        return state
 
     def call(self, rank: int, call_id: int, method: str, future: Future[Any], body: bytes) -> None:
         if rank in self.dead:
@@ -313,7 +241,7 @@ class RequestRouter:
         )
         self.endpoints = msgspec.structs.replace(self.endpoints, coordinator=coord)
         self.io.move_coordinator(coord)
-        self.last_heard = time.monotonic()
+        self.feed.heard()
         return True
 
     def mark_dead(self, error: EngineDeadError) -> None:
@@ -334,7 +262,7 @@ class RequestRouter:
                 # A P/D request still on its prefill rank has streamed nothing: it is always sent again.
                 if (state.retryable or state.handoff) and not state.got_output:
                     state.rank = self._choose(state)
-                    self._send_request(state)
+                    self.out.send(state)
                 elif state.migrations_left > 0:
                     self._migrate(state, error)
                 else:
@@ -352,22 +280,28 @@ class RequestRouter:
         request gives what an uninterrupted one would).
         """
         state.migrations_left -= 1
-        continuation = state.continuation()
-        if continuation is None:  # every token was out; only the last message died with the rank
-            state.deliver(Output(state.request.request_id, [], True, "length", seq=state.request.seq))
+        if not self._continued(state):  # every token was out; only the last message died with the rank
             return
-        state.request = continuation
         state.rank = self._choose(state)
         self.migrations += 1
         logger.info(
             "client: request %s moved from dead rank %d to rank %d after %d tokens (%d moves left)",
-            continuation.request_id,
+            state.request.request_id,
             error.rank,
             state.rank,
             len(state.streamed or []),
             state.migrations_left,
         )
-        self._send_request(state)
+        self.out.send(state)
+
+    def _continued(self, state: RequestState) -> bool:
+        """Point ``state`` at its continuation; False (its stream ended) if no token is left to make."""
+        continuation = state.continuation()
+        if continuation is None:
+            state.deliver(Output(state.request.request_id, [], True, "length", seq=state.request.seq))
+            return False
+        state.request = continuation
+        return True
 
     def revive(self, endpoint: EngineEndpoint) -> None:
         if endpoint == self.endpoints.engines[endpoint.rank]:
@@ -407,15 +341,13 @@ class RequestRouter:
         for rid, state in list(self.requests.items()):
             if state.rank < size or not state.retryable or state.got_output:
                 continue
-            self.io.send_input(state.rank, RequestType.ABORT, encode(Abort([rid])))
-            del self.requests[rid]
-            self.balancer.on_finished(state.rank)
+            self._withdraw(rid)
             try:
                 state.rank = self._choose(state)
             except ConfigError as exc:
                 state.deliver(exc)
                 continue
-            self._send_request(state)
+            self.out.send(state)
 
     def fail_everything(self, error: RaydpError) -> None:
         for state in self.requests.values():
@@ -423,21 +355,3 @@ class RequestRouter:
         self.requests.clear()
         self.calls.fail(error)
         self.tell_reader()
-
-
-def _cause(text: str) -> DeathCause:
-    try:
-        return DeathCause(text)
-    except ValueError:
-        return DeathCause.UNKNOWN
-
-
-def _one_frame(frames: list[bytes]) -> bytes:
-    """The body of a message to a client: every one is a single frame."""
-    if len(frames) != 1:
-        raise ProtocolError(f"a message of {len(frames)} frames (want 1)")
-    return frames[0]
-
-
-def _nobody() -> None:
-    """No caller reads for itself (until a ClientTurns takes the router)."""

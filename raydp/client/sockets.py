@@ -50,6 +50,14 @@ class ClientSockets:
         self.reader_bell = Doorbell()  # wakes a caller polling for its own answer (see ClientTurns.read_for)
         self._rebuild_poll_set()
 
+    def describe(self, sock: zmq.Socket[bytes]) -> str:
+        """Who sent on ``sock``, as a dropped message names it: its role and the address it connects to."""
+        address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if sock is self.stats:
+            return f"coordinator publish {address}"
+        rank = next((r for r, s in enumerate(self.engines) if s is sock), "?")
+        return f"rank {rank} {address}"
+
     def _connect_coordinator(self, coord: CoordinatorEndpoints) -> None:
         same = coord.node_id == self.node_id
         self.stats = make_socket(self.ctx, zmq.SUB, self.opts)

@@ -298,7 +298,7 @@ class ClientTurns:
         The ranks beside it may have died with it, unannounced. An answer comes back on the
         engine's socket, as any utility call's, and the first that names a new place is followed."""
         now = time.monotonic()
-        if not self._follow_liveness or now - self.router.last_heard < PROBE_HEARTBEATS * self._heartbeat_s:
+        if not self._follow_liveness or now - self.router.feed.last_heard < PROBE_HEARTBEATS * self._heartbeat_s:
             return
         if now - self._last_probe < self._heartbeat_s:
             return
@@ -326,7 +326,7 @@ class ClientTurns:
 
     def _coordinator_silent(self) -> bool:
         """A client that hears of deaths only from the coordinator cannot trust a silent one."""
-        if not self._follow_liveness or time.monotonic() - self.router.last_heard < self._silence_limit:
+        if not self._follow_liveness or time.monotonic() - self.router.feed.last_heard < self._silence_limit:
             return False
         self._fatal = CoordinatorDeadError(
             f"of cluster {self.router.endpoints.name!r}",

@@ -5,7 +5,10 @@ restarted with exponential backoff, and once it has used ``max_restarts``
 within ``window_s`` it stays down (the cluster serves on, degraded). A
 restart older than the window no longer counts, so a rank that ran well for
 a window gets its whole budget back, as a pod's backoff resets after ten
-minutes of running.
+minutes of running. A restart that fails (its successor never started, or
+wedged past ``startup_timeout_s``) is one more death: it spends the budget as
+a death does, so a transient startup wedge is retried after the backoff and
+a rank that can never start stays down once the budget is spent.
 """
 
 from __future__ import annotations
@@ -32,18 +35,16 @@ class RestartBudget:
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self._clock = clock
         self._taken: dict[int, deque[float]] = {rank: deque() for rank in ranks}
-        self._exhausted: set[int] = set()
 
     def grant(self, ranks: Iterable[int]) -> None:
         """New ranks (at startup or a scale-up) get the full budget."""
         for rank in ranks:
             self._taken[rank] = deque()
-            self._exhausted.discard(rank)
 
     def take(self, rank: int) -> float | None:
         """Spend one restart of ``rank``: the seconds to wait before it, or None when none is left."""
         taken = self._taken.get(rank)
-        if taken is None or rank in self._exhausted:
+        if taken is None:
             return None
         now = self._clock()
         while taken and now - taken[0] >= self.window_s:
@@ -55,10 +56,5 @@ class RestartBudget:
         taken.append(now)
         return delay
 
-    def exhaust(self, rank: int) -> None:
-        """A restart failed: the rank's death is final."""
-        self._exhausted.add(rank)
-
     def forget(self, rank: int) -> None:
         self._taken.pop(rank, None)
-        self._exhausted.discard(rank)

@@ -10,7 +10,9 @@ with the typed error, or move where they allow it and nothing streamed yet),
 all engines are ended, and the gang is started again in its placements: a new
 rendezvous, every rank handshakes and joins the new group in the
 coordinator's current wave, and clients follow each rank to its new address.
-Deaths during the restart, or with no restarts left, end the gang.
+A restart that fails (a rank's successor raised or wedged while starting) is
+one more death of the gang: tried again after the backoff while the budget
+lasts. Deaths during the restart, or with no restarts left, end the gang.
 """
 
 from __future__ import annotations
@@ -87,10 +89,10 @@ class GangRestarts:
                     return  # closing: no successor
             self.start_again(phases)
         except Exception as exc:
+            c.rt.kill(records)  # never leave half a gang started
             if not c.closing():
                 logger.error("lockstep gang restart failed: %r", exc)
                 with c.report_lock:
-                    self.budget.exhaust(self.GANG)
                     self.restarting = False
                 c.report(first, DeathCause.INIT_FAILED, f"gang restart failed: {exc}")
             return

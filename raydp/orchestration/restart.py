@@ -6,9 +6,11 @@ exponential backoff: :mod:`raydp.orchestration.budget`) lasts: the dead engine i
 (its name and resources must be free), a successor is created with the
 devices the rank had (or, after a node death, in a new placement on the nodes
 that remain, probed afresh), it handshakes, subscribes to the coordinator,
-and clients follow it to its new address. A restart that fails ends the rank
-for good, reported as ``INIT_FAILED``. This is the one restart procedure of
-both backends.
+and clients follow it to its new address. A restart that fails (its successor
+raised, or wedged past ``startup_timeout_s``) is reported as an
+``INIT_FAILED`` death of the rank, and the same policy decides again: another
+try after the backoff while the budget lasts, else the rank stays down. This is
+the one restart procedure of both backends.
 """
 
 from __future__ import annotations
@@ -78,9 +80,7 @@ class DenseRestarts:
                 logger.warning("engine rank %d rejoined while the coordinator is down", rank)
         except Exception as exc:
             c.rt.kill([record])  # never leave a half-started successor
-            if not c.closing():
-                with c.report_lock:
-                    self.c.budget.exhaust(rank)
+            if not c.closing():  # one more death: the budget decides whether it is tried again
                 c.report(rank, DeathCause.INIT_FAILED, f"restart failed: {exc}")
             return
         with c.owned.lock:

@@ -7,6 +7,10 @@ cluster is made of, the way it dies in production:
 * a rank's engine process: ``SIGKILL`` of its pid, or ``ray.kill``;
 * a rank that hangs: its loop blocks for good in an engine call (engines with a
   ``hang_now`` utility, :mod:`raydp.testing.hangs`), and its watchdog must end it;
+* a lockstep rank that stops joining its gang's all-reduces (``skip_all_reduces_now``):
+  its peers' watchdogs must end them;
+* a restart that wedges (``HangingEchoEngine`` with ``hang_in="restart"``): the
+  rank is killed, and its successor's startup deadline must end the wedge;
 * a device worker of a rank (engines with a ``worker_class``): ``SIGKILL``;
 * the coordinator: ``SIGKILL`` or ``ray.kill``;
 * an API server process (``cluster.serve_api``): ``SIGKILL``;
@@ -48,6 +52,8 @@ KINDS = (
     "rank-sigkill",
     "rank-ray-kill",
     "rank-hang",
+    "rank-skip-allreduce",
+    "restart-wedge",
     "worker-sigkill",
     "coordinator-sigkill",
     "coordinator-ray-kill",
@@ -131,6 +137,10 @@ class Injector:
             return self.ray_kill_rank(rank)
         if kind == "rank-hang":
             return self.hang_rank(rank)
+        if kind == "rank-skip-allreduce":
+            return self.skip_all_reduces(rank)
+        if kind == "restart-wedge":  # an engine whose restarts wedge (HangingEchoEngine, hang_in="restart")
+            return dataclasses.replace(self.kill_rank(rank), kind=kind)
         if kind == "worker-sigkill":
             return self.kill_worker(rank)
         if kind == "coordinator-sigkill":
@@ -174,6 +184,13 @@ class Injector:
                 pass  # the rank's death fails the call: expected
 
         threading.Thread(target=call, name=f"hang-rank-{rank}", daemon=True).start()
+        return fault
+
+    def skip_all_reduces(self, rank: int) -> Fault:
+        """A lockstep rank joins no more DP all-reduces (its engine's ``skip_all_reduces_now``): it runs on,
+        and its peers wait in the collective until their watchdogs end them."""
+        fault = self._fault("rank-skip-allreduce", f"rank {rank}", ranks=(rank,))
+        self.control.call_utility(rank, "skip_all_reduces_now", timeout=10)
         return fault
 
     def kill_worker(self, rank: int) -> Fault:
@@ -270,6 +287,11 @@ class Injector:
         if fault.kind == "partition":  # each cut-off rank reported dead because its node died
             told = {getattr(e, "rank", -1) for e in self.cluster.deaths[fault.deaths_before :] if "node died" in str(e)}
             return set(fault.ranks) <= told
+        if fault.kind == "restart-wedge":  # not the kill: the successor's wedge, ended by its startup deadline
+            return any(
+                getattr(e, "cause", None) is raydp.DeathCause.INIT_FAILED
+                for e in self.cluster.deaths[fault.deaths_before :]
+            )
         return len(self.cluster.deaths) > fault.deaths_before
 
     def serving(self, fault: Fault) -> bool:

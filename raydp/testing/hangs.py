@@ -2,7 +2,9 @@
 
 :class:`HangingEchoEngine` is the echo engine with one fault: on chosen ranks
 it blocks forever in ``step()`` at its Nth step, in ``execute_dummy_batch``
-(a lockstep rank's idle step), or while it is built (a startup that wedges);
+(a lockstep rank's idle step), or while it is built (a startup that wedges;
+with ``hang_in="restart"``, every restart of a rank that served wedges once,
+and the try after it serves);
 or, from its Nth DP all-reduce on, a lockstep rank skips them all, so that
 its peers wait in the collective for a rank that never comes.
 With ``once_dir`` set, each rank hangs once per directory: the hang leaves a
@@ -26,6 +28,7 @@ watchdog's stack names it; a peer of a skipping rank is stuck in the collective.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +38,8 @@ from raydp.models.echo_workers import WorkerEchoEngine
 from raydp.models.vllm import VllmEngine
 from raydp.wire.protocol import Output
 
-HangPoint = Literal["step", "dummy", "startup", "allreduce"]
+HangPoint = Literal["step", "dummy", "startup", "restart", "allreduce"]
+HANG_POINTS = ("step", "dummy", "startup", "restart", "allreduce")
 
 
 def block_forever() -> None:
@@ -51,13 +55,13 @@ class _HangSwitch:
         if hang_at < 1:
             raise ValueError(f"hang_at_step={hang_at!r}: must be an int >= 1")
         self.hang_at, self._calls = hang_at, 0
-        self._armed = ranks is None or rank in ranks
+        self.armed = ranks is None or rank in ranks
         self._marker = Path(once_dir) / f"hung-dp{rank}" if once_dir else None
 
     def due(self) -> bool:
         """Count a call; True at the Nth (once per ``once_dir``)."""
         self._calls += 1
-        if not self._armed or self._calls != self.hang_at:
+        if not self.armed or self._calls != self.hang_at:
             return False
         if self._marker is not None:
             if self._marker.exists():
@@ -70,6 +74,17 @@ class _HangSwitch:
             block_forever()
 
 
+def _count_start(directory: Path, rank: int) -> int:
+    """This start of ``rank`` is its Nth in ``directory`` (1 for its first): one file per start."""
+    for n in range(1, 10_000):
+        try:
+            (directory / f"start-dp{rank}-{n}").touch(exist_ok=False)
+        except FileExistsError:
+            continue
+        return n
+    raise RuntimeError(f"rank {rank} started 10,000 times in {directory}")
+
+
 class _Skipped:
     """A collective this rank never joined, as its own loop sees it: done at once."""
 
@@ -80,8 +95,9 @@ class _Skipped:
         return None
 
 
-def skip_all_reduces(switch: _HangSwitch) -> None:
-    """From the switch's Nth DP all-reduce on, this process contributes to none (its peers wait for it).
+def skip_all_reduces(due: Callable[[], bool]) -> None:
+    """From the first DP all-reduce for which ``due()`` is true on, this process contributes to none (its
+    peers wait for it).
 
     It patches this process's DP group only: each rank is a process of its own.
     """
@@ -92,7 +108,7 @@ def skip_all_reduces(switch: _HangSwitch) -> None:
     skipping = [False]
 
     def skips() -> bool:
-        skipping[0] = skipping[0] or switch.due()
+        skipping[0] = skipping[0] or due()
         return skipping[0]
 
     def skipped_start(self: Any, unfinished: bool, hold: bool, pace: int = 0) -> None:
@@ -123,15 +139,19 @@ class HangingEchoEngine(EchoEngine):
         once_dir: str | None = None,
         **echo: Any,
     ) -> None:
-        if hang_in not in ("step", "dummy", "startup", "allreduce"):
-            raise ValueError(f"hang_in={hang_in!r}: must be 'step', 'dummy', 'startup' or 'allreduce'")
+        if hang_in not in HANG_POINTS:
+            raise ValueError(f"hang_in={hang_in!r}: must be one of {HANG_POINTS}")
+        if hang_in == "restart" and once_dir is None:
+            raise ValueError("hang_in='restart' needs once_dir: the rank's starts are counted there")
         self._hang = _HangSwitch(context.rank, hang_at_step, ranks, once_dir)
         super().__init__(context, **echo)
         self.hang_in = hang_in
         if hang_in == "startup":
             self._hang.call()
+        elif hang_in == "restart" and self._hang.armed and _count_start(Path(str(once_dir)), context.rank) % 2 == 0:
+            block_forever()
         elif hang_in == "allreduce":
-            skip_all_reduces(self._hang)
+            skip_all_reduces(self._hang.due)
 
     def step(self) -> list[Output]:
         if self.hang_in == "step":
@@ -145,10 +165,15 @@ class HangingEchoEngine(EchoEngine):
 
 
 class HangableEchoEngine(EchoEngine):
-    """The echo engine, plus a utility that hangs its rank's loop for good (a lockstep gang's hang row)."""
+    """The echo engine, plus utilities that stall a lockstep gang (the failure table's rows): ``hang_now``
+    hangs its rank's loop for good; after ``skip_all_reduces_now`` the rank runs on but joins no more DP
+    all-reduces, so its peers wait in the collective."""
 
     def hang_now(self) -> None:
         block_forever()
+
+    def skip_all_reduces_now(self) -> None:
+        skip_all_reduces(lambda: True)
 
 
 class HangableWorkerEchoEngine(WorkerEchoEngine):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import urllib.request
 from pathlib import Path
@@ -179,6 +181,45 @@ def test_a_rank_wedged_while_starting_fails_the_launch_with_its_stack(
     assert "block_forever" in message and "hangs.py" in message, message
     print(f"\nwedged rank: the launch failed after {took:.1f}s")  # never forever: the test's timeout bounds it
     assert_nothing_left(name, timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_a_restart_that_wedges_is_ended_and_tried_again_and_loses_no_request(tmp_path: Path) -> None:
+    """Rank 1 is killed; its first successor wedges while it starts (as 5 of 7 vLLM startups did in
+    vllm#53157), is ended after ``startup_timeout_s`` with its stack, and the next try serves."""
+    startup_timeout_s = 3
+    engine_kwargs = {"hang_in": "restart", "ranks": [1], "once_dir": str(tmp_path), "step_delay_s": 0.01}
+    with raydp.launch(
+        name="wedged-restart",
+        dp_size=2,
+        backend="mp",
+        engine=HANGING,
+        engine_kwargs=engine_kwargs,
+        max_restarts=3,
+        restart_backoff_s=0.5,
+        startup_timeout_s=startup_timeout_s,
+        progress=False,
+    ) as cluster:
+        client = cluster.client()
+        pid = int(client.call_utility(1, "describe", timeout=10)["pid"])
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        # Sent while rank 1 is down and wedged: each goes to rank 0, or moves there, and none is lost.
+        handles = [client.submit([3], max_tokens=4, retryable=True) for _ in range(8)]
+        assert wait_until(lambda: len(cluster.deaths) >= 2, timeout=startup_timeout_s + 30), cluster.deaths
+        detected = time.monotonic() - killed
+        killed_report, wedged = cluster.deaths[:2]
+        assert killed_report.rank == 1 and killed_report.restarting, killed_report
+        assert isinstance(wedged, raydp.EngineDeadError) and wedged.rank == 1, wedged
+        assert wedged.cause is raydp.DeathCause.INIT_FAILED and wedged.restarting, wedged
+        assert f"did not start within startup_timeout_s={startup_timeout_s}" in wedged.detail, wedged.detail
+        assert "block_forever" in wedged.detail, "the wedged start's stack names its blocking frame"
+        # The rank's own deadline ended it (the launcher's would come 10 s later, without the stack).
+        print(f"\nwedged restart: reported {detected:.1f}s after the kill")
+        assert [h.result(timeout=60) for h in handles] == [[3] * 4] * 8
+        assert wait_until(lambda: _serves(client, 1), timeout=60), "rank 1 came back on the next try"
+        assert len(cluster.deaths) == 2 and cluster.wait(timeout=0.2) is None, cluster.deaths
+    assert_nothing_left("wedged-restart", timeout=30)
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from typing import Any
 
 from raydp.config import RaydpConfig
 from raydp.coordinator.state import CoordinatorState
+from raydp.errors import StartupError
 from raydp.orchestration.core import Orchestrator
 from raydp.orchestration.owned import OwnedResources
 from raydp.orchestration.ranks import RankRecord
@@ -82,6 +83,7 @@ class ModelRuntime:
         self.watched: set[int] = set()
         self.masters = 0
         self.decisions: list[Any] = []
+        self.wedged_starts = 0  # the next so many joins fail, as a successor that wedged while starting
 
     def place(self, ranks: range, existing: Sequence[RankRecord], why: str) -> list[RankRecord]:
         return [RankRecord(rank, f"node{rank}") for rank in ranks]
@@ -106,6 +108,9 @@ class ModelRuntime:
     def join(
         self, records: Sequence[RankRecord], init_for: Any, progress: Any = None, watched: Sequence[RankRecord] = ()
     ) -> HandshakeResult:
+        if self.wedged_starts > 0:
+            self.wedged_starts -= 1
+            raise StartupError(f"engine rank {records[0].rank} did not start within startup_timeout_s=3")
         result = HandshakeResult()
         for record in records:
             self.generation += 1

@@ -26,11 +26,10 @@ def test_unknown_ranks_have_none_until_granted() -> None:
     assert budget.take(3) is not None and budget.take(4) is not None and budget.take(3) is None
 
 
-def test_an_exhausted_or_forgotten_rank_restarts_no_more() -> None:
+def test_a_forgotten_rank_restarts_no_more() -> None:
     budget = RestartBudget(5, range(2))
-    budget.exhaust(0)
     budget.forget(1)
-    assert budget.take(0) is None and budget.take(1) is None
+    assert budget.take(0) == 0.0 and budget.take(1) is None
 
 
 def test_repeats_in_a_window_back_off_doubling_up_to_the_cap() -> None:

@@ -23,9 +23,18 @@ def _gang(**fields: object) -> tuple[Orchestrator, ModelRuntime]:
 
 
 def _settle(o: Orchestrator) -> None:
-    for thread in list(o.controls.threads):
-        thread.join(10)
-        assert not thread.is_alive(), "a restart never ended"
+    """Until no restart runs (a failed restart starts the next one from its own thread)."""
+    while running := [t for t in list(o.controls.threads) if t.is_alive()]:
+        for thread in running:
+            thread.join(10)
+            assert not thread.is_alive(), "a restart never ended"
+
+
+def _dense(**fields: object) -> tuple[Orchestrator, ModelRuntime]:
+    coord = CoordinatorState(engine_count=2, stats_interval_s=0.125, heartbeat_interval_s=1.0)
+    runtime = ModelRuntime(lambda: coord)
+    control = ModelCoordinator(lambda body: coord.handle(coordinator_decoder(body)))
+    return started(2, runtime, control, **fields), runtime
 
 
 def _first_deaths(o: Orchestrator) -> list[EngineDeadError]:
@@ -65,3 +74,30 @@ def test_a_repeated_gang_restart_waits_its_backoff_and_a_close_cancels_it() -> N
     o.controls.owned.release()  # closing during the backoff: no successor
     _settle(o)
     assert runtime.alive == set(), "no successor started after the close"
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_a_restart_that_wedges_is_tried_again_within_the_budget(lockstep: bool) -> None:
+    o, runtime = (_gang if lockstep else _dense)(max_restarts=3, restart_backoff_s=0)
+    runtime.wedged_starts = 2  # a transient wedge: the third start serves
+    o.report(1, DeathCause.KILLED, "SIGKILL")
+    _settle(o)
+    assert runtime.alive == {0, 1}, "the rank came back on its third start"
+    causes = [(d.cause, d.restarting) for d in _first_deaths(o)]
+    assert causes == [
+        (DeathCause.KILLED, True),
+        (DeathCause.INIT_FAILED, True),
+        (DeathCause.INIT_FAILED, True),
+    ], causes
+    assert "did not start within startup_timeout_s" in _first_deaths(o)[-1].detail
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_a_rank_that_never_starts_stays_down_once_its_budget_is_spent(lockstep: bool) -> None:
+    o, runtime = (_gang if lockstep else _dense)(max_restarts=2, restart_backoff_s=0)
+    runtime.wedged_starts = 100
+    o.report(1, DeathCause.KILLED, "SIGKILL")
+    _settle(o)
+    assert [d.restarting for d in _first_deaths(o)] == [True, True, False]
+    assert 1 not in runtime.alive
+    assert runtime.alive == (set() if lockstep else {0}), "a dense cluster serves on degraded; a gang stops"
