@@ -123,7 +123,12 @@ class RaydpConfig(BaseModel):
     stats_interval_s: float = Field(0.1, gt=0, le=60)
     heartbeat_interval_s: float = Field(1.0, gt=0, le=600)
     placement_timeout_s: float = Field(60.0, gt=0)
-    startup_timeout_s: float = Field(120.0, gt=0)
+    startup_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="a rank not started (its engine built, its handshake done) within this is wedged: it is "
+        "ended with its stack, and a restart or raydp serve's start is tried again under the restart budget",
+    )
     step_timeout_s: float | None = Field(
         300.0,
         ge=1.0,

@@ -47,8 +47,8 @@ and, for raydp, the time until the restarted rank is live again (its
 its process group and every descendant seen), and runs under a small
 supervisor that stops it if the bench itself dies, so nothing is left running.
 
-The hang turn's injection is ``hang_hook/sitecustomize.py``: not a module of
-this package, but a folder put first on the servers' ``PYTHONPATH``.
+The hang turn's injection (and the wedge bench's) is ``hang_hook/sitecustomize.py``: not a module
+of this package, but a folder put first on the servers' ``PYTHONPATH``.
 
 Modules:
 
@@ -61,5 +61,7 @@ Modules:
 - ``load``: readiness, warm-up and the fault turn's load (streamed completions in a closed loop);
 - ``servers``: starting a server under a supervisor, and stopping it for sure;
 - ``pd``: a benchmark of its own (``python -m benchmarks.vllm_dp.pd``): P/D pools against collocated DP=2
-  under long prompts mixed with short chats.
+  under long prompts mixed with short chats;
+- ``wedge``: a benchmark of its own (``python -m benchmarks.vllm_dp.wedge``): a startup whose model load
+  never ends, raydp's ``serve`` against vLLM's own DP server.
 """

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import time
 from typing import Any
 
 from raydp.cli import vllm_flags
@@ -17,10 +19,13 @@ from raydp.cli.options import (
 from raydp.cli.signals import install_stop_handlers
 from raydp.cli.vllm_flags import is_vllm
 from raydp.client.balancer import POLICIES
-from raydp.config import AutoscalingConfig
+from raydp.config import AutoscalingConfig, RaydpConfig
 from raydp.errors import ConfigError, EngineDeadError, StartupError
+from raydp.orchestration.budget import RestartBudget
 from raydp.serve.readiness import PROBE_PROMPT
 from raydp.serve.settings import ServeEnvironment, ServerSettings
+
+logger = logging.getLogger("raydp.cli")
 
 # A server restarts a dead rank by default, as Ray Serve restarts a replica and Kubernetes a pod:
 # nobody is there to decide. 3 restarts within the 10-minute window (Kubernetes resets a pod's
@@ -47,6 +52,7 @@ CONFIG_FLAGS = (
     "restart_window_s",
     "restart_backoff_s",
     "step_timeout_s",
+    "startup_timeout_s",
     "transport",
     "auth",
     "detached",
@@ -179,8 +185,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from raydp.api import launch
-
     config = with_engine_flags(config_from_args(args, CONFIG_FLAGS, PRESETS), args, {})
     if args.fail_stop:
         if getattr(args, "max_restarts", 0):
@@ -203,11 +207,8 @@ def run(args: argparse.Namespace) -> int:
             f"--lb-mode={args.lb_mode}: P/D pools need API servers that reach both pools; use --lb-mode internal"
         )
     settings = _server_settings(args, config.engine)
-    cluster = launch(config, backend=args.backend, address=args.address)
-    install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
+    cluster, urls = _start(config, args, settings)
     with cluster:
-        urls = _start_api_servers(cluster, args, settings)
-        _first_generation(cluster, config.startup_timeout_s)
         pools = f" (P/D: {config.prefill_dp_size} prefill + {config.decode_dp_size} decode)" if config.pooled else ""
         print(
             f"raydp {cluster.name}: {cluster.dp_size} ranks{pools}, {args.lb_mode} API servers at "
@@ -216,6 +217,54 @@ def run(args: argparse.Namespace) -> int:
         )
         serve_until_down(cluster, fail_stop=args.fail_stop)  # a stop signal raises here; the with-block closes
     return 0
+
+
+def _start(config: RaydpConfig, args: argparse.Namespace, settings: ServerSettings) -> tuple[Any, list[str]]:
+    """Launch, start the API servers and see every rank generate: the cluster and its URLs.
+
+    A start that fails or wedges (``StartupError``) is tried again, whole,
+    under the restart budget (``max_restarts`` within ``restart_window_s``,
+    the backoff doubling): nothing was served yet, so nothing is lost, and a
+    transient wedge (vllm#53157: 5 of 7 startups) passes on a later try.
+    ``--fail-stop`` tries once.
+    """
+    from raydp.api import launch
+
+    budget = RestartBudget(
+        config.max_restarts,
+        [0],
+        window_s=config.restart_window_s,
+        backoff_s=config.restart_backoff_s,
+        backoff_max_s=config.restart_backoff_max_s,
+    )
+    while True:
+        cluster = None
+        try:
+            cluster = launch(config, backend=args.backend, address=args.address)
+            install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
+            urls = _start_api_servers(cluster, args, settings)
+            _first_generation(cluster, config.startup_timeout_s)
+            return cluster, urls
+        except StartupError as exc:
+            if cluster is not None:
+                cluster.close()
+            delay = budget.take(0)
+            if delay is None:
+                raise
+            logger.warning("raydp serve: the start of cluster %r failed: %s", config.name, exc)
+            print(f"raydp {config.name}: the start failed ({_gist(exc)}); trying again in {delay:g}s", flush=True)
+            time.sleep(delay)
+        except BaseException:
+            if cluster is not None:
+                cluster.close()
+            raise
+
+
+def _gist(exc: BaseException) -> str:
+    """An error's message without its stacks: its first line and its last unindented one."""
+    said = [line for line in str(exc).splitlines() if line.strip() and not line[0].isspace()]
+    said = [line for line in said if not line.startswith("Traceback")] or [repr(exc)]
+    return (said[0] if len(said) == 1 else f"{said[0]} {said[-1]}")[:400]
 
 
 def _first_generation(cluster: Any, timeout_s: float) -> None:

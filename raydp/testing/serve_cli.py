@@ -37,6 +37,7 @@ class ServeProcess:
             **popen,
         )
         self.url = ""
+        self.retries: list[str] = []  # the lines saying a start failed and is tried again, before the banner
 
     @property
     def address(self) -> tuple[str, int]:
@@ -53,6 +54,9 @@ class ServeProcess:
         """The banner line (its URL kept in :attr:`url`); fails naming the exit and stderr if none came."""
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
+        while "the start failed" in line:  # a start tried again (see retries)
+            self.retries.append(line)
+            line = self.proc.stdout.readline()
         if "Ctrl-C to stop" not in line:
             self.proc.wait(timeout=30)
             raise AssertionError(f"no banner ({line!r}); exit {self.proc.returncode}: {self.stderr()[-3000:]}")

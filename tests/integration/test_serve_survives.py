@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import openai
 import pytest
@@ -134,3 +135,22 @@ def test_fail_stop_ends_the_service_at_the_first_death() -> None:
         code, _, err = server.stop()
     assert code != 0 and "rank 1" in err, err[-2000:]
     assert time.monotonic() - started < 30
+
+
+def test_a_start_that_wedges_is_tried_again_and_then_serves(tmp_path: Path) -> None:
+    # Rank 1's first engine wedges in its constructor (once: a marker in tmp_path); the second start serves.
+    kwargs = {"hang_in": "startup", "ranks": [1], "once_dir": str(tmp_path), "step_delay_s": 0.005}
+    flags = ("--backend", "mp", "--engine", "raydp.testing.hangs:HangingEchoEngine", "--dp-size", "2")
+    with ServeProcess(
+        *flags,
+        *("--startup-timeout-s", "3", "--port", "0", "--name", "wedged-serve"),
+        env={"RAYDP_ENGINE_KWARGS": json.dumps(kwargs)},
+    ) as server:
+        server.banner()
+        (retry,) = server.retries
+        assert "engine rank 1" in retry and "startup_timeout_s=3" in retry, retry
+        sdk = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30)
+        for _ in range(4):  # both ranks (least-loaded spreads them)
+            answer = sdk.completions.create(model="wedged-serve", prompt=[5], max_tokens=4)
+            assert answer.usage is not None and answer.usage.completion_tokens == 4
+        assert "block_forever" in server.stderr(), "the wedged start's stack was logged"

@@ -1,4 +1,6 @@
-"""The hang turn's injection (``benchmarks.vllm_dp``): on PYTHONPATH, with ``RAYDP_BENCH_HANG=N:MARKER``.
+"""The hang turns' injections (``benchmarks.vllm_dp``): on PYTHONPATH, with ``RAYDP_BENCH_HANG=N:MARKER``
+(a worker hangs in its Nth ``execute_model``) or ``RAYDP_BENCH_WEDGE=MARKER`` (a worker's model load
+wedges: the startup that vllm#53157 reports; ``benchmarks.vllm_dp.wedge``).
 
 The first vLLM worker (of any system: vLLM's own, in the worker process
 its DP engine cores' ``MultiprocExecutor`` starts, and raydp's, inside each
@@ -16,6 +18,7 @@ import sys
 import time
 
 _SPEC = os.environ.get("RAYDP_BENCH_HANG", "")
+_WEDGE = os.environ.get("RAYDP_BENCH_WEDGE", "")
 _TARGET = "vllm.v1.worker.gpu_worker"  # its Worker is CPUWorker's base too
 
 
@@ -24,7 +27,32 @@ def _block_forever() -> None:
         time.sleep(3600)
 
 
+def _claim(marker: str) -> bool:
+    """Whether this process is the first to get here (it creates ``marker``, exclusively)."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _patch_load(module) -> None:  # type: ignore[no-untyped-def]
+    cls = module.Worker
+    original = cls.load_model
+
+    def load_model(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if _claim(_WEDGE):
+            _block_forever()
+        return original(self, *args, **kwargs)
+
+    cls.load_model = load_model
+
+
 def _patch(module) -> None:  # type: ignore[no-untyped-def]
+    if _WEDGE:
+        _patch_load(module)
+    if not _SPEC:
+        return
     cls = module.Worker
     original = cls.execute_model
     at, marker = _SPEC.split(":", 1)
@@ -32,13 +60,8 @@ def _patch(module) -> None:  # type: ignore[no-untyped-def]
 
     def execute_model(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         calls[0] += 1
-        if calls[0] == int(at):
-            try:
-                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                pass
-            else:
-                _block_forever()
+        if calls[0] == int(at) and _claim(marker):
+            _block_forever()
         return original(self, *args, **kwargs)
 
     cls.execute_model = execute_model
@@ -61,5 +84,5 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-if _SPEC:
+if _SPEC or _WEDGE:
     sys.meta_path.insert(0, _PatchOnImport())
