@@ -8,14 +8,16 @@ Modules:
 - ``client``: the thread-based :class:`Client`, its public API and validation;
 - ``sockets``: its ZMQ sockets, used by whichever thread holds its lock;
 - ``turns``: how its threads, the IO thread included, take turns on the sockets;
-- ``router``: the request table (send, deliver, fail over, migrate streams, follow scale changes);
+- ``router``: the request table (choose a rank, deliver, fail over, migrate streams, follow scale changes);
+- ``sending``: putting requests on their ranks' sockets (numbering, size checks, booking);
+- ``feed``: the coordinator's snapshots as this client hears them (decoded, timed);
 - ``requests``: request handles, futures and streams;
 - ``balancer``: which rank gets the next request;
 - ``prefix``: the prefix policy's rank order for a prompt prefix;
 - ``adapters``: this client's picture of which ranks hold which LoRA adapters;
 - ``pools``: P/D pools: which pool a request's next send goes to;
 - ``cache_index``: this client's copy of the ranks' cache pictures (the longest cached prefix of a prompt);
-- ``membership``: which ranks exist, from the coordinator's snapshots;
+- ``membership``: which ranks exist, died or came back, from the coordinator's snapshots;
 - ``calls``: utility calls waiting for their engine's answer;
 - ``aio``: :class:`AsyncClient`, the asyncio front-end for API servers.
 """
