@@ -33,4 +33,5 @@ Modules:
   outputs, aborts, utility calls, retries and stream migration);
 - ``vllm_loras``: LoRA adapters across N API servers: one numbering for the ranks, and a resolver that
   finds an adapter another server loaded;
+- ``vllm_unloads``: LoRA unloads made the cluster's (every rank forgets, every server drops the name);
 """

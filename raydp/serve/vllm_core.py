@@ -48,6 +48,7 @@ from raydp.client.requests import Submission
 from raydp.errors import ClusterClosedError, EngineDeadError, MigrationRefusedError, RaydpError, RequestError
 from raydp.models.vllm.native import NativeCodec
 from raydp.serve.vllm_loras import AdapterReloads, LoraIds
+from raydp.serve.vllm_unloads import ClusterUnloads
 from raydp.wire.protocol import Output, Request
 
 logger = logging.getLogger("raydp.serve.vllm")
@@ -98,8 +99,8 @@ class _Resources:
 class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
     """See the module docstring. Built on the API server's event loop; ``client`` is the server's own."""
 
-    def __init__(self, client: Client, codec: NativeCodec) -> None:
-        self.client, self.codec = client, codec
+    def __init__(self, client: Client, codec: NativeCodec, unloads: ClusterUnloads | None = None) -> None:
+        self.client, self.codec, self._unloads = client, codec, unloads
         self.engine_ranks_managed = [0]
         self.resources = _Resources(client)
         self._loop = asyncio.get_running_loop()
@@ -283,6 +284,8 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
 
     # Adapters cross to the ranks numbered as every API server numbers them (see raydp.serve.vllm_loras).
     async def add_lora_async(self, lora_request: Any) -> bool:
+        if self._unloads is not None and lora_request is not None:
+            self._unloads.added(str(lora_request.lora_name))
         return bool(await self.call_utility_async("add_lora", self.lora_ids.outgoing(lora_request)))
 
     async def remove_lora_async(self, lora_id: int) -> bool:

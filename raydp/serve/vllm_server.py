@@ -8,7 +8,8 @@ outputs, logprobs, ``n``, LoRA routes, ``/tokenize``, its API keys, TLS and
 core client is raydp's (:class:`~raydp.serve.vllm_core.RaydpCoreClient`). So
 what ``vllm serve`` answers, raydp answers, with the same flags. Its
 ``/metrics`` serves raydp's per-rank series (load, deaths, prefix-cache hit
-rates, stream migrations) beside vLLM's. With several API servers on one port
+rates, stream migrations) beside vLLM's, and its LoRA unloads reach every
+server (:mod:`raydp.serve.vllm_unloads`). With several API servers on one port
 the manager gives them one ``PROMETHEUS_MULTIPROC_DIR``, as vLLM's own
 launcher does, so that every scrape answers for all of them.
 
@@ -37,6 +38,8 @@ from raydp.serve.readiness import Readiness, ReadyMiddleware, install
 from raydp.serve.settings import ServerSettings
 from raydp.serve.vllm_core import RaydpCoreClient
 from raydp.serve.vllm_loras import ClusterLoraResolver
+from raydp.serve.vllm_unloads import ClusterUnloads, UnloadMiddleware
+from raydp.serve.vllm_unloads import install as install_unloads
 from raydp.wire.endpoints import ClusterEndpoints
 
 STOP_POLL_S = 0.2
@@ -70,8 +73,10 @@ def frontend_argv(settings: ServerSettings, sock: socket.socket) -> list[str]:
         argv += ["--ssl-cert-reqs", "2"]  # ssl.CERT_REQUIRED: a client certificate is a must, as raydp's server asks
     if settings.api_keys:
         argv += ["--api-key", *(key.get_secret_value() for key in settings.api_keys)]
-    # GET /ready, answered before vLLM's routes and its key check (probes carry no key).
-    return [*argv, "--middleware", f"{ReadyMiddleware.__module__}.{ReadyMiddleware.__name__}"]
+    # GET /ready, answered before vLLM's routes and its key check (probes carry no key); LoRA unloads made
+    # the cluster's.
+    middleware = [f"{m.__module__}.{m.__name__}" for m in (ReadyMiddleware, UnloadMiddleware)]
+    return [*argv, *(arg for name in middleware for arg in ("--middleware", name))]
 
 
 def serve_vllm_forever(
@@ -106,9 +111,12 @@ async def _serve(
     from vllm.lora.resolver import LoRAResolverRegistry
 
     # Before vLLM's front-end is built: it takes the resolvers registered by then.
-    LoRAResolverRegistry.register_resolver("raydp-cluster", ClusterLoraResolver(client.adapter_paths))
-    engine = _async_llm(args, lambda: RaydpCoreClient(client, NativeCodec()), index)
+    unloads = ClusterUnloads(client)
+    resolver = ClusterLoraResolver(lambda: unloads.offered(client.adapter_paths()))
+    LoRAResolverRegistry.register_resolver("raydp-cluster", resolver)
+    engine = _async_llm(args, lambda: RaydpCoreClient(client, NativeCodec(), unloads), index)
     install(Readiness(client, ready_quorum))
+    install_unloads(unloads)
     # raydp's per-rank series beside vLLM's own on vLLM's /metrics (multiprocess mode too: see rank_series).
     series = PushedRankSeries(client)
     tasks = [asyncio.ensure_future(series.run())]

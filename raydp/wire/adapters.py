@@ -30,7 +30,9 @@ class AdapterState(WireMessage):
     ``requests`` and ``hits``: requests naming an adapter, and those whose
     adapter it already held when they arrived. ``known``: the adapters it was
     given by name and path (vLLM's ``add_lora``), held or not: where an API
-    server finds an adapter another server loaded.
+    server finds an adapter another server loaded. ``unloaded``: adapters an
+    API server unloaded (vLLM's ``/v1/unload_lora_adapter``) and nobody
+    loaded again since: every API server forgets them too.
     """
 
     resident: Annotated[list[AdapterName], msgspec.Meta(max_length=MAX_RESIDENT)] = []
@@ -40,6 +42,7 @@ class AdapterState(WireMessage):
     requests: Count = 0
     hits: Count = 0
     known: Annotated[dict[AdapterName, str], msgspec.Meta(max_length=MAX_RESIDENT)] = {}
+    unloaded: Annotated[list[AdapterName], msgspec.Meta(max_length=MAX_RESIDENT)] = []
 
 
 def check_adapter_name(adapter: object) -> str | None:

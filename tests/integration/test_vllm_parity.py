@@ -35,6 +35,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import ClusterPool
+from tests.integration.helpers import wait_until
 from tests.integration.http_helpers import Served, connection_to_each_api_server, raydp_serve
 from tests.integration.vllm_corpus import (
     CHAT,
@@ -135,6 +136,44 @@ def test_adapters_loaded_through_different_api_servers_answer_as_themselves_thro
             assert status == 200, (pid, name, body)
             texts[name] = body["choices"][0]["text"]
         assert texts["ad2"] == want and len(set(texts.values())) == 3, (pid, texts)
+
+
+def test_an_adapter_unloaded_through_one_api_server_is_gone_from_every_one_until_loaded_again(
+    raydp: Served, model: Path
+) -> None:
+    """vLLM's unload forgets a name in the one front-end that answers it; raydp makes it the cluster's:
+    the ranks forget the adapter, and every other server drops it from its table."""
+    path = str(lora_adapter(model, "ad5", 5))
+    pids = sorted(connection_to_each_api_server(raydp))
+    assert len(pids) == 2
+    first, second = pids
+
+    def post(pid: int, route: str, body: dict[str, Any]) -> tuple[int, Any]:
+        # A connection of its own each time: a server closes the ones left idle while the other is waited on.
+        conns = connection_to_each_api_server(raydp)
+        try:
+            return _post(conns[pid], route, body)
+        finally:
+            for conn in conns.values():
+                conn.close()
+
+    def status(pid: int) -> int:
+        return post(pid, "/v1/completions", {**LORA_PROMPT, "model": "ad5"})[0]
+
+    def text(pid: int) -> str:
+        code, body = post(pid, "/v1/completions", {**LORA_PROMPT, "model": "ad5"})
+        assert code == 200, body
+        return str(body["choices"][0]["text"])
+
+    assert post(first, "/v1/load_lora_adapter", {"lora_name": "ad5", "lora_path": path})[0] == 200
+    answer = text(first)
+    assert text(second) == answer, "the other server found it through the ranks"
+    assert post(first, "/v1/unload_lora_adapter", {"lora_name": "ad5"})[0] == 200
+    assert status(first) == 404, "vLLM's own answer for an adapter it does not know"
+    assert wait_until(lambda: status(second) == 404, timeout=10), "the other server forgot it too"
+    assert post(second, "/v1/load_lora_adapter", {"lora_name": "ad5", "lora_path": path})[0] == 200
+    assert text(second) == answer
+    assert wait_until(lambda: status(first) == 200, timeout=30), "found again through the ranks"
 
 
 def _post(conn: http.client.HTTPConnection, path: str, body: dict[str, Any]) -> tuple[int, Any]:

@@ -131,7 +131,7 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
     # ---- LoRA adapters
     (c.AdapterReport(rank=1, state=AdapterState()), c.coordinator_decoder),
     (
-        c.AdapterReport(rank=0, state=AdapterState(["a", "b"], 2, 5, 3, 40, 31, {"a": "/adapters/a"})),
+        c.AdapterReport(rank=0, state=AdapterState(["a", "b"], 2, 5, 3, 40, 31, {"a": "/adapters/a"}, ["c"])),
         c.coordinator_decoder,
     ),
     (

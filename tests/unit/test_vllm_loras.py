@@ -9,6 +9,7 @@ from vllm.lora.request import LoRARequest
 from raydp.client.adapters import AdapterIndex
 from raydp.models.vllm.adapters import VllmAdapters
 from raydp.serve.vllm_loras import ID_SPACE, AdapterReloads, ClusterLoraResolver, LoraIds, cluster_lora_id
+from raydp.serve.vllm_unloads import ClusterUnloads
 from raydp.wire.adapters import AdapterState
 from raydp.wire.control import StatsSnapshot
 
@@ -93,3 +94,43 @@ def test_a_rank_that_held_nothing_is_due_nothing() -> None:
     reloads.due(snap({}, [AdapterState(slots=2)]))
     reloads.due(snap({0: "killed"}, [AdapterState()]))
     assert reloads.due(snap({}, [AdapterState(slots=2)])) == []
+
+
+def test_an_unloaded_adapter_is_freed_reported_unloaded_and_back_once_given_again() -> None:
+    core = FakeCore()
+    adapters = VllmAdapters(core, slots=2)
+    adapters.named(LoRARequest("a", 11, "/a"))
+    adapters.arrived(LoRARequest("b", 12, "/b"))
+    assert adapters.forget("a") == [11], "the ids for the engine to remove"
+    state = adapters.state(now=0.0)
+    assert state.known == {"b": "/b"} and state.unloaded == ["a"]
+    adapters.arrived(LoRARequest("a", 11, "/a"))  # from a server that has not heard of the unload yet
+    assert adapters.state(now=1.0).known == {"b": "/b"}, "a late request does not offer it again"
+    adapters.named(LoRARequest("a", 11, "/a"))  # add_lora: loaded again
+    again = adapters.state(now=2.0)
+    assert again.known == {"a": "/a", "b": "/b"} and again.unloaded == []
+    assert adapters.forget("nope") == [] and adapters.state(now=3.0).unloaded == ["nope"]
+
+
+class SnapshotOnly:
+    """The one client call ``ClusterUnloads.prune`` makes: the coordinator's latest snapshot."""
+
+    def __init__(self, snapshot: StatsSnapshot) -> None:
+        self.snap = snapshot
+
+    def snapshot(self) -> StatsSnapshot:
+        return self.snap
+
+
+def test_a_server_drops_what_another_unloaded_unless_it_gave_it_again_lately() -> None:
+    clock = [100.0]
+    reports = [AdapterState(unloaded=["a", "b"]), AdapterState(unloaded=["c"])]
+    client = SnapshotOnly(snap({}, reports, {"b": "/b"}))  # b: loaded again somewhere, offered again
+    unloads = ClusterUnloads(client, clock=lambda: clock[0])  # type: ignore[arg-type]
+    unloads.added("c")  # this server loaded c again a moment ago: the reports may not show it yet
+    table = {"a": 1, "b": 2, "c": 3, "d": 4}
+    unloads.prune(table)
+    assert table == {"b": 2, "c": 3, "d": 4}
+    clock[0] += ClusterUnloads.GRACE_S + 1
+    unloads.prune(table)
+    assert table == {"b": 2, "d": 4}, "past the grace, the reports are the truth"

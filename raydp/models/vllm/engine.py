@@ -275,6 +275,16 @@ class VllmEngine:
             self._adapters.named(typed[0])
         return codec.result(target(*typed))
 
+    def forget_adapter(self, name: str) -> bool:
+        """An API server unloaded LoRA adapter ``name`` (vLLM's ``/v1/unload_lora_adapter``): free its slot
+        and stop offering it to the other API servers; whether this rank knew it."""
+        if self._adapters is None:
+            return False
+        ids = self._adapters.forget(name)
+        for lora_id in ids:
+            self.core.remove_lora(lora_id)
+        return bool(ids)
+
     # ---- internals -----------------------------------------------------------------------
 
     def _follow_cache(self) -> VllmCacheEvents | None:
