@@ -11,8 +11,8 @@ scheduled arrival (queueing counts), and completed requests per second.
 
 What this measures is the routing: the engines hold adapter names, not
 weights, and a load's cost is the set stall. With vLLM engines the same
-policies route real adapters (``raydp serve --engine vllm --enable-lora``);
-a vLLM run with ``vllm bench serve``'s LoRA options is not part of this table.
+policies route real adapters (``raydp serve --engine vllm --enable-lora``),
+measured with ``vllm bench serve``'s LoRA options by :mod:`benchmarks.vllm_dp.loras`.
 """
 
 from __future__ import annotations

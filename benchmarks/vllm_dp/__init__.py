@@ -63,5 +63,7 @@ Modules:
 - ``pd``: a benchmark of its own (``python -m benchmarks.vllm_dp.pd``): P/D pools against collocated DP=2
   under long prompts mixed with short chats;
 - ``wedge``: a benchmark of its own (``python -m benchmarks.vllm_dp.wedge``): a startup whose model load
-  never ends, raydp's ``serve`` against vLLM's own DP server.
+  never ends, raydp's ``serve`` against vLLM's own DP server;
+- ``loras``: a benchmark of its own (``python -m benchmarks.vllm_dp.loras``): adapter-aware routing against
+  least-loaded and round robin, under ``vllm bench serve``'s LoRA options.
 """

@@ -130,6 +130,14 @@ def add_parser(sub: Any) -> None:
         "margin), power-of-two, round-robin",
     )
     p.add_argument(
+        "--no-adapter-affinity",
+        dest="adapter_affinity",
+        action="store_false",
+        default=None,
+        help="route LoRA adapters' requests adapter-blind (default: to the ranks that hold the adapter, "
+        "unless they are busier than the least-loaded one by a margin)",
+    )
+    p.add_argument(
         "--prefix-load-margin",
         type=int,
         default=None,
@@ -321,6 +329,7 @@ def _server_settings(args: argparse.Namespace, engine: object = None) -> ServerS
         "migration_limit": args.migration_limit,
         "balancer": args.balancer,
         "prefix_load_margin": args.prefix_load_margin,
+        "adapter_affinity": args.adapter_affinity,
     }
     # The other modes' servers stop with their host actor, which has no grace period to give.
     if args.graceful_shutdown_s is not None and args.lb_mode != "internal":

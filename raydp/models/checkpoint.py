@@ -154,6 +154,28 @@ def make_model(
     return target
 
 
+def make_lora_adapter(model: str | os.PathLike[str], path: str | os.PathLike[str], seed: int, rank: int = 8) -> Path:
+    """A LoRA adapter for the checkpoint at ``model``, made with ``peft`` at ``path`` (once) and returned.
+
+    Its weights are random and non-zero (``init_lora_weights=False``, drawn
+    from ``seed``) on ``q_proj`` and ``v_proj``, so each adapter changes the
+    model's answers in its own way, as a trained one would; serve it with
+    ``--enable-lora --max-lora-rank`` of at least ``rank``.
+    """
+    out = Path(path)
+    if (out / "adapter_config.json").exists():
+        return out
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=True)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(base, config).save_pretrained(str(out))
+    return out
+
+
 def parameter_count(path: str | os.PathLike[str]) -> int:
     """The number of weights in ``path/model.safetensors``, read from its header alone."""
     with open(Path(path) / "model.safetensors", "rb") as f:

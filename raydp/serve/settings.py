@@ -62,6 +62,11 @@ class ServerSettings(BaseModel):
         "leaves its prefix's rank once that rank's load passes the least-loaded "
         f"one's by this (score: {WAITING_WEIGHT} per waiting request, 1 per running)",
     )
+    adapter_affinity: bool = Field(
+        True,
+        description="send a LoRA adapter's requests to the ranks that hold it (within a load margin); "
+        "False routes adapter-blind",
+    )
     max_restarts: int = Field(3, ge=0, description="times a dead server process is spawned again on the socket")
     ready_quorum: int = Field(
         1, ge=1, description="GET /ready answers 200 while this many ranks generate a one-token probe (else 503)"
@@ -146,6 +151,7 @@ class ServerSettings(BaseModel):
             balancer=self.balancer,
             migration_limit=self.migration_limit,
             prefix_load_margin=self.prefix_load_margin,
+            adapter_affinity=self.adapter_affinity,
         )
 
     @property

@@ -173,13 +173,9 @@ def lora_adapter(model: Path, name: str, seed: int) -> Path:
     return out
 
 
+# In a process of its own: peft and the model's weights stay out of the test process.
 _LORA = """
-import sys, torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
-model_dir, out, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
-torch.manual_seed(seed)
-base = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
-config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-get_peft_model(base, config).save_pretrained(out)
+import sys
+from raydp.models.checkpoint import make_lora_adapter
+make_lora_adapter(sys.argv[1], sys.argv[2], int(sys.argv[3]))
 """

@@ -204,10 +204,13 @@ def test_serve_flags_reach_the_api_server_settings(tmp_path: Any) -> None:
             str(cert),
             "--ssl-keyfile",
             str(key),
+            "--no-adapter-affinity",
         ]
     )
     settings = _server_settings(args)
     assert (settings.balancer, settings.prefix_load_margin, settings.migration_limit) == ("prefix", 2, 1)
+    assert settings.adapter_affinity is False
     assert (settings.ssl_certfile, settings.ssl_keyfile, settings.scheme) == (str(cert), str(key), "https")
     defaults = _server_settings(subcommands()["serve"].parse_args([]))
     assert (defaults.balancer, defaults.migration_limit, defaults.scheme) == ("least-loaded", 0, "http")
+    assert defaults.adapter_affinity is True
