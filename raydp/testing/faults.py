@@ -52,8 +52,6 @@ KINDS = (
     "rank-sigkill",
     "rank-ray-kill",
     "rank-hang",
-    "rank-skip-allreduce",
-    "restart-wedge",
     "worker-sigkill",
     "coordinator-sigkill",
     "coordinator-ray-kill",
@@ -63,6 +61,8 @@ KINDS = (
 HANG_CALL_TIMEOUT_S = 120.0
 # On namespace hosts a partition takes the place of node removal (the test cluster's remove_node has no hosts there).
 NETNS_KINDS = (*KINDS[:-1], "partition")
+# Faults that need an engine made for them (raydp.testing.hangs): the failure table's rows, not the soaks'.
+ENGINE_KINDS = ("rank-skip-allreduce", "restart-wedge")
 
 
 class LocalRay:
@@ -155,7 +155,7 @@ class Injector:
             return dataclasses.replace(self.remove_node(), kind=kind)
         if kind == "partition":
             return self.partition_host(rank)
-        raise ValueError(f"kind={kind!r}: not one of {(*KINDS, 'partition')}")
+        raise ValueError(f"kind={kind!r}: not one of {(*KINDS, *ENGINE_KINDS, 'partition')}")
 
     def _fault(self, kind: str, target: str, **kw: Any) -> Fault:
         return Fault(kind, target, time.monotonic(), deaths_before=len(self.cluster.deaths), **kw)
