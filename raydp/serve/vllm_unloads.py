@@ -121,7 +121,7 @@ class UnloadMiddleware:
             await self.app(scope, receive, send)
             return
         unloads = _INSTALLED[0]
-        models = getattr(scope["app"].state, "openai_serving_models", None)
+        models = getattr(getattr(scope.get("app"), "state", None), "openai_serving_models", None)
         if models is not None:
             unloads.prune(models.lora_requests)
         if scope["path"] != UNLOAD_PATH or scope["method"] != "POST":
