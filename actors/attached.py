@@ -82,11 +82,11 @@ class AttachedBackend(HostsRemoteAPIServers):
         state: CoordinatorStatus = ray.get(find_coordinator(self.name).state.remote(), timeout=CALL_TIMEOUT_S)
         return state
 
-    def scale(self, dp_size: int, drain_timeout_s: float) -> ClusterEndpoints:
+    def scale(self, dp_size: int, drain_timeout_s: float, pool: str | None = None) -> ClusterEndpoints:
         """Through the cluster's supervisor; this handle's clients then follow the final endpoints."""
         from raydp.actors.supervisor import supervised_scale
 
-        self.endpoints = supervised_scale(self.name, dp_size, drain_timeout_s)
+        self.endpoints = supervised_scale(self.name, dp_size, drain_timeout_s, pool)
         for listener in self._scale_listeners:
             listener(self.endpoints, len(self.endpoints.engines), drain_timeout_s)
         return self.endpoints

@@ -81,6 +81,7 @@ class CoordinatorActor:
         self._api_servers: list[APIServerRecord] = []
         self._metrics_stop = threading.Event()
         self._autoscale: AutoscaleDecision | None = None
+        self._prefill_autoscale: AutoscaleDecision | None = None  # P/D: the prefill pool's autoscaler
         self._metrics = CoordinatorMetrics(cluster_name)
         export_periodically(self._loop.describe, self._metrics.export, self._metrics_stop)
 
@@ -120,13 +121,21 @@ class CoordinatorActor:
         self._api_servers.append(record)
 
     def set_autoscale(self, decision: AutoscaleDecision) -> None:
-        """The autoscaler's latest decision, for ``raydp status`` and the metrics."""
-        self._autoscale = decision
+        """An autoscaler's latest decision, for ``raydp status`` and the metrics."""
+        if decision.pool == "prefill":
+            self._prefill_autoscale = decision
+        else:
+            self._autoscale = decision
         self._metrics.export_autoscale(decision)
 
     def info(self) -> ClusterInfo:
         """What ``raydp status`` shows beyond the state: devices per rank, API servers."""
-        return msgspec.structs.replace(self._info, api_servers=list(self._api_servers), autoscale=self._autoscale)
+        return msgspec.structs.replace(
+            self._info,
+            api_servers=list(self._api_servers),
+            autoscale=self._autoscale,
+            prefill_autoscale=self._prefill_autoscale,
+        )
 
     def state(self) -> CoordinatorStatus:
         return self._loop.describe()

@@ -131,9 +131,9 @@ class ActorManager(HostsRemoteAPIServers):
         """Called with ``(endpoints, size, drain_timeout_s)`` at each step of a scale change."""
         self.orchestrator.scale_listeners.append(listener)
 
-    def scale(self, dp_size: int, drain_timeout_s: float) -> ClusterEndpoints:
-        """Grow or shrink to ``dp_size`` ranks (see :mod:`raydp.orchestration.scaling`)."""
-        return self.orchestrator.scale(dp_size, drain_timeout_s)
+    def scale(self, dp_size: int, drain_timeout_s: float, pool: str | None = None) -> ClusterEndpoints:
+        """Grow or shrink to ``dp_size`` ranks, or ``pool`` to ``dp_size`` (see :mod:`raydp.orchestration.scaling`)."""
+        return self.orchestrator.scale(dp_size, drain_timeout_s, pool)
 
     def start(self) -> ClusterEndpoints:
         """Create everything and wait for it; on any failure release it all and raise."""

@@ -53,8 +53,9 @@ class CoordinatorMetrics:
             TAGS,
         )
         self.wave = Gauge("raydp_wave", "the cluster's current request wave", ("cluster",))
-        self.desired = Gauge("raydp_autoscale_desired_ranks", "the size the autoscaler wants", ("cluster",))
-        self.current = Gauge("raydp_autoscale_current_ranks", "the size the autoscaler found", ("cluster",))
+        # ``pool``: "" for an unpooled cluster, else the P/D pool the autoscaler sizes.
+        self.desired = Gauge("raydp_autoscale_desired_ranks", "the size the autoscaler wants", ("cluster", "pool"))
+        self.current = Gauge("raydp_autoscale_current_ranks", "the size the autoscaler found", ("cluster", "pool"))
 
     def export(self, state: CoordinatorStatus) -> None:
         for rank, (waiting, running) in enumerate(state.counts):
@@ -82,8 +83,9 @@ class CoordinatorMetrics:
             self.adapter_hit_rate.set(adapters.hits / adapters.requests, tags)
 
     def export_autoscale(self, decision: AutoscaleDecision) -> None:
-        self.desired.set(decision.desired, {"cluster": self.cluster})
-        self.current.set(decision.current, {"cluster": self.cluster})
+        tags = {"cluster": self.cluster, "pool": decision.pool}
+        self.desired.set(decision.desired, tags)
+        self.current.set(decision.current, tags)
 
 
 class EngineMetrics:

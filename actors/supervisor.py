@@ -56,8 +56,8 @@ class SupervisorActor:
     def start(self) -> ClusterEndpoints:
         return self.manager.start()
 
-    def scale(self, dp_size: int, drain_timeout_s: float) -> ClusterEndpoints:
-        return self.manager.scale(dp_size, drain_timeout_s)
+    def scale(self, dp_size: int, drain_timeout_s: float, pool: str | None = None) -> ClusterEndpoints:
+        return self.manager.scale(dp_size, drain_timeout_s, pool)
 
     def register_api_servers(self, record: APIServerRecord) -> None:
         self.manager.register_api_servers(record)
@@ -141,7 +141,7 @@ class SupervisedBackend(AttachedBackend):
         self.terminate()
 
 
-def supervised_scale(name: str, dp_size: int, drain_timeout_s: float) -> ClusterEndpoints:
+def supervised_scale(name: str, dp_size: int, drain_timeout_s: float, pool: str | None = None) -> ClusterEndpoints:
     """Scale cluster ``name`` through its supervisor (raises ConfigError if it has none)."""
     supervisor = find_supervisor(name)
     if supervisor is None:
@@ -150,7 +150,7 @@ def supervised_scale(name: str, dp_size: int, drain_timeout_s: float) -> Cluster
             "can scale it (launch it with detached=True to scale it from elsewhere)"
         )
     try:
-        endpoints: ClusterEndpoints = ray.get(supervisor.scale.remote(dp_size, drain_timeout_s))
+        endpoints: ClusterEndpoints = ray.get(supervisor.scale.remote(dp_size, drain_timeout_s, pool))
     except ray.exceptions.RayTaskError as exc:
         raise exc.as_instanceof_cause() from None
     return endpoints

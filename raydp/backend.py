@@ -74,8 +74,8 @@ class Backend(Protocol):
         """The coordinator's wave, running flag, counts and counters."""
         ...
 
-    def scale(self, dp_size: int, drain_timeout_s: float) -> ClusterEndpoints:
-        """Grow or shrink to ``dp_size`` ranks; returns the endpoints after the change."""
+    def scale(self, dp_size: int, drain_timeout_s: float, pool: str | None = None) -> ClusterEndpoints:
+        """Grow or shrink to ``dp_size`` ranks (a P/D cluster: ``pool`` to ``dp_size``); returns the new endpoints."""
         ...
 
     def on_scale(self, listener: ScaleListener) -> None:

@@ -18,6 +18,7 @@ from raydp.errors import (
     ConfigError,
     EngineDeadError,
 )
+from raydp.orchestration.pools import plan
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.wire.records import APIServerRecord, CoordinatorStatus
 
@@ -251,12 +252,15 @@ class Cluster:
         Raises :class:`~raydp.errors.PlacementError` if the new ranks cannot
         be placed; on any failure the cluster serves on at its old size.
 
-        A P/D cluster scales its decode pool: ``pool="decode"`` and ``dp_size``
-        its new number of decode ranks (the prefill pool keeps its size).
+        A P/D cluster scales one pool at a time: ``pool`` ("prefill" or
+        "decode") gets ``dp_size`` ranks and the other pool keeps its size
+        (see :mod:`raydp.orchestration.pools`: a rank may switch pools, and
+        what it runs finishes there).
         """
         check_scale_args(dp_size, drain_timeout_s)
         self._check_open()
-        self._manager.scale(pool_total(self.endpoints.prefill_ranks, dp_size, pool), float(drain_timeout_s))
+        plan(self.endpoints.prefill_ranks, self.dp_size, pool, dp_size)  # a bad pool fails here, not in the supervisor
+        self._manager.scale(dp_size, float(drain_timeout_s), pool)
 
     def _on_scale(self, endpoints: ClusterEndpoints, size: int, drain_timeout_s: float | None) -> None:
         with self._lock:
@@ -348,26 +352,6 @@ def check_scale_args(dp_size: object, drain_timeout_s: object) -> None:
         raise ConfigError(f"dp_size={dp_size!r}: must be an int >= 1")
     if isinstance(drain_timeout_s, bool) or not isinstance(drain_timeout_s, int | float) or drain_timeout_s < 0:
         raise ConfigError(f"drain_timeout_s={drain_timeout_s!r}: must be a number >= 0")
-
-
-def pool_total(prefill_ranks: int, size: int, pool: str | None) -> int:
-    """The cluster's new ``dp_size`` when ``pool`` is to have ``size`` ranks (shared with ``raydp scale``).
-
-    Decode ranks are the highest, so the decode pool grows and shrinks as a
-    cluster does; the prefill pool's ranks are fixed at launch.
-    """
-    if not prefill_ranks:
-        if pool is not None:
-            raise ConfigError(f"pool={pool!r}: this cluster has no P/D pools; leave pool out")
-        return size
-    if pool == "decode":
-        return prefill_ranks + size
-    if pool == "prefill":
-        raise ConfigError(
-            f"pool='prefill': the prefill pool keeps its {prefill_ranks} ranks (set at launch); "
-            "scale the decode pool (pool='decode')"
-        )
-    raise ConfigError(f"pool={pool!r}: a P/D cluster scales one pool at a time; allowed: 'decode'")
 
 
 def _tell(notify: Any, arg: Any) -> None:

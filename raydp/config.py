@@ -159,7 +159,12 @@ class RaydpConfig(BaseModel):
     high_water_mark: int = Field(100_000, ge=1)
     detached: bool = Field(False, description="actors outlive the launching driver (for attach)")
     autoscaling: AutoscalingConfig | None = Field(
-        None, description="change dp_size by itself with the load (None: a fixed size, changed by scale())"
+        None,
+        description="change dp_size (P/D: the decode pool) by itself with the load (None: a fixed size, "
+        "changed by scale())",
+    )
+    prefill_autoscaling: AutoscalingConfig | None = Field(
+        None, description="P/D: change the prefill pool's size by itself with its load (None: changed by scale())"
     )
 
     def __init__(self, **data: Any) -> None:
@@ -245,6 +250,14 @@ class RaydpConfig(BaseModel):
             raise ValueError(
                 f"{field}={size} must be within autoscaling's [{scaling.min_dp_size}, {scaling.max_dp_size}]"
             )
+        prefill = self.prefill_autoscaling
+        if prefill is not None and not self.pooled:
+            raise ValueError("prefill_autoscaling: only a P/D cluster (prefill_dp_size >= 1) has a prefill pool")
+        if prefill is not None and not prefill.min_dp_size <= self.prefill_dp_size <= prefill.max_dp_size:
+            raise ValueError(
+                f"prefill_dp_size={self.prefill_dp_size} must be within prefill_autoscaling's "
+                f"[{prefill.min_dp_size}, {prefill.max_dp_size}]"
+            )
         return self
 
     def config_hash(self) -> str:
@@ -280,7 +293,7 @@ def env_fields(env: Mapping[str, str]) -> dict[str, Any]:
             # An empty variable means "not set", never "no node may host a rank".
             nodes = tuple(p.strip() for p in raw.split(",") if p.strip())
             out[name] = nodes or None
-        elif name in ("engine_kwargs", "autoscaling"):
+        elif name in ("engine_kwargs", "autoscaling", "prefill_autoscaling"):
             out[name] = _parse_json(name, raw)
         else:
             out[name] = raw

@@ -27,6 +27,7 @@ from grafanalib._gen import DashboardEncoder
 UID: Final = "raydp-overview"
 RATE = "$__rate_interval"
 CLUSTER = 'cluster=~"$cluster"'
+_POOL = "{{cluster}} {{pool}}"  # a P/D cluster autoscales each pool: one line per pool
 
 
 @dataclass(frozen=True)
@@ -181,10 +182,10 @@ PANELS: Final[tuple[Panel, ...]] = (
         "Autoscaler: ranks wanted and ranks running",
         "short",
         (
-            Query(f"max by (cluster) (ray_raydp_autoscale_desired_ranks{{{CLUSTER}}})", "{{cluster}} wanted"),
-            Query(f"max by (cluster) (ray_raydp_autoscale_current_ranks{{{CLUSTER}}})", "{{cluster}} running"),
+            Query(f"max by (cluster, pool) (ray_raydp_autoscale_desired_ranks{{{CLUSTER}}})", _POOL + " wanted"),
+            Query(f"max by (cluster, pool) (ray_raydp_autoscale_current_ranks{{{CLUSTER}}})", _POOL + " running"),
         ),
-        "clusters launched with autoscaling: the size the load asks for, and the size it found",
+        "clusters launched with autoscaling: the size the load asks for, and the size it found (per P/D pool)",
     ),
 )
 

@@ -36,7 +36,7 @@ def add_parser(sub: Any) -> None:
         "--pool",
         choices=["decode", "prefill"],
         default=None,
-        help="a P/D cluster: the pool that gets N ranks (its decode pool scales; the prefill pool is fixed)",
+        help="a P/D cluster: the pool that gets N ranks (the other pool keeps its size)",
     )
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS or the running cluster)")
     p.set_defaults(run=run)

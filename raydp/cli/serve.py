@@ -163,6 +163,13 @@ def add_parser(sub: Any) -> None:
         'RAYDP_AUTOSCALING=\'{"min_dp_size": 1, "max_dp_size": 4, "upscale_delay_s": 10}\')',
     )
     p.add_argument(
+        "--prefill-autoscale",
+        default=None,
+        metavar="MIN:MAX",
+        help="a P/D cluster: change the number of prefill ranks with their load (ongoing prefills), "
+        "between MIN and MAX (the same defaults as --autoscale; set them with RAYDP_PREFILL_AUTOSCALING)",
+    )
+    p.add_argument(
         "--api-key",
         action="append",
         default=None,
@@ -192,6 +199,33 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
+def _autoscaled(config: RaydpConfig, args: argparse.Namespace) -> RaydpConfig:
+    """``--autoscale`` (a P/D cluster: its decode pool) and ``--prefill-autoscale``, each pool started
+    within its bounds."""
+    if args.prefill_autoscale is not None:
+        if not config.pooled:
+            raise ConfigError(
+                f"--prefill-autoscale={args.prefill_autoscale}: only a P/D cluster has a prefill pool; "
+                "give --prefill-dp-size and --decode-dp-size"
+            )
+        scaling = AutoscalingConfig.parse(args.prefill_autoscale)
+        size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.prefill_dp_size))
+        config = config.with_changes(
+            prefill_autoscaling=scaling, prefill_dp_size=size, dp_size=size + config.decode_dp_size
+        )
+    if args.autoscale is not None:
+        scaling = AutoscalingConfig.parse(args.autoscale)
+        if config.pooled:
+            size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.decode_dp_size))
+            config = config.with_changes(
+                autoscaling=scaling, decode_dp_size=size, dp_size=config.prefill_dp_size + size
+            )
+        else:
+            size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.dp_size))
+            config = config.with_changes(autoscaling=scaling, dp_size=size)
+    return config
+
+
 def run(args: argparse.Namespace) -> int:
     config = with_engine_flags(config_from_args(args, CONFIG_FLAGS, PRESETS), args, {})
     if args.fail_stop:
@@ -200,16 +234,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--max-restarts={args.max_restarts!r}: --fail-stop restarts nothing; give one of the two"
             )
         config = config.with_changes(max_restarts=0)
-    if args.autoscale is not None:
-        scaling = AutoscalingConfig.parse(args.autoscale)
-        if config.pooled:  # the decode pool autoscales; the prefill pool keeps its size
-            size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.decode_dp_size))
-            config = config.with_changes(
-                autoscaling=scaling, decode_dp_size=size, dp_size=config.prefill_dp_size + size
-            )
-        else:
-            size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.dp_size))
-            config = config.with_changes(autoscaling=scaling, dp_size=size)
+    config = _autoscaled(config, args)
     if config.pooled and args.lb_mode != "internal":
         raise ConfigError(
             f"--lb-mode={args.lb_mode}: P/D pools need API servers that reach both pools; use --lb-mode internal"

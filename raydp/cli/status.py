@@ -67,6 +67,8 @@ def describe_cluster(name: str, timeout_s: float = 30.0) -> dict[str, Any]:
 def report(status: ClusterStatus) -> dict[str, Any]:
     state, info, endpoints = status.state, status.info, status.endpoints
     ranks = []
+    if endpoints is not None and state.prefill_ranks > 0:  # the pools were resized: the coordinator knows last
+        endpoints = msgspec.structs.replace(endpoints, prefill_ranks=state.prefill_ranks)
     for ep in endpoints.engines if endpoints is not None else []:
         r = ep.rank
         waiting, running = state.counts[r]
@@ -103,6 +105,7 @@ def report(status: ClusterStatus) -> dict[str, Any]:
         "ranks": ranks,
         "api_servers": [msgspec.to_builtins(s) for s in info.api_servers],
         "autoscale": msgspec.to_builtins(info.autoscale) if info.autoscale is not None else None,
+        "prefill_autoscale": msgspec.to_builtins(info.prefill_autoscale) if info.prefill_autoscale else None,
     }
 
 
@@ -182,8 +185,10 @@ def format_report(report: dict[str, Any]) -> str:
         ranks = "all ranks" if s.get("ranks") is None else "ranks " + ",".join(map(str, s["ranks"]))
         node = (s.get("node_id") or "?")[:8]
         lines.append(f"  {s['url']}  {s['mode']}, {s['count']} process(es) on node {node}, routing to {ranks}")
-    scaling = report.get("autoscale")
-    if scaling is not None:
-        wants = f"wants {scaling['desired']}: {scaling['reason']}" if scaling["reason"] else "no change wanted"
-        lines.append(f"autoscaler: {scaling['current']} ranks, {wants}")
+    for key in ("prefill_autoscale", "autoscale"):
+        scaling = report.get(key)
+        if scaling is not None:
+            wants = f"wants {scaling['desired']}: {scaling['reason']}" if scaling["reason"] else "no change wanted"
+            pool = f"{scaling['pool']} pool " if scaling.get("pool") else ""
+            lines.append(f"autoscaler: {pool}{scaling['current']} ranks, {wants}")
     return "\n".join(lines)

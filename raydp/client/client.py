@@ -239,11 +239,18 @@ class Client:
         Ranks at or above ``size`` drain: their requests go on, except retryable
         ones with no output yet, which move to a remaining rank. A rank no
         longer in ``endpoints`` is gone: what is still on it fails with
-        :class:`~raydp.errors.ScaleDownError`. Clients in other processes do
-        this on their own, from the coordinator's snapshots.
+        :class:`~raydp.errors.ScaleDownError`. A P/D cluster's pools follow
+        ``endpoints.prefill_ranks``. Clients in other processes do this on
+        their own, from the coordinator's snapshots.
         """
+
+        def follow() -> None:
+            self._router.rescale(list(endpoints.engines), size, drain_timeout_s)
+            if endpoints.prefill_ranks:
+                self._router.move_pools(endpoints.prefill_ranks)
+
         # Back in the caller, the change is in effect: a request sent next sees the new ranks.
-        self._turns.run(lambda: self._router.rescale(list(endpoints.engines), size, drain_timeout_s), True, now=True)
+        self._turns.run(follow, True, now=True)
 
     @property
     def endpoints(self) -> ClusterEndpoints:

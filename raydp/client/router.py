@@ -80,6 +80,8 @@ class RequestRouter:
                 engines, size = membership(self.endpoints.engines, snap)
                 if len(engines) != len(self.endpoints.engines) or size != self.balancer.size:
                     self.rescale(engines, size, None)
+                if snap.prefill_ranks > 0:  # a pool was resized since launch (raydp.orchestration.pools)
+                    self.move_pools(snap.prefill_ranks)
             except Exception:  # a bad notice must not take the IO thread down
                 logger.exception("client: could not follow the coordinator's scale notice")
         try:
@@ -314,6 +316,12 @@ class RequestRouter:
         # retryable request may go to the new one, over the new socket.
         gone = EngineDeadError(endpoint.rank, endpoint.node_id, DeathCause.UNKNOWN, "the rank was restarted")
         self._fail_rank(endpoint.rank, gone)
+
+    def move_pools(self, prefill_ranks: int) -> None:
+        """P/D: new sends go by this boundary; requests already on a rank that switched pools stay there."""
+        if prefill_ranks != self.endpoints.prefill_ranks:
+            logger.info("client: ranks 0..%d prefill (was 0..%d)", prefill_ranks - 1, self.endpoints.prefill_ranks - 1)
+            self.endpoints = msgspec.structs.replace(self.endpoints, prefill_ranks=prefill_ranks)
 
     def rescale(self, engines: list[EngineEndpoint], size: int, drain_timeout_s: float | None) -> None:
         old = len(self.endpoints.engines)

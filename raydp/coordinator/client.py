@@ -43,8 +43,8 @@ class CoordinatorClient:
     def engine_revived(self, rank: int, input_addresses: list[str], node_id: str = "") -> None:
         self._send(EngineRevived(rank, input_addresses, node_id))
 
-    def scale(self, engine_count: int, size: int) -> None:
-        self._send(ScaleEngines(engine_count, size))
+    def scale(self, engine_count: int, size: int, prefill: int = -1) -> None:
+        self._send(ScaleEngines(engine_count, size, prefill))
 
     def hold(self, epoch: int, gang: int) -> None:
         self._send(HoldCluster(epoch, gang))

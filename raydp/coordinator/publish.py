@@ -37,6 +37,7 @@ def snapshot(state: CoordinatorState, seq: int, now: float) -> StatsSnapshot:
         cache_epoch=cache.epoch if cache.reported else 0,
         adapters=[msgspec.structs.replace(a, known={}) for a in state.adapters] if _adapters_reported(state) else [],
         adapter_paths={name: path for a in state.adapters for name, path in a.known.items()},
+        prefill_ranks=state.prefill_ranks,
     )
 
 
@@ -62,6 +63,7 @@ def describe(
         resynced=state.resync is None or state.resync.done,  # a successor heard every live rank
         prefix_cache=[list(h) for h in state.cache.hit_counts()],
         adapters=list(state.adapters) if _adapters_reported(state) else [],
+        prefill_ranks=state.prefill_ranks,
     )
 
 

@@ -38,6 +38,7 @@ class Restored(msgspec.Struct, frozen=True):
     deaths: list[int] = []
     restarts: list[int] = []
     hangs: list[int] = []
+    prefill_ranks: int = -1  # P/D: the pools' boundary as last moved (-1: as launched)
 
 
 @dataclass

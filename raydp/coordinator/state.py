@@ -76,6 +76,7 @@ class CoordinatorState:
     hangs: list[int] = field(default_factory=list)  # deaths whose cause was a hang
     rejected: int = 0
     size: int = -1  # ranks clients route new requests to; the rest drain (-1: all)
+    prefill_ranks: int = -1  # P/D: the pools' boundary as last moved (-1: as launched)
     nodes: dict[int, str] = field(default_factory=dict)  # node of each rank in ``moved``
     hold: GangHold | None = None
     resync: ResyncTracker | None = None  # a restarted coordinator relearning the engines' state
@@ -114,6 +115,7 @@ class CoordinatorState:
         n = restored.engine_count
         self._resize(n)
         self.size = restored.size if 1 <= restored.size <= n else n
+        self.prefill_ranks = restored.prefill_ranks if 0 < restored.prefill_ranks < n else -1
         self.dead = {r: c for r, c in restored.dead.items() if 0 <= r < n}
         self.moved = {r: list(a) for r, a in restored.moved.items() if 0 <= r < n}
         self.nodes = {r: node for r, node in restored.nodes.items() if 0 <= r < n}
@@ -354,17 +356,19 @@ class CoordinatorState:
     def _on_scale(self, msg: ScaleEngines) -> None:
         n = msg.engine_count
         size = n if msg.size == -1 else msg.size
-        if n < 1 or not 1 <= size <= n:
+        if n < 1 or not 1 <= size <= n or not (msg.prefill == -1 or 0 < msg.prefill < size):
             self.rejected += 1
             logger.warning(
-                "coordinator: dropped ScaleEngines(engine_count=%d, size=%d): need engine_count >= 1 and "
-                "1 <= size <= engine_count",
-                n,
-                msg.size,
+                "coordinator: dropped %r: need engine_count >= 1, 1 <= size <= engine_count, "
+                "and prefill -1 or in [1, size)",
+                msg,
             )
             return
         if n != self.engine_count or size != self.size:
             logger.info("coordinator: %d ranks, routing to %d (was %d, %d)", n, size, self.engine_count, self.size)
+        if msg.prefill not in (-1, self.prefill_ranks):
+            logger.info("coordinator: ranks 0..%d prefill, the others decode", msg.prefill - 1)
+            self.prefill_ranks = msg.prefill
         self._resize(n)
         self.size = size
         self.changed = True

@@ -106,9 +106,9 @@ class ProcessManager:
     def coordinator_state(self) -> CoordinatorStatus:
         return self.runtime.coordinator_state()
 
-    def scale(self, dp_size: int, drain_timeout_s: float) -> ClusterEndpoints:
-        """Grow or shrink to ``dp_size`` local ranks (see :mod:`raydp.orchestration.scaling`)."""
-        return self.orchestrator.scale(dp_size, drain_timeout_s)
+    def scale(self, dp_size: int, drain_timeout_s: float, pool: str | None = None) -> ClusterEndpoints:
+        """Grow or shrink to ``dp_size`` local ranks, or ``pool`` to ``dp_size`` (see the orchestrator)."""
+        return self.orchestrator.scale(dp_size, drain_timeout_s, pool)
 
     def close(self) -> None:
         self._finalizer()

@@ -84,6 +84,7 @@ class ProcessRuntime:
         self.coordinator: Proc | None = None
         self.control_lock = threading.Lock()
         self.autoscale: AutoscaleDecision | None = None
+        self.prefill_autoscale: AutoscaleDecision | None = None  # P/D: the prefill pool's autoscaler
 
     # ---- placement: every rank on this node -----------------------------------------------
 
@@ -276,8 +277,11 @@ class ProcessRuntime:
             return recv(conn, Any)
 
     def record_autoscale(self, decision: AutoscaleDecision) -> None:
-        """Kept for :attr:`autoscale` only: ``raydp status`` reads Ray clusters."""
-        self.autoscale = decision
+        """Kept for :attr:`autoscale` (:attr:`prefill_autoscale`) only: ``raydp status`` reads Ray clusters."""
+        if decision.pool == "prefill":
+            self.prefill_autoscale = decision
+        else:
+            self.autoscale = decision
 
     def publish(self, endpoints: ClusterEndpoints, handed: bool) -> None:
         """``raydp status`` reads Ray clusters only: a local cluster keeps no registry."""

@@ -21,5 +21,6 @@ Modules:
 - ``gang``: restarting a lockstep gang;
 - ``coordinator_restart``: restarting the coordinator at its addresses;
 - ``scaling``: growing and shrinking a running cluster, step by step;
+- ``pools``: a P/D cluster's pool sizes after one pool's change, and the order of the steps;
 - ``autoscaling``: the load-driven autoscaling policy (pure) and the loop that applies it.
 """

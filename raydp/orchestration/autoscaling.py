@@ -16,6 +16,17 @@ metrics), and calls the orchestrator's ``scale``, which drains on the way
 down, waits for placement on the way up (pending placement groups are what
 Ray's autoscaler adds nodes for), and moves lockstep clusters at a wave
 boundary.
+
+A P/D cluster runs one :class:`Autoscaler` per autoscaled pool, each over its
+own pool's ranks and bounds (the pools' boundary is read afresh every
+round, since either pool's change moves it). The prefill pool is sized by
+its ongoing prefills, the decode pool by its ongoing streams. Both are
+counts the coordinator has for free, and they carry the latency the issue
+names: a prefill request lives on its rank until its first token, so by
+Little's law the ongoing prefills are the arrival rate times the time to
+first token spent there; a decode rank's ongoing streams are its batch,
+and its inter-token latency grows with that batch. Latency targets would
+need the API servers' measurements, which the coordinator does not have.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ from raydp.orchestration.controls import Controls
 from raydp.wire.endpoints import ClusterEndpoints
 from raydp.wire.records import AutoscaleDecision
 
-Scale = Callable[[int, float], ClusterEndpoints]
+Scale = Callable[[int, float, str | None], ClusterEndpoints]  # (size, drain_timeout_s, pool): the orchestrator's
 
 logger = logging.getLogger("raydp.autoscaler")
 
@@ -99,13 +110,11 @@ class AutoscalePolicy:
 class Autoscaler:
     """Applies an :class:`AutoscalePolicy` to a running cluster, on a thread of its own."""
 
-    def __init__(self, controls: Controls, scale: Scale, config: AutoscalingConfig, fixed: int = 0) -> None:
+    def __init__(self, controls: Controls, scale: Scale, config: AutoscalingConfig, pool: str | None = None) -> None:
         self.c = controls
         self.scale = scale  # the orchestrator's: one scale change at a time, whoever asks
         self.config = config
-        # A P/D cluster's prefill ranks (the lowest ``fixed``) keep their number: the policy sizes the
-        # decode pool by the decode ranks' ongoing requests (raydp.client.pools).
-        self.fixed = fixed
+        self.pool = pool  # a P/D cluster's pool ("prefill" or "decode"); None: the whole cluster
         self.policy = AutoscalePolicy(config)
         self.thread: threading.Thread | None = None
 
@@ -124,19 +133,36 @@ class Autoscaler:
     def step(self, now: float) -> None:
         """Read the load, decide, and make the change (blocking until it is done)."""
         state = self.c.rt.coordinator_state()
-        routable = range(self.fixed, min(state.routable, len(state.counts)))
-        ongoing = sum(sum(state.counts[r]) for r in routable)
-        current = len(self.c.table)
+        ranks = self.ranks(min(state.routable, len(state.counts)))
+        ongoing = sum(sum(state.counts[r]) for r in ranks)
+        current = self.size()
         self.policy.observe(now, ongoing)
-        want = self.policy.decide(now, current - self.fixed)
+        want = self.policy.decide(now, current)
         if want is None:
-            self.c.rt.record_autoscale(AutoscaleDecision(current, current, "", time.time()))
+            self.record(current, current, "")
             return
-        size = self.fixed + want.size
-        logger.warning("autoscaler: %d -> %d ranks: %s", current, size, want.reason)
-        self.c.rt.record_autoscale(AutoscaleDecision(current, size, want.reason, time.time()))
+        what = f"the {self.pool} pool" if self.pool else "cluster"
+        logger.warning("autoscaler: %s %d -> %d ranks: %s", what, current, want.size, want.reason)
+        self.record(current, want.size, want.reason)
         try:
-            self.scale(size, self.config.drain_timeout_s)
+            self.scale(want.size, self.config.drain_timeout_s, self.pool)
         except RaydpError as exc:
-            logger.error("autoscaler: scaling to %d ranks failed, serving on with %d: %s", size, current, exc)
-        self.c.rt.record_autoscale(AutoscaleDecision(len(self.c.table), size, want.reason, time.time()))
+            logger.error(
+                "autoscaler: scaling %s to %d ranks failed, serving on with %d: %s", what, want.size, current, exc
+            )
+        self.record(self.size(), want.size, want.reason)
+
+    def ranks(self, routable: int) -> range:
+        """The routable ranks of the pool this autoscaler sizes."""
+        boundary = self.c.state.prefill_ranks
+        if self.pool == "prefill":
+            return range(min(boundary, routable))
+        return range(boundary if self.pool == "decode" else 0, routable)
+
+    def size(self) -> int:
+        """The pool's ranks now (scale-ups under way included, as the policy's bounds count them)."""
+        boundary, total = self.c.state.prefill_ranks, len(self.c.table)
+        return boundary if self.pool == "prefill" else total - boundary if self.pool == "decode" else total
+
+    def record(self, current: int, desired: int, reason: str) -> None:
+        self.c.rt.record_autoscale(AutoscaleDecision(current, desired, reason, time.time(), self.pool or ""))

@@ -27,7 +27,7 @@ from raydp.orchestration.ranks import RankRecord, RankTable
 from raydp.orchestration.reports import DeathReports
 from raydp.orchestration.runtime import Runtime
 from raydp.orchestration.state import ClusterState
-from raydp.wire.endpoints import CoordinatorEndpoints, EngineEndpoint
+from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.handshake import HandshakeResult, parallel_config
 from raydp.wire.protocol import EngineAddresses, Init
 from raydp.wire.transport import pick_address
@@ -99,7 +99,10 @@ class Controls:
 
     def publish_routes(self, engines: Sequence[EngineEndpoint], size: int, drain_timeout_s: float | None) -> None:
         """Clients route to ``engines``: this process, the cluster's record (for ``attach``), every listener."""
-        endpoints = self.state.route_to(engines)
+        self.publish(self.state.route_to(engines), size, drain_timeout_s)
+
+    def publish(self, endpoints: ClusterEndpoints, size: int, drain_timeout_s: float | None) -> None:
+        """The cluster's record (for ``attach``) and this process's listeners follow ``endpoints``."""
         self.rt.publish(endpoints, handed=False)
         for listener in list(self.scale_listeners):
             try:

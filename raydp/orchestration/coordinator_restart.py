@@ -131,5 +131,6 @@ class CoordinatorRestarts:
                 deaths=[reports.death_counts.get(r, 0) for r in range(n)],
                 restarts=[reports.restart_counts.get(r, 0) for r in range(n)],
                 hangs=[reports.hang_counts.get(r, 0) for r in range(n)],
+                prefill_ranks=endpoints.prefill_ranks or -1,
             )
         return coordinator, restored

@@ -14,6 +14,7 @@ action goes out through the runtime.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
@@ -135,11 +136,18 @@ class Orchestrator:
         controls.owned.closers.append(self.reports.coordinator.close)
         controls.budget.grant(state.table.ranks())
         rt.watch(records)
-        if cfg.autoscaling is not None:
-            from raydp.orchestration.autoscaling import Autoscaler
-
-            Autoscaler(controls, self.scale, cfg.autoscaling, fixed=cfg.prefill_dp_size).start()
+        self.start_autoscalers()
         return state.endpoints
+
+    def start_autoscalers(self) -> None:
+        """One per autoscaled pool (the whole cluster where it has none); they take turns at scaling."""
+        from raydp.orchestration.autoscaling import Autoscaler
+
+        cfg, scale = self.config, functools.partial(self.scale, wait=True)
+        if cfg.autoscaling is not None:
+            Autoscaler(self.controls, scale, cfg.autoscaling, "decode" if cfg.pooled else None).start()
+        if cfg.prefill_autoscaling is not None:
+            Autoscaler(self.controls, scale, cfg.prefill_autoscaling, "prefill").start()
 
     def coordinator_client(self, endpoints: CoordinatorEndpoints) -> CoordinatorClient:
         return CoordinatorClient(endpoints, self.driver_node_id, self.sock_opts)
@@ -173,16 +181,25 @@ class Orchestrator:
 
     # ---- scaling ------------------------------------------------------------------------
 
-    def scale(self, dp_size: int, drain_timeout_s: float) -> ClusterEndpoints:
-        """Grow or shrink to ``dp_size`` ranks (see :mod:`raydp.orchestration.scaling`); one change at a time."""
+    def scale(
+        self, dp_size: int, drain_timeout_s: float, pool: str | None = None, *, wait: bool = False
+    ) -> ClusterEndpoints:
+        """Grow or shrink to ``dp_size`` ranks, or a P/D cluster's ``pool`` to ``dp_size`` ranks (see
+        :mod:`raydp.orchestration.scaling` and :mod:`raydp.orchestration.pools`); one change at a time.
+
+        Another change running: ConfigError, unless ``wait`` (the autoscalers
+        wait their turn; the sizes are planned once the lock is held).
+        """
+        from raydp.orchestration.pools import plan
         from raydp.orchestration.scaling import ScaleChange
 
-        if not self.scale_lock.acquire(blocking=False):
+        if not self.scale_lock.acquire(blocking=wait):
             raise ConfigError(f"dp_size={dp_size}: another scale of cluster {self.config.name!r} is running")
         try:
             if self.controls.closing() or self.state.endpoints is None:
                 raise ClusterClosedError(f"cluster {self.config.name!r} is closed")
-            return ScaleChange(self.controls, dp_size, drain_timeout_s).run()
+            target = plan(self.state.prefill_ranks, self.state.dp_size, pool, dp_size)
+            return ScaleChange(self.controls, target.dp_size, drain_timeout_s, target.prefill).run()
         finally:
             self.scale_lock.release()
 

@@ -19,6 +19,11 @@ by ``drain_timeout_s``. Then the ranks are retired (their ends are not
 deaths), clients drop them (what is still on them fails with
 :class:`~raydp.errors.ScaleDownError`), and their engines and placements go.
 
+P/D pools (:mod:`raydp.orchestration.pools`): a change that moves the
+boundary between the pools moves it after a scale-up (the new ranks have
+joined as decode ranks) and before a scale-down (the ranks that go are
+decode ranks by then); if the scale-down fails, the boundary moves back.
+
 Lockstep: before the DP group changes the gang is held at a wave boundary
 (:class:`HoldSteps`, :mod:`raydp.coordinator.hold`), a new rendezvous opens,
 every rank re-forms the group at the new size, and the hold is released;
@@ -48,7 +53,7 @@ _epochs = itertools.count(1)
 class CoordinatorControl(Protocol):
     """What a scale change tells the coordinator (a :class:`~raydp.coordinator.client.CoordinatorClient`)."""
 
-    def scale(self, engine_count: int, size: int) -> None: ...
+    def scale(self, engine_count: int, size: int, prefill: int = -1) -> None: ...
     def hold(self, epoch: int, gang: int) -> None: ...
     def regroup(self, epoch: int, dp_size: int, dp_master: str) -> None: ...
     def release(self, epoch: int) -> None: ...
@@ -87,9 +92,12 @@ class HoldSteps:
 
 
 class ScaleChange:
-    """One scale change of a cluster to ``dp_size`` ranks (the orchestrator runs one at a time)."""
+    """One scale change of a cluster to ``dp_size`` ranks (the orchestrator runs one at a time).
 
-    def __init__(self, controls: Controls, dp_size: int, drain_timeout_s: float) -> None:
+    ``prefill``: a P/D cluster's new boundary (0: it stays).
+    """
+
+    def __init__(self, controls: Controls, dp_size: int, drain_timeout_s: float, prefill: int = 0) -> None:
         coordinator = controls.reports.coordinator
         assert coordinator is not None and controls.state.endpoints is not None, "scale() needs a started cluster"
         self.c = controls
@@ -97,6 +105,8 @@ class ScaleChange:
         self.coordinator: CoordinatorControl = coordinator
         self.before = len(controls.table)
         self.target = dp_size
+        self.prefill_before = controls.state.prefill_ranks
+        self.prefill = prefill or self.prefill_before
         self.drain_timeout_s = drain_timeout_s
         self.new: list[RankRecord] = []
         self.gang: HoldSteps | None = None
@@ -104,15 +114,26 @@ class ScaleChange:
 
     def run(self) -> ClusterEndpoints:
         started = time.monotonic()
-        if self.target > self.before:
-            self.grow()
-        elif self.target < self.before:
-            self.shrink()
+        if self.prefill < self.prefill_before:
+            self.move_boundary(self.prefill)
+        try:
+            if self.target > self.before:
+                self.grow()
+            elif self.target < self.before:
+                self.shrink()
+        except BaseException:
+            if self.prefill < self.prefill_before:
+                self.restore_boundary()
+            raise
+        if self.prefill > self.prefill_before:
+            self.move_boundary(self.prefill)
+        pools = f" ({self.prefill} prefill)" if self.prefill else ""
         logger.info(
-            "cluster %r scaled from %d to %d ranks in %.2fs%s",
+            "cluster %r scaled from %d to %d ranks%s in %.2fs%s",
             self.cfg.name,
             self.before,
             self.target,
+            pools,
             time.monotonic() - started,
             " (lockstep: the DP group was re-formed)" if self.cfg.lockstep else "",
         )
@@ -246,6 +267,27 @@ class ScaleChange:
         self.tell_size(self.target, self.target)
         c.publish_routes(engines, self.target, self.drain_timeout_s)
         self.remove_ranks(gone)
+
+    # ---- P/D pools ---------------------------------------------------------------------
+
+    def move_boundary(self, prefill: int) -> None:
+        """Ranks ``0..prefill-1`` prefill from now on: the coordinator's snapshots carry it to every client."""
+        c = self.c
+        endpoints = c.state.move_boundary(prefill)
+        count, size = len(c.table), len(endpoints.engines)
+        self.coordinator.scale(count, size, prefill)
+        self.wait_state(lambda s: s.prefill_ranks == prefill, f"the coordinator to move the pools to {prefill}")
+        c.publish(endpoints, size, None)
+        logger.info("cluster %r: ranks 0..%d prefill, %d..%d decode", self.cfg.name, prefill - 1, prefill, size - 1)
+
+    def restore_boundary(self) -> None:
+        """A prefill pool's shrink failed: its ranks prefill again (the cluster serves on at its old size)."""
+        if self.c.closing():  # the change failed because the cluster is closing: nothing serves on
+            return
+        try:
+            self.move_boundary(self.prefill_before)
+        except Exception as exc:  # the ranks changed after all, or the coordinator is gone: keep the new one
+            logger.error("scale: could not move the pools back to %d prefill ranks: %r", self.prefill_before, exc)
 
     # ---- shared steps -----------------------------------------------------------------
 

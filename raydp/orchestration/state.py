@@ -14,7 +14,8 @@ Invariants:
   move a joining rank into a wave its gang has left;
 - ``len(table) == dp_size + joining``: ranks being added by a scale-up are
   in the table, built but not yet told the new size;
-- the endpoints name ranks of the table, and their coordinator is ``coordinator``.
+- the endpoints name ranks of the table, and their coordinator is ``coordinator``;
+- in a P/D cluster each pool keeps a rank: ``0 < prefill_ranks < len(endpoints.engines)``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ class ClusterState:
     def endpoints(self) -> ClusterEndpoints | None:
         """What clients route by; None until the cluster serves."""
         return self._endpoints
+
+    @property
+    def prefill_ranks(self) -> int:
+        """P/D: ranks ``0..prefill_ranks-1`` prefill, the others decode (0: no pools, or not serving yet)."""
+        return self._endpoints.prefill_ranks if self._endpoints is not None else 0
 
     # ---- transitions: startup and restarts --------------------------------------------
 
@@ -159,6 +165,15 @@ class ClusterState:
             self._endpoints = self._endpoints.with_engines(engines, self.table.capacity(e.rank for e in engines))
             return self._endpoints
 
+    def move_boundary(self, prefill: int) -> ClusterEndpoints:
+        """P/D: ranks ``0..prefill-1`` prefill from now on (:mod:`raydp.orchestration.pools`)."""
+        with self.lock:
+            assert self._endpoints is not None and self._endpoints.prefill_ranks, "a boundary of a P/D cluster"
+            if not 0 < prefill < len(self._endpoints.engines):
+                raise ValueError(f"prefill_ranks={prefill} of {len(self._endpoints.engines)} ranks")
+            self._endpoints = msgspec.structs.replace(self._endpoints, prefill_ranks=prefill)
+            return self._endpoints
+
     # ---- invariants -------------------------------------------------------------------
 
     def check(self) -> None:
@@ -171,6 +186,8 @@ class ClusterState:
                 ranks = [e.rank for e in self._endpoints.engines]
                 assert all(r in self.table for r in ranks), f"endpoints name ranks {ranks} of {len(self.table)}"
                 assert self._endpoints.coordinator == self._coordinator, "endpoints name another coordinator"
+                pools = self._endpoints.prefill_ranks
+                assert not pools or 0 < pools < len(ranks), f"prefill_ranks={pools} leaves a pool of {ranks} empty"
 
 
 __all__ = ["ClusterState"]

@@ -57,11 +57,14 @@ class ScaleEngines(WireMessage, tag=5):
     to the first ``size`` of them (-1: all). A scale-up first grows
     ``engine_count`` (the new ranks may report), then ``size`` once they have
     joined; a scale-down first shrinks ``size`` (the highest ranks drain),
-    then ``engine_count`` once they are gone.
+    then ``engine_count`` once they are gone. ``prefill``: in a P/D cluster,
+    the prefill pool's ranks from now on (``0..prefill-1``; -1: unchanged);
+    moving it switches ranks between pools (see :mod:`raydp.orchestration.pools`).
     """
 
     engine_count: RankCount
     size: RankCount = -1
+    prefill: int = -1
 
 
 class EngineDead(WireMessage, tag=6):
@@ -220,7 +223,9 @@ class StatsSnapshot(WireMessage):
     adapters it holds (empty while no engine reports any; a few names per
     rank, so each snapshot carries them whole), without their ``known``
     adapters: those are merged over the ranks into ``adapter_paths`` (name ->
-    path), once per snapshot rather than once per rank.
+    path), once per snapshot rather than once per rank. ``prefill_ranks``: in
+    a P/D cluster whose pools were resized, ranks ``0..prefill_ranks-1``
+    prefill (-1: no change since launch; keep the launch endpoints' boundary).
     """
 
     counts: list[tuple[int, int]]
@@ -238,6 +243,7 @@ class StatsSnapshot(WireMessage):
     cache_epoch: int = 0
     adapters: list[AdapterState] = []
     adapter_paths: dict[str, str] = {}
+    prefill_ranks: int = -1
 
 
 class StartDPWave(WireMessage, tag=1):

@@ -40,6 +40,7 @@ class CoordinatorStatus(msgspec.Struct, frozen=True):
     prefix_cache: list[list[int]] = []
     hangs: list[int] = []  # per rank, since launch: deaths whose cause was a hang its watchdog caught
     adapters: list[AdapterState] = []  # per rank: the LoRA adapters it holds; empty when no engine reports any
+    prefill_ranks: int = -1  # P/D: the prefill pool's size as last moved (-1: as launched)
 
 
 class APIServerRecord(msgspec.Struct, frozen=True):
@@ -59,6 +60,7 @@ class AutoscaleDecision(msgspec.Struct, frozen=True):
     desired: int
     reason: str
     at: float  # wall-clock time of the reading
+    pool: str = ""  # P/D: the pool it sizes ("prefill" or "decode"); "" for an unpooled cluster
 
 
 class ClusterInfo(msgspec.Struct, frozen=True):
@@ -70,6 +72,7 @@ class ClusterInfo(msgspec.Struct, frozen=True):
     engine: str = ""
     api_servers: list[APIServerRecord] = []
     autoscale: AutoscaleDecision | None = None  # None: the cluster does not autoscale
+    prefill_autoscale: AutoscaleDecision | None = None  # P/D: the prefill pool's autoscaler, if any
 
 
 class LaunchRecord(msgspec.Struct, frozen=True):

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import pytest
 
 import raydp
+from raydp.client.requests import RequestHandle
 from raydp.errors import ConfigError
 from tests.integration.helpers import wait_until
 
@@ -102,21 +103,67 @@ def test_a_decode_rank_killed_mid_stream_moves_its_streams_to_the_other() -> Non
         assert {h.rank for h in handles} == {3 - victim} and client.migrations >= 1
 
 
-def test_the_decode_pool_scales_and_the_prefill_pool_keeps_its_size() -> None:
-    with pd_cluster("pd-scale", 1, 1, step_delay_s=0.0) as cluster:
+def test_each_pool_scales_on_its_own_under_load_and_no_request_is_lost() -> None:
+    n = 20  # 0.4 s of decoding at 20 ms a step: each change lands while streams run
+    with pd_cluster("pd-scale", 1, 1) as cluster:
         client = cluster.client()
-        reference = whole(client, PROMPTS, 6, rank=1)
-        cluster.scale(2, pool="decode")
-        assert cluster.dp_size == 3 and cluster.endpoints.prefill_ranks == 1
-        assert wait_until(lambda: client.snapshot() is not None and client.snapshot().size == 3, timeout=10)  # type: ignore[union-attr]
-        handles = [client.submit(p, 6) for p in PROMPTS]
-        assert [h.result(60) for h in handles] == reference
-        assert {h.rank for h in handles} == {1, 2}, "the new decode rank takes streams"
-        with pytest.raises(ConfigError, match="pool='prefill': the prefill pool keeps its 1 ranks"):
-            cluster.scale(2, pool="prefill")
-        cluster.scale(1, pool="decode")
-        assert cluster.dp_size == 2
-        assert [client.generate(p, 6, timeout=60) for p in PROMPTS[:3]] == reference[:3]
+        reference = whole(client, PROMPTS, n, rank=1)
+
+        def scaled(size: int, pool: str) -> list[RequestHandle]:
+            handles = [client.submit(p, n) for p in PROMPTS]
+            cluster.scale(size, pool=pool, drain_timeout_s=30)
+            assert [h.result(60) for h in handles] == reference, f"nothing lost across the {pool} pool's change"
+            after = [client.submit(p, n) for p in PROMPTS]
+            assert [h.result(60) for h in after] == reference
+            return after
+
+        after = scaled(2, "decode")
+        assert (cluster.dp_size, cluster.endpoints.prefill_ranks) == (3, 1)
+        assert {h.rank for h in after} == {1, 2}, "the new decode rank takes streams"
+        after = scaled(2, "prefill")  # rank 2 joins as a decode rank, then rank 1 moves to the prefill pool
+        assert (cluster.dp_size, cluster.endpoints.prefill_ranks) == (4, 2)
+        assert {h.rank for h in after} == {2, 3}, "every stream ends on the decode pool, ranks 2 and 3"
+        after = scaled(1, "prefill")  # rank 1 decodes again, then rank 3 drains and goes
+        assert (cluster.dp_size, cluster.endpoints.prefill_ranks) == (3, 1)
+        assert {h.rank for h in after} == {1, 2}
+        after = scaled(1, "decode")
+        assert (cluster.dp_size, cluster.endpoints.prefill_ranks) == (2, 1)
+        assert {h.rank for h in after} == {1}
+        with pytest.raises(ConfigError, match="dp_size=0: must be an int >= 1"):
+            cluster.scale(0, pool="prefill")
+        with pytest.raises(ConfigError, match="pool='both': a P/D cluster scales one pool at a time"):
+            cluster.scale(2, pool="both")
+
+
+def test_the_autoscaler_sizes_the_prefill_pool_by_its_queue() -> None:
+    scaling = {
+        "min_dp_size": 1,
+        "max_dp_size": 2,
+        "target_ongoing_requests": 4,
+        "upscale_delay_s": 0,
+        "downscale_delay_s": 1,
+        "look_back_s": 0.3,
+        "interval_s": 0.05,
+    }
+    with raydp.launch(
+        name="pd-auto-p",
+        prefill_dp_size=1,
+        decode_dp_size=1,
+        backend="mp",
+        engine="raydp.models.echo:EchoEngine",
+        engine_kwargs={"step_delay_s": 0.05, "max_running": 2},
+        prefill_autoscaling=scaling,
+        progress=False,
+    ) as cluster:
+        client = cluster.client()
+        # One-token requests are all prefill: 40 of them queue on rank 0 for at least 20 steps (1 s).
+        handles = [client.submit(PROMPTS[i % len(PROMPTS)], 1) for i in range(40)]
+        assert wait_until(lambda: cluster.endpoints.prefill_ranks == 2, timeout=30), "the prefill pool grew"
+        assert cluster.dp_size == 3, "by a rank of its own: the decode pool kept its one"
+        assert [h.result(60) for h in handles] == [PROMPTS[i % len(PROMPTS)][:1] for i in range(40)]
+        shrunk = wait_until(lambda: (cluster.dp_size, cluster.endpoints.prefill_ranks) == (2, 1), timeout=30)
+        assert shrunk, "and shrank back once it was idle"
+        assert client.generate(PROMPTS[0], 4, timeout=30) == [PROMPTS[0][k % len(PROMPTS[0])] for k in range(4)]
 
 
 def test_the_autoscaler_sizes_the_decode_pool_by_its_load_and_leaves_the_prefill_pool() -> None:

@@ -356,13 +356,13 @@ def test_a_scale_up_waits_for_capacity_then_fails_cleanly_or_uses_a_new_node(thr
 LAUNCH_DETACHED = """
 import ray, raydp
 ray.init(address={address!r})
-cluster = raydp.launch(name="cliscale", dp_size=2, detached=True, progress=False)
+cluster = raydp.launch(name="cliscale", prefill_dp_size=1, decode_dp_size=1, detached=True, progress=False)
 print("launched", cluster.dp_size, flush=True)
 """
 
 
 @pytest.mark.timeout(240)
-def test_raydp_scale_grows_and_shrinks_a_detached_cluster(three_nodes: Any) -> None:
+def test_raydp_scale_grows_and_shrinks_each_pool_of_a_detached_p_d_cluster(three_nodes: Any) -> None:
     address = ray.get_runtime_context().gcs_address
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAY_ADDRESS": address}
 
@@ -374,9 +374,10 @@ def test_raydp_scale_grows_and_shrinks_a_detached_cluster(three_nodes: Any) -> N
     try:
         attached = raydp.attach("cliscale")
         client = attached.client()
-        out = run(sys.executable, "-m", "raydp", "scale", "cliscale", "3")
+        # The prefill pool to 2: rank 2 joins as a decode rank, then rank 1 moves to the prefill pool.
+        out = run(sys.executable, "-m", "raydp", "scale", "cliscale", "2", "--pool", "prefill")
         assert out.returncode == 0, out.stderr[-3000:]
-        assert "cliscale: 2 -> 3 ranks" in out.stdout
+        assert "cliscale: 2 -> 3 ranks (prefill pool 2)" in out.stdout
         assert sorted(live_actors("cliscale")) == [
             "cliscale-coordinator",
             "cliscale-dp0",
@@ -384,15 +385,29 @@ def test_raydp_scale_grows_and_shrinks_a_detached_cluster(three_nodes: Any) -> N
             "cliscale-dp2",
             "cliscale-supervisor",
         ]
-        assert wait_until(lambda: client.dp_size == 3, timeout=10), "an attached client follows"
-        assert client.generate([4], max_tokens=2, rank=2) == [4, 4]
-        out = run(sys.executable, "-m", "raydp", "scale", "cliscale", "1", "--drain-timeout", "5")
+        follows = wait_until(lambda: (client.dp_size, client.endpoints.prefill_ranks) == (3, 2), timeout=10)
+        assert follows, "an attached client follows both the size and the pools"
+        handles = [client.submit([4, k], max_tokens=3) for k in range(6)]
+        assert [h.result(30) for h in handles] == [[4, k, 4] for k in range(6)]
+        assert {h.rank for h in handles} == {2}, "rank 1 prefills now; the new rank 2 decodes"
+        status = run(sys.executable, "-m", "raydp", "status", "cliscale", "--json")
+        pools = [r["pool"] for r in json.loads(status.stdout)[0]["ranks"]]
+        assert pools == ["prefill", "prefill", "decode"], status.stdout
+        out = run(sys.executable, "-m", "raydp", "scale", "cliscale", "1", "--pool", "prefill", "--drain-timeout", "5")
         assert out.returncode == 0, out.stderr[-3000:]
-        assert sorted(live_actors("cliscale")) == ["cliscale-coordinator", "cliscale-dp0", "cliscale-supervisor"]
-        assert wait_until(lambda: client.dp_size == 1, timeout=10)
-        assert client.generate([6], max_tokens=2) == [6, 6]
+        assert sorted(live_actors("cliscale")) == [
+            "cliscale-coordinator",
+            "cliscale-dp0",
+            "cliscale-dp1",
+            "cliscale-supervisor",
+        ]
+        assert wait_until(lambda: (client.dp_size, client.endpoints.prefill_ranks) == (2, 1), timeout=10)
+        again = client.submit([6, 1], max_tokens=3)
+        assert again.result(30) == [6, 1, 6] and again.rank == 1, "rank 1 decodes again"
         out = run(sys.executable, "-m", "raydp", "scale", "cliscale", "0")
         assert out.returncode == 2 and "dp_size=0: must be an int >= 1" in out.stderr
+        out = run(sys.executable, "-m", "raydp", "scale", "cliscale", "2")
+        assert out.returncode == 2 and "pool=None: a P/D cluster scales one pool at a time" in out.stderr
         out = run(sys.executable, "-m", "raydp", "scale", "nosuchcluster", "2")
         assert out.returncode == 2 and "name='nosuchcluster'" in out.stderr
         attached.close()

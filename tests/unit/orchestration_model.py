@@ -53,8 +53,8 @@ class ModelCoordinator:
     def engine_revived(self, rank: int, input_addresses: list[str], node_id: str = "") -> None:
         self.deliver(encode(EngineRevived(rank, input_addresses, node_id)))
 
-    def scale(self, engine_count: int, size: int) -> None:
-        self.deliver(encode(ScaleEngines(engine_count, size)))
+    def scale(self, engine_count: int, size: int, prefill: int = -1) -> None:
+        self.deliver(encode(ScaleEngines(engine_count, size, prefill)))
 
     def hold(self, epoch: int, gang: int) -> None:
         self.deliver(encode(HoldCluster(epoch, gang)))
@@ -83,6 +83,7 @@ class ModelRuntime:
         self.watched: set[int] = set()
         self.masters = 0
         self.decisions: list[Any] = []
+        self.published: list[ClusterEndpoints] = []  # what clients were told, in order
         self.wedged_starts = 0  # the next so many joins fail, as a successor that wedged while starting
 
     def place(self, ranks: range, existing: Sequence[RankRecord], why: str) -> list[RankRecord]:
@@ -160,7 +161,7 @@ class ModelRuntime:
         self.decisions.append(decision)
 
     def publish(self, endpoints: ClusterEndpoints, handed: bool) -> None:
-        pass
+        self.published.append(endpoints)
 
 
 def status_of(s: CoordinatorState) -> CoordinatorStatus:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from raydp.cluster import pool_total
 from raydp.config import RaydpConfig
 from raydp.errors import ConfigError, RaydpError
 
@@ -253,14 +252,3 @@ def test_p_d_pools_size_the_cluster_and_refuse_what_they_cannot_run() -> None:
     with pytest.raises(ConfigError, match="prefill_dp_size=-1"):
         RaydpConfig(prefill_dp_size=-1, decode_dp_size=1)
     assert RaydpConfig.create({"RAYDP_PREFILL_DP_SIZE": "2", "RAYDP_DECODE_DP_SIZE": "2"}).dp_size == 4
-
-
-def test_a_p_d_cluster_scales_its_decode_pool_only() -> None:
-    assert pool_total(0, 3, None) == 3
-    assert pool_total(2, 3, "decode") == 5
-    with pytest.raises(ConfigError, match="pool='prefill': the prefill pool keeps its 2 ranks"):
-        pool_total(2, 3, "prefill")
-    with pytest.raises(ConfigError, match="pool=None: a P/D cluster scales one pool at a time"):
-        pool_total(2, 3, None)
-    with pytest.raises(ConfigError, match="pool='decode': this cluster has no P/D pools"):
-        pool_total(0, 3, "decode")

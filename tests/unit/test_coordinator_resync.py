@@ -66,6 +66,16 @@ def test_restore_keeps_the_launchers_knowledge_and_publishes_it() -> None:
     assert snap is not None
     assert snap.dead == {2: "killed"} and snap.moved == {1: ["ipc:///x/in"]} and snap.nodes == {1: "node-b"}
     assert state.deaths == [0, 1, 2] and state.restarts == [0, 1, 0] and snap.size == 3
+    assert snap.prefill_ranks == -1, "no P/D boundary was moved: clients keep their launch endpoints'"
+
+
+def test_a_successor_publishes_the_p_d_boundary_the_launcher_moved_and_ignores_one_that_empties_a_pool() -> None:
+    state = restored_state(prefill_ranks=2)
+    state.handle(report(0))
+    state.handle(report(1))  # a successor publishes once it heard the live ranks
+    snap = state.due_snapshot(0.01)
+    assert snap is not None and snap.prefill_ranks == 2
+    assert restored_state(prefill_ranks=3).prefill_ranks == -1, "3 of 3 ranks prefilling leaves no decode rank"
 
 
 def test_snapshots_wait_for_every_live_rank_or_the_withhold_deadline() -> None:

@@ -6,7 +6,9 @@ as the engine would read it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import zmq
@@ -14,6 +16,7 @@ import zmq
 from raydp.client.client import Client
 from raydp.errors import ConfigError, DeathCause, EngineDeadError, KVTransferError
 from raydp.wire.codec import encode
+from raydp.wire.control import StatsSnapshot
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 from raydp.wire.protocol import Output, OutputBatch, Request, RequestType, abort_decoder, request_decoder
 
@@ -22,9 +25,9 @@ PROMPT = [3, 1, 4, 1, 5]
 Rig = tuple[Client, list[zmq.Socket[bytes]]]
 
 
-@pytest.fixture
-def rig() -> Iterator[Rig]:
-    """Ranks 0 and 1 prefill, 2 and 3 decode; a coordinator nobody runs."""
+@contextmanager
+def cluster_of_four(follow_liveness: bool) -> Iterator[tuple[Client, list[zmq.Socket[bytes]], zmq.Socket[bytes]]]:
+    """Ranks 0 and 1 prefill, 2 and 3 decode; a coordinator nobody runs but whose PUB the test holds."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     engines = [ctx.socket(zmq.ROUTER) for _ in range(4)]
     collect, publish = ctx.socket(zmq.PULL), ctx.socket(zmq.PUB)
@@ -36,10 +39,18 @@ def rig() -> Iterator[Rig]:
         lockstep=False,
         prefill_ranks=2,
     )
-    client = Client(endpoints, node_id="n", follow_liveness=False)
-    yield client, engines
-    client.close()
-    ctx.destroy(linger=0)
+    client = Client(endpoints, node_id="n", follow_liveness=follow_liveness)
+    try:
+        yield client, engines, publish
+    finally:
+        client.close()
+        ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    with cluster_of_four(follow_liveness=False) as (client, engines, _):
+        yield client, engines
 
 
 def receive(engines: list[zmq.Socket[bytes]], ranks: range) -> tuple[int, bytes, Request]:
@@ -186,3 +197,21 @@ def test_prefill_ranks_are_chosen_by_the_prompts_prefix_decode_ranks_by_load(rig
             decode, identity, rest = receive(engines, range(2, 4))
             reply(engines, decode, identity, Output(rest.request_id, [8], True, "length", seq=rest.seq))
             assert handle.result(timeout=10) == [9, 8]
+
+
+def test_a_client_in_another_process_follows_the_pools_boundary_from_the_coordinators_snapshots() -> None:
+    with cluster_of_four(follow_liveness=True) as (client, engines, publish):
+        deadline = time.monotonic() + 10
+        while client.endpoints.prefill_ranks != 3 and time.monotonic() < deadline:
+            publish.send(encode(StatsSnapshot([(0, 0)] * 4, 0, False, seq=1, prefill_ranks=3)))
+            time.sleep(0.05)
+        assert client.endpoints.prefill_ranks == 3, "the prefill pool grew to ranks 0..2"
+        handles = [client.submit(PROMPT, max_tokens=3) for _ in range(6)]
+        firsts = [receive(engines, range(3)) for _ in handles]
+        assert {rank for rank, _, _ in firsts} <= {0, 1, 2}
+        for rank, identity, first in firsts:
+            reply(engines, rank, identity, Output(first.request_id, [7], True, "length", seq=first.seq))
+        for _ in handles:
+            rank, identity, rest = receive(engines, range(3, 4))
+            reply(engines, rank, identity, Output(rest.request_id, [8, 9], True, "length", seq=rest.seq))
+        assert [h.result(timeout=10) for h in handles] == [[7, 8, 9]] * 6, "every decode went to rank 3"

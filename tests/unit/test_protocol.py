@@ -146,6 +146,7 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
     ),
     # ---- elastic scaling
     (c.ScaleEngines(engine_count=4, size=2), c.coordinator_decoder),
+    (c.ScaleEngines(engine_count=5, size=5, prefill=3), c.coordinator_decoder),
     (c.EngineRevived(rank=3, input_addresses=["tcp://10.0.0.5:7002"], node_id="node-b"), c.coordinator_decoder),
     (
         c.StatsSnapshot(
@@ -159,6 +160,7 @@ CASES: list[tuple[msgspec.Struct, Decode]] = [
         ),
         c.snapshot_decoder,
     ),
+    (c.StatsSnapshot(counts=[(0, 0), (1, 0), (0, 2)], wave=2, running=True, prefill_ranks=2), c.snapshot_decoder),
     (c.HoldCluster(epoch=1, gang=4), c.coordinator_decoder),
     (c.HoldAck(rank=2, epoch=1, wave=7, running=True), c.coordinator_decoder),
     (c.HoldAck(rank=0, epoch=1, wave=8, running=False), c.coordinator_decoder),

@@ -121,6 +121,8 @@ def test_messages_of_a_removed_rank_are_dropped_and_counted() -> None:
         (ScaleEngines(engine_count=0), "engine_count=0, size=-1"),
         (ScaleEngines(engine_count=3, size=-5), "engine_count=3, size=-5"),
         (ScaleEngines(engine_count=-1, size=1), "engine_count=-1, size=1"),
+        (ScaleEngines(engine_count=3, size=3, prefill=3), "engine_count=3, size=3, prefill=3"),
+        (ScaleEngines(engine_count=3, size=2, prefill=0), "engine_count=3, size=2, prefill=0"),
     ],
 )
 def test_bad_scale_is_rejected_logged_and_changes_nothing(
@@ -134,7 +136,8 @@ def test_bad_scale_is_rejected_logged_and_changes_nothing(
         assert state.handle(msg) is None
     assert (state.engine_count, state.size, state.rejected, state.changed) == (3, 2, 1, False)
     assert state.counts == [[0, 0], [0, 0], [1, 1]]
-    assert f"ScaleEngines({named})" in caplog.text
+    assert f"ScaleEngines({named}" in caplog.text
+    assert state.prefill_ranks == -1
 
 
 def test_snapshot_carries_size_and_nodes() -> None:
