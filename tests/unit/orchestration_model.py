@@ -175,7 +175,8 @@ def started(
     """An orchestrator that has started ``n`` ranks over ``runtime`` (:meth:`Orchestrator.start` itself);
     ``fields`` are more of its :class:`RaydpConfig`."""
     config = RaydpConfig(
-        name="model", dp_size=n, lockstep=lockstep, stats_interval_s=0.125, handshake_timeout_s=5, **fields
+        **{"name": "model", "dp_size": n, "lockstep": lockstep, "stats_interval_s": 0.125, "handshake_timeout_s": 5}
+        | fields
     )
     o = Orchestrator(
         config,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raydp.config import AutoscalingConfig, RaydpConfig
@@ -114,6 +114,31 @@ def test_a_failed_prefill_scale_up_leaves_both_pools_as_they_were() -> None:
         o.scale(2, 1.0, "prefill")
     assert o.endpoints is not None and _pools(o.endpoints) == (1, 1) and len(o.table) == 2
     assert coord.prefill_ranks == -1 and runtime.alive == {0, 1}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.lists(st.tuples(st.sampled_from(["prefill", "decode"]), st.integers(1, 4)), min_size=1, max_size=4),
+)
+def test_any_sequence_of_pool_changes_keeps_both_pools_served_at_every_step(
+    prefill: int, decode: int, changes: list[tuple[str, int]]
+) -> None:
+    o, runtime, coord = _pooled(prefill, decode, stats_interval_s=0.001)
+    for pool, size in changes:
+        before = {"prefill": prefill, "decode": decode}
+        runtime.published.clear()
+        endpoints = o.scale(size, 0.0, pool)
+        prefill, decode = _pools(endpoints)
+        assert {"prefill": prefill, "decode": decode}[pool] == size
+        assert (prefill, decode) == ((size, before["decode"]) if pool == "prefill" else (before["prefill"], size))
+        for seen in runtime.published:  # every view a client was given on the way
+            p, d = _pools(seen)
+            assert p >= min(before["prefill"], prefill) and d >= min(before["decode"], decode), (pool, size, p, d)
+        o.state.check()
+        assert runtime.alive == set(range(prefill + decode)) and len(o.table) == prefill + decode
+        assert coord.prefill_ranks in (-1, prefill) and (coord.engine_count, coord.size) == (prefill + decode,) * 2
 
 
 # ---- the autoscalers ------------------------------------------------------------------
