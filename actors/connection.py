@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from raydp.config import RaydpConfig
+
 logger = logging.getLogger("raydp")
 auth_logger = logging.getLogger("raydp.auth")  # the CLI prints it as one line of its own
 RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
@@ -130,7 +132,7 @@ def _start_local(local: dict[str, Any], opts: dict[str, Any]) -> None:
     ray.init(address="local", **{"include_dashboard": False, **local, **opts})
 
 
-def local_resources(dp_size: int, world_size: int, accelerator: str) -> dict[str, Any]:
+def local_resources(config: RaydpConfig) -> dict[str, Any]:
     """``ray.init`` arguments for a Ray raydp starts itself: enough logical CPUs for the plan.
 
     With ``accelerator='CPU'`` each rank takes ``world_size`` CPU bundles plus one
@@ -138,7 +140,7 @@ def local_resources(dp_size: int, world_size: int, accelerator: str) -> dict[str
     as vLLM's own ``--data-parallel-size`` does. A cluster raydp joins is planned
     on what it has.
     """
-    if accelerator != "CPU":
+    if config.accelerator != "CPU":
         return {}
-    needed = dp_size * (world_size + 1)
+    needed = config.devices_for(config.dp_size) + config.dp_size
     return {"num_cpus": needed} if needed > (os.cpu_count() or 1) else {}

@@ -124,7 +124,7 @@ class RayRuntime:
             ray.remote(EngineCoreActor)
             .options(
                 num_cpus=1,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(record.group, cfg.world_size),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(record.group, cfg.world_size_of(record.rank)),
                 **self.actor_options(rank_name(cfg.name, record.rank)),
             )
             .remote(

@@ -38,10 +38,17 @@ def place_ranks(
 ) -> list[RankRecord]:
     """Validate the user's groups, or plan and create ours (recorded in ``owned``); wait until ready."""
     cfg = config
+    if user_groups is not None and cfg.pools_differ:
+        raise PlacementError(
+            "placement_groups: a P/D cluster whose pools differ in tensor_parallel_size plans its own groups; "
+            "leave placement_groups out"
+        )
     if user_groups is not None:
         validate_user_groups(user_groups, dp_size=cfg.dp_size, world_size=cfg.world_size, accelerator=cfg.accelerator)
         wait_ready(user_groups, cfg.placement_timeout_s)
         return slots_from_groups(user_groups, owns_groups=False)
+    if cfg.pools_differ:
+        return _place_pools(cfg, driver_node_id, owned)
     plan = plan_placement(
         read_inventory(cfg.accelerator),
         dp_size=cfg.dp_size,
@@ -55,6 +62,36 @@ def place_ranks(
     owned.groups.extend(groups)
     wait_ready(groups, cfg.placement_timeout_s)
     return [RankRecord(r.rank, r.node_id, r.local_rank, g) for r, g in zip(plan.ranks, groups, strict=True)]
+
+
+def _place_pools(config: RaydpConfig, driver_node_id: str, owned: Owned) -> list[RankRecord]:
+    """A P/D cluster whose pools differ in devices per rank: each pool planned on what the one before left."""
+    cfg, records = config, list[RankRecord]()
+    for run in size_runs(cfg, range(cfg.dp_size)):
+        plan = plan_placement(
+            read_inventory(cfg.accelerator),
+            dp_size=len(run),
+            world_size=cfg.world_size_of(run.start),
+            strategy=cfg.placement_strategy,
+            master_node_id=cfg.master_node_id or driver_node_id,
+            node_allowlist=cfg.node_allowlist,
+        )
+        groups = create_groups(plan, cfg.name, lifetime="detached" if cfg.detached else None, first_rank=run.start)
+        owned.groups.extend(groups)
+        wait_ready(groups, cfg.placement_timeout_s)  # reserved before the next pool reads what is free
+        records += slots_from_groups(groups, run.start, records)
+    return records
+
+
+def size_runs(config: RaydpConfig, ranks: range) -> list[range]:
+    """``ranks`` cut where the devices per rank change (a P/D cluster's pools may differ)."""
+    runs: list[range] = []
+    for rank in ranks:
+        if runs and config.world_size_of(rank) == config.world_size_of(runs[-1].start):
+            runs[-1] = range(runs[-1].start, rank + 1)
+        else:
+            runs.append(range(rank, rank + 1))
+    return runs
 
 
 def _is_alive(inventory: Inventory, node: str) -> bool:
@@ -88,14 +125,24 @@ def place_more(
     are removed and :class:`~raydp.errors.PlacementTimeoutError` says why. A
     re-placed rank's old group must be removed first (its name is reused).
     """
-    cfg = config
+    records: list[RankRecord] = []
+    for run in size_runs(config, ranks):
+        records += _place_run(config, run, [*existing, *records], driver_node_id, owned, why)
+    return records
+
+
+def _place_run(
+    config: RaydpConfig, ranks: range, existing: Sequence[RankRecord], driver_node_id: str, owned: Owned, why: str
+) -> list[RankRecord]:
+    """:func:`place_more` for ranks of one size."""
+    cfg, ws = config, config.world_size_of(ranks.start)
     lifetime = "detached" if cfg.detached else None
     inventory = read_inventory(cfg.accelerator)
     try:
         plan = plan_placement(
             inventory,
             dp_size=len(ranks),
-            world_size=cfg.world_size,
+            world_size=ws,
             strategy=cfg.placement_strategy,
             master_node_id=_alive_master(inventory, cfg.master_node_id or driver_node_id),
             node_allowlist=_alive_allowlist(inventory, cfg.node_allowlist),
@@ -115,7 +162,7 @@ def place_more(
             cfg.placement_timeout_s,
         )
         groups = create_unpinned_groups(
-            cfg.name, ranks, cfg.world_size, cfg.accelerator, span=cfg.placement_strategy == "span", lifetime=lifetime
+            cfg.name, ranks, ws, cfg.accelerator, span=cfg.placement_strategy == "span", lifetime=lifetime
         )
     try:
         wait_ready(groups, cfg.placement_timeout_s)
@@ -140,7 +187,7 @@ def start_device_probes(config: RaydpConfig, slots: Sequence[RankRecord]) -> lis
     probes = []
     for slot in slots:
         refs = []
-        for i in range(config.world_size):
+        for i in range(config.world_size_of(slot.rank)):
             ref = probe_device_ids.options(
                 **_device_request(config.accelerator),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, i),

@@ -52,7 +52,7 @@ def launch(
 
         manager = ProcessManager(config, progress=bar)
     else:
-        connect(address, local=local_resources(config.dp_size, config.world_size, config.accelerator))
+        connect(address, local=local_resources(config))
         if config.detached:
             return _launch_supervised(config, engine_cls, placement_groups)
         from raydp.actors.manager import ActorManager

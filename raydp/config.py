@@ -91,6 +91,9 @@ class RaydpConfig(BaseModel):
         0, ge=0, le=4096, description="ranks that decode what the prefill ranks prefilled (with --prefill-dp-size)"
     )
     tensor_parallel_size: int = Field(1, ge=1, le=1024, description="devices per rank that shard each layer")
+    prefill_tensor_parallel_size: int = Field(
+        0, ge=0, le=1024, description="P/D: devices per prefill rank, when not tensor_parallel_size (0: the same)"
+    )
     pipeline_parallel_size: int = Field(1, ge=1, le=1024, description="pipeline stages per rank")
     accelerator: str = Field(
         "GPU", min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_:.-]*$", description="Ray resource of one device bundle"
@@ -196,7 +199,27 @@ class RaydpConfig(BaseModel):
 
     @property
     def world_size(self) -> int:
+        """Devices per rank (a P/D cluster's decode ranks; see :meth:`world_size_of`)."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def pools_differ(self) -> bool:
+        """Whether a P/D cluster's prefill ranks shard over another number of devices than its decode ranks."""
+        return self.prefill_tensor_parallel_size not in (0, self.tensor_parallel_size)
+
+    def world_size_of(self, rank: int) -> int:
+        """The devices of ``rank``: the prefill ranks' own size where the pools differ."""
+        if self.pools_differ and rank < self.prefill_dp_size:
+            return self.prefill_tensor_parallel_size * self.pipeline_parallel_size
+        return self.world_size
+
+    def first_device(self, rank: int) -> int:
+        """Where ``rank``'s devices start when ranks take a machine's devices in order (the ``mp`` backend)."""
+        return sum(self.world_size_of(r) for r in range(rank))
+
+    def devices_for(self, ranks: int) -> int:
+        """Devices the first ``ranks`` ranks take together."""
+        return self.first_device(ranks)
 
     @model_validator(mode="before")
     @classmethod
@@ -234,6 +257,23 @@ class RaydpConfig(BaseModel):
             raise ValueError("lockstep=True: P/D pools run dense ranks only")
         return self
 
+    @model_validator(mode="after")
+    def _check_prefill_tp(self) -> RaydpConfig:
+        if not self.prefill_tensor_parallel_size:
+            return self
+        if not self.pooled:
+            raise ValueError(
+                f"prefill_tensor_parallel_size={self.prefill_tensor_parallel_size}: only a P/D cluster "
+                "(prefill_dp_size >= 1) has a prefill pool"
+            )
+        if self.pools_differ and self.prefill_autoscaling is not None:
+            raise ValueError(
+                f"prefill_autoscaling with prefill_tensor_parallel_size={self.prefill_tensor_parallel_size} "
+                f"!= tensor_parallel_size={self.tensor_parallel_size}: the prefill pool grows by taking a decode "
+                "rank, which needs both pools to have one size; give them one, or leave the prefill pool fixed"
+            )
+        return self
+
     @property
     def pooled(self) -> bool:
         """Whether the ranks are split into a prefill and a decode pool."""
@@ -267,6 +307,7 @@ class RaydpConfig(BaseModel):
             "dp_size",
             "prefill_dp_size",
             "tensor_parallel_size",
+            "prefill_tensor_parallel_size",
             "pipeline_parallel_size",
             "engine",
             "engine_kwargs",

@@ -91,7 +91,7 @@ def _ray(args: argparse.Namespace, config: Any) -> AbstractContextManager[None]:
     cpus = max(
         os.cpu_count() or 1,
         config.dp_size + 1,
-        local_resources(config.dp_size, config.world_size, config.accelerator).get("num_cpus", 0),
+        local_resources(config).get("num_cpus", 0),
     )
     return connected(args.address, local={"num_cpus": cpus, "num_gpus": args.local_gpus}, quiet=True)
 

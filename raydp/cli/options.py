@@ -32,6 +32,7 @@ SERVING_PRESETS: dict[str, Any] = {"dp_size": 2, "engine": "tiny-lm"}
 # The preset's engine when each rank has several devices: the one that shards over them.
 TENSOR_PARALLEL_ENGINE = "tp-lm"
 VLLM_TENSOR_PARALLEL_ENGINE = "raydp.models.vllm:VllmTPEngine"  # vLLM's workers in raydp's device workers
+SHARDING_FIELDS = ("tensor_parallel_size", "prefill_tensor_parallel_size")
 
 # A flag spelled differently from its field; the field's own flag works too.
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -88,11 +89,13 @@ def config_from_args(
     pooled = "prefill_dp_size" in chosen or "decode_dp_size" in chosen
     # P/D pools size the cluster themselves: a command's preset dp_size must not contradict them.
     fields_in_force = {**{k: v for k, v in presets.items() if not (pooled and k == "dp_size")}, **chosen}
-    if "engine" in presets and "engine" not in chosen and _more_than_one(fields_in_force.get("tensor_parallel_size")):
+    # A rank of more than one device (in either P/D pool) needs an engine that drives device workers.
+    sharded = any(_more_than_one(fields_in_force.get(f)) for f in SHARDING_FIELDS)
+    if "engine" in presets and "engine" not in chosen and sharded:
         fields_in_force["engine"] = TENSOR_PARALLEL_ENGINE
     if isinstance(fields_in_force.get("engine"), str):
         fields_in_force["engine"] = ENGINES.get(fields_in_force["engine"], fields_in_force["engine"])
-    if fields_in_force.get("engine") == ENGINES["vllm"] and _more_than_one(fields_in_force.get("tensor_parallel_size")):
+    if fields_in_force.get("engine") == ENGINES["vllm"] and sharded:
         fields_in_force["engine"] = VLLM_TENSOR_PARALLEL_ENGINE
     return RaydpConfig(**fields_in_force)
 

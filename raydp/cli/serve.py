@@ -42,6 +42,7 @@ CONFIG_FLAGS = (
     "prefill_dp_size",
     "decode_dp_size",
     "tensor_parallel_size",
+    "prefill_tensor_parallel_size",
     "pipeline_parallel_size",
     "engine",
     "lockstep",

@@ -90,9 +90,8 @@ class MPExecutor(ChannelExecutor):
 
     def __init__(self, spec: WorkerGroupSpec, on_death: DeathHandler | None = None) -> None:
         ws = spec.world_size
-        check_device_count(
-            spec.accelerator, (spec.dp_rank + 1) * ws, f"rank {spec.dp_rank} with world_size={ws} (devices per rank)"
-        )
+        top = int(spec.device_ids[-1]) + 1 if spec.device_ids else (spec.dp_rank + 1) * ws
+        check_device_count(spec.accelerator, top, f"rank {spec.dp_rank} with world_size={ws} (devices per rank)")
         contexts = [_context(spec, tp) for tp in range(ws)]
         super().__init__(contexts, on_death)
         self.spec = spec
@@ -176,13 +175,15 @@ class MPExecutor(ChannelExecutor):
             self._rendezvous.close()
 
 
-def rank_device_ids(rank: int, world_size: int) -> tuple[str, ...]:
-    """Rank r takes devices r*world_size.. of this machine (logical ones where it has none)."""
-    return tuple(str(rank * world_size + tp) for tp in range(world_size))
+def rank_device_ids(first: int, world_size: int) -> tuple[str, ...]:
+    """A rank takes ``world_size`` devices of this machine from ``first`` on (logical ones where it has
+    none); ``RaydpConfig.first_device`` says where each rank's start."""
+    return tuple(str(first + tp) for tp in range(world_size))
 
 
 def _context(spec: WorkerGroupSpec, tp: int) -> WorkerContext:
-    ids = spec.device_ids[tp : tp + 1] or rank_device_ids(spec.dp_rank, spec.world_size)[tp : tp + 1]
+    fallback = rank_device_ids(spec.dp_rank * spec.world_size, spec.world_size)
+    ids = spec.device_ids[tp : tp + 1] or fallback[tp : tp + 1]
     return WorkerContext(spec.dp_rank, tp, spec.world_size, spec.node_id, "cpu", ids)
 
 

@@ -95,13 +95,14 @@ class ProcessRuntime:
         """Nothing is reserved for a local rank."""
 
     def probe_devices(self, records: Sequence[RankRecord]) -> list[Any]:
-        """This machine's devices, r*world_size.. for rank r: a ConfigError, before any process, where too few."""
-        ws = self.config.world_size
+        """This machine's devices, in rank order (each rank its pool's world size): a ConfigError, before
+        any process, where too few."""
+        cfg = self.config
         if records:
             top = max(r.rank for r in records)
-            what = f"dp_size={top + 1} with world_size={ws} (devices per rank)"
-            check_device_count(self.config.accelerator, (top + 1) * ws, what)
-        return [rank_device_ids(r.rank, ws) for r in records]
+            what = f"dp_size={top + 1} with world_size={cfg.world_size_of(top)} (devices per rank)"
+            check_device_count(cfg.accelerator, cfg.devices_for(top + 1), what)
+        return [rank_device_ids(cfg.first_device(r.rank), cfg.world_size_of(r.rank)) for r in records]
 
     def resolve_devices(self, probes: Sequence[Any]) -> list[tuple[str, ...]]:
         return [tuple(p) for p in probes]

@@ -193,6 +193,12 @@ class Orchestrator:
         from raydp.orchestration.pools import plan
         from raydp.orchestration.scaling import ScaleChange
 
+        if pool == "prefill" and self.config.pools_differ:
+            raise ConfigError(
+                f"pool='prefill': the prefill pool grows and shrinks by trading ranks with the decode pool, but "
+                f"its ranks shard over {self.config.prefill_tensor_parallel_size} devices and the decode ranks "
+                f"over {self.config.tensor_parallel_size}; it keeps its {self.config.prefill_dp_size} ranks"
+            )
         if not self.scale_lock.acquire(blocking=wait):
             raise ConfigError(f"dp_size={dp_size}: another scale of cluster {self.config.name!r} is running")
         try:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import raydp
+from raydp.errors import ConfigError
 from raydp.models.tp_lm import TPLMEngine, logical_weights, save_checkpoint
 from raydp.wire.protocol import Request
 from tests.integration.helpers import assert_nothing_left, socket_dirs
@@ -66,6 +67,53 @@ def test_dp2_tp2_on_ray_matches_the_unsharded_model(two_nodes, reference) -> Non
             assert all(s["steps"] > 0 for s in stats), "every shard ran the forward passes"
             assert all(s["cached_sequences"] == 0 for s in stats), "finished sequences freed their KV cache"
     assert_nothing_left("tplm")
+
+
+@pytest.mark.timeout(300)
+def test_p_d_pools_of_their_own_tp_sizes_on_ray_match_the_unsharded_model(two_nodes, reference) -> None:  # type: ignore[no-untyped-def]
+    with raydp.launch(
+        name="tplmpd",
+        prefill_dp_size=1,
+        decode_dp_size=2,
+        prefill_tensor_parallel_size=2,
+        engine=TP_LM,
+        engine_kwargs=MODEL,
+        progress=False,
+    ) as cluster:
+        outputs, ranks = _served(cluster)
+        assert outputs == reference and ranks == {1, 2}, "prefilled on rank 0, decoded on ranks 1 and 2"
+        client = cluster.client()
+        workers = {r: client.call_utility(r, "raydp_workers") for r in range(3)}
+        assert {r: [w["tp_rank"] for w in ws] for r, ws in workers.items()} == {0: [0, 1], 1: [0], 2: [0]}
+        devices = [(w["node_id"], d) for ws in workers.values() for w in ws for d in w["device_ids"]]
+        assert len(devices) == len(set(devices)) == 4, "4 devices, none shared"
+        with pytest.raises(ConfigError, match="pool='prefill': the prefill pool grows and shrinks by trading ranks"):
+            cluster.scale(2, pool="prefill")
+        cluster.scale(3, pool="decode")  # the new rank is a decode rank: one device
+        assert [w["tp_rank"] for w in client.call_utility(3, "raydp_workers")] == [0]
+        outputs, ranks = _served(cluster)
+        assert outputs == reference and ranks <= {1, 2, 3}
+    assert_nothing_left("tplmpd")
+
+
+@pytest.mark.timeout(300)
+def test_mp_backend_p_d_pools_of_their_own_tp_sizes_match_the_unsharded_model(reference: list[list[int]]) -> None:
+    with raydp.launch(
+        name="tplmmppd",
+        prefill_dp_size=1,
+        decode_dp_size=1,
+        prefill_tensor_parallel_size=2,
+        backend="mp",
+        engine=TP_LM,
+        engine_kwargs=MODEL,
+        progress=False,
+    ) as cluster:
+        outputs, ranks = _served(cluster)
+        assert outputs == reference and ranks == {1}
+        client = cluster.client()
+        assert [w["device_ids"] for w in client.call_utility(0, "raydp_workers")] == [["0"], ["1"]]
+        assert [w["device_ids"] for w in client.call_utility(1, "raydp_workers")] == [["2"]]
+    assert socket_dirs("tplmmppd") == []
 
 
 @pytest.mark.timeout(300)

@@ -7,8 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from raydp.config import RaydpConfig
 from raydp.errors import ConfigError
-from raydp.models.vllm.kv_files import KvFiles
+from raydp.models.vllm.engine import VllmTPEngine
+from raydp.models.vllm.kv_files import KvFiles, check_sharding
 
 pytestmark = pytest.mark.timeout(120)
 BLOCK = 16
@@ -69,3 +71,18 @@ def test_only_the_example_connector_leaves_files_to_remove() -> None:
     assert KvFiles.of(config(None)) is None and KvFiles.of(config("NixlConnector")) is None
     files = KvFiles.of(config("ExampleConnector"))
     assert files is not None and (files.storage_path, files.block_size) == ("/tmp", BLOCK)
+
+
+def test_a_sharded_rank_with_the_example_connector_is_refused_before_anything_starts() -> None:
+    kv = {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}
+    config = RaydpConfig(
+        prefill_dp_size=1,
+        decode_dp_size=1,
+        prefill_tensor_parallel_size=2,
+        engine="raydp.models.vllm:VllmTPEngine",
+        engine_kwargs={"model": "/m", "kv_transfer_config": kv},
+    )
+    with pytest.raises(ConfigError, match="kv_connector='ExampleConnector' with 2 devices per rank"):
+        VllmTPEngine.check_engine_kwargs(config)
+    check_sharding({"kv_transfer_config": kv}, 1)  # ranks of one device share nothing
+    check_sharding({"kv_transfer_config": {**kv, "kv_connector": "NixlConnector"}}, 2)

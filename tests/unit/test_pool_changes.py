@@ -76,6 +76,25 @@ def test_prefill_autoscaling_needs_pools_and_starts_within_its_bounds() -> None:
         RaydpConfig(prefill_dp_size=4, decode_dp_size=1, prefill_autoscaling=bounds)
 
 
+def test_the_prefill_pool_may_shard_over_its_own_number_of_devices_and_then_keeps_its_ranks() -> None:
+    config = RaydpConfig(prefill_dp_size=2, decode_dp_size=1, prefill_tensor_parallel_size=4, tensor_parallel_size=2)
+    assert [config.world_size_of(r) for r in range(4)] == [4, 4, 2, 2], "a rank added by a scale-up decodes"
+    assert RaydpConfig(prefill_dp_size=1, decode_dp_size=1, prefill_tensor_parallel_size=1).pools_differ is False
+    with pytest.raises(ConfigError, match="prefill_tensor_parallel_size=2: only a P/D cluster"):
+        RaydpConfig(dp_size=2, prefill_tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="prefill_autoscaling with prefill_tensor_parallel_size=2 != tensor_paral"):
+        RaydpConfig(
+            prefill_dp_size=1,
+            decode_dp_size=1,
+            prefill_tensor_parallel_size=2,
+            prefill_autoscaling={"min_dp_size": 1, "max_dp_size": 2},
+        )
+    o, _, _ = _pooled(1, 1, prefill_tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="pool='prefill': the prefill pool grows and shrinks by trading ranks"):
+        o.scale(2, 0.0, "prefill")
+    assert o.endpoints is not None and _pools(o.scale(2, 0.0, "decode")) == (1, 2)
+
+
 # ---- the steps ------------------------------------------------------------------------
 
 

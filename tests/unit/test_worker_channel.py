@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from raydp.config import RaydpConfig
 from raydp.engine.executor import WorkerContext
 from raydp.errors import ConfigError, DeathCause, ProtocolError, WorkerDeadError, WorkerError
 from raydp.local.executor import check_device_count, rank_device_ids
@@ -241,5 +242,11 @@ def test_the_device_count_check_names_both_numbers() -> None:
 
 
 def test_local_ranks_take_consecutive_devices_of_their_own() -> None:
-    assert [rank_device_ids(r, 2) for r in range(3)] == [("0", "1"), ("2", "3"), ("4", "5")]
+    config = RaydpConfig(dp_size=3, tensor_parallel_size=2)
+    ids = [rank_device_ids(config.first_device(r), config.world_size_of(r)) for r in range(3)]
+    assert ids == [("0", "1"), ("2", "3"), ("4", "5")]
     assert rank_device_ids(3, 1) == ("3",)
+    pools = RaydpConfig(prefill_dp_size=1, decode_dp_size=2, prefill_tensor_parallel_size=2)
+    ids = [rank_device_ids(pools.first_device(r), pools.world_size_of(r)) for r in range(3)]
+    assert ids == [("0", "1"), ("2",), ("3",)], "a prefill rank of 2 devices, then decode ranks of 1"
+    assert pools.devices_for(3) == 4

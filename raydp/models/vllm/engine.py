@@ -52,7 +52,7 @@ from raydp.errors import ConfigError
 from raydp.models.vllm import config as vllm_config
 from raydp.models.vllm.adapters import VllmAdapters
 from raydp.models.vllm.cache import TeePublisher, VllmCacheEvents, events_config
-from raydp.models.vllm.kv_files import KvFiles
+from raydp.models.vllm.kv_files import KvFiles, check_sharding
 from raydp.models.vllm.native import NativeCodec, typed_args
 from raydp.models.vllm.requests import Tracked, finish_reason, prefill_params, resumed, sampling_params
 from raydp.wire.adapters import AdapterState
@@ -75,7 +75,10 @@ class VllmEngine:
     @classmethod
     def check_engine_kwargs(cls, config: Any) -> None:
         """Called by ``launch`` before anything starts: a bad field fails at once, named."""
-        cls._check_layout(config.world_size, config.pipeline_parallel_size)
+        # A P/D cluster's prefill ranks may shard over another number of devices than its decode ranks.
+        widest = max(config.world_size, config.world_size_of(0))
+        cls._check_layout(widest, config.pipeline_parallel_size)
+        check_sharding(config.engine_kwargs, widest)
         vllm_config.set_process_environment()
         vllm_config.engine_args(config.engine_kwargs, config.tensor_parallel_size, 1)
 

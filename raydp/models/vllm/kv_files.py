@@ -39,6 +39,19 @@ logger = logging.getLogger("raydp.models.vllm")
 CONNECTOR = "ExampleConnector"
 
 
+def check_sharding(engine_kwargs: dict[str, Any], world_size: int) -> None:
+    """vLLM's ExampleConnector names its files by layer and prompt only: the device workers of one rank
+    would overwrite each other's shards. ConfigError for a rank of more than one device with it."""
+    kv = engine_kwargs.get("kv_transfer_config")
+    name = kv.get("kv_connector") if isinstance(kv, dict) else getattr(kv, "kv_connector", None)
+    if name == CONNECTOR and world_size > 1:
+        raise ConfigError(
+            f"kv_transfer_config.kv_connector={CONNECTOR!r} with {world_size} devices per rank: the connector "
+            "stores one file per layer and prompt, so a rank's shards would overwrite each other; it needs "
+            "ranks of one device (on GPUs, vLLM's NixlConnector handles sharded ranks)"
+        )
+
+
 class KvFiles:
     """The connector folders this rank's requests use, counted per folder."""
 
