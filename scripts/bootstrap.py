@@ -132,9 +132,15 @@ def run_tests(args: list[str]) -> int:
     if args:
         return pytest_step(py, args)
     # Unit tests are pure CPU work with no shared state: one process per core (pytest-xdist). Integration
-    # tests start Ray clusters and engines whose own processes already fill both cores: one at a time.
-    # The chaos soaks last minutes each: a step of their own, after everything else has passed or failed.
-    steps = (["tests/unit", "-n", "auto"], ["tests/integration", "-m", "not soak"], ["tests", "-m", "soak"])
+    # tests leave a third of two cores idle while Rays and engines start and requests wait: two workers,
+    # a module each at a time (their clusters are module fixtures), each with Rays of its own
+    # (tests/integration/conftest.py). The chaos soaks last minutes each: a step of their own, after
+    # everything else has passed or failed.
+    steps = (
+        ["tests/unit", "-n", "auto"],
+        ["tests/integration", "-m", "not soak", "-n", "2", "--dist", "loadfile"],
+        ["tests", "-m", "soak"],
+    )
     return max(pytest_step(py, step) for step in steps)
 
 

@@ -17,6 +17,15 @@ from ray.cluster_utils import Cluster
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 Shape = tuple[int, ...]  # logical GPUs per node, head first
 
+# Under pytest-xdist each worker keeps its own Rays: its own temp dir (where "the latest cluster" of
+# ray.init() and of the CLI's subprocesses is written) and its own dashboard port (the state API the
+# leftover checks read). Without xdist nothing changes.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+DASHBOARD_PORT = 8265 + 100 * (1 + int(WORKER.removeprefix("gw"))) if WORKER else None
+if WORKER:
+    os.environ["RAY_TMPDIR"] = f"/tmp/raydp-{WORKER}"
+    os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
+
 
 class ClusterPool:
     def __init__(self) -> None:
@@ -29,7 +38,11 @@ class ClusterPool:
         self.shutdown()
         cluster = Cluster(
             initialize_head=True,
-            head_node_args={"num_cpus": cpus_per_node, "num_gpus": shape[0]},
+            head_node_args={
+                "num_cpus": cpus_per_node,
+                "num_gpus": shape[0],
+                **({"dashboard_port": DASHBOARD_PORT} if DASHBOARD_PORT else {}),
+            },
         )
         for gpus in shape[1:]:
             cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus)

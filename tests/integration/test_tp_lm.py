@@ -15,7 +15,7 @@ import raydp
 from raydp.errors import ConfigError
 from raydp.models.tp_lm import TPLMEngine, logical_weights, save_checkpoint
 from raydp.wire.protocol import Request
-from tests.integration.helpers import assert_nothing_left, socket_dirs
+from tests.integration.helpers import assert_nothing_left, socket_dirs, wait_until
 from tests.unit.tp_harness import ThreadExecutor, context
 
 TP_LM = "raydp.models.tp_lm:TPLMEngine"
@@ -65,7 +65,12 @@ def test_dp2_tp2_on_ray_matches_the_unsharded_model(two_nodes, reference) -> Non
             assert [w["tp_rank"] for w in workers] == [0, 1]
             stats = client.call_utility(rank, "stats")["workers"]
             assert all(s["steps"] > 0 for s in stats), "every shard ran the forward passes"
-            assert all(s["cached_sequences"] == 0 for s in stats), "finished sequences freed their KV cache"
+
+            # A finished sequence's KV goes with the rank's next step input, one step after its last output.
+            def freed(rank: int = rank) -> bool:
+                return all(s["cached_sequences"] == 0 for s in client.call_utility(rank, "stats")["workers"])
+
+            assert wait_until(freed, timeout=10), "finished sequences freed their KV cache"
     assert_nothing_left("tplm")
 
 
