@@ -266,6 +266,12 @@ class RaydpConfig(BaseModel):
                 f"prefill_tensor_parallel_size={self.prefill_tensor_parallel_size}: only a P/D cluster "
                 "(prefill_dp_size >= 1) has a prefill pool"
             )
+        if self.pools_differ and self.dp_size_local is not None:
+            raise ValueError(
+                f"dp_size_local={self.dp_size_local} with prefill_tensor_parallel_size="
+                f"{self.prefill_tensor_parallel_size}: pools of different sizes are planned one after the other; "
+                "leave dp_size_local out"
+            )
         if self.pools_differ and self.prefill_autoscaling is not None:
             raise ValueError(
                 f"prefill_autoscaling with prefill_tensor_parallel_size={self.prefill_tensor_parallel_size} "

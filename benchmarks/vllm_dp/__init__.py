@@ -65,5 +65,7 @@ Modules:
 - ``wedge``: a benchmark of its own (``python -m benchmarks.vllm_dp.wedge``): a startup whose model load
   never ends, raydp's ``serve`` against vLLM's own DP server;
 - ``loras``: a benchmark of its own (``python -m benchmarks.vllm_dp.loras``): adapter-aware routing against
-  least-loaded and round robin, under ``vllm bench serve``'s LoRA options.
+  least-loaded and round robin, under ``vllm bench serve``'s LoRA options;
+- ``lora_bound``: the fewest adapter loads any routing could reach on ``loras``'s workload (a count, no
+  engines: least-loaded, raydp's rule and a clairvoyant bound on the same request sequences).
 """

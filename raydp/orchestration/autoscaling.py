@@ -110,9 +110,18 @@ class AutoscalePolicy:
 class Autoscaler:
     """Applies an :class:`AutoscalePolicy` to a running cluster, on a thread of its own."""
 
-    def __init__(self, controls: Controls, scale: Scale, config: AutoscalingConfig, pool: str | None = None) -> None:
+    def __init__(
+        self,
+        controls: Controls,
+        scale: Scale,
+        config: AutoscalingConfig,
+        pool: str | None = None,
+        busy: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.c = controls
         self.scale = scale  # the orchestrator's: one scale change at a time, whoever asks
+        # Whether a scale change runs: its sizes are half-way, so a reading now would be of neither.
+        self.busy = busy
         self.config = config
         self.pool = pool  # a P/D cluster's pool ("prefill" or "decode"); None: the whole cluster
         self.policy = AutoscalePolicy(config)
@@ -131,7 +140,10 @@ class Autoscaler:
                 logger.exception("autoscaler: this round failed; trying again in %gs", self.config.interval_s)
 
     def step(self, now: float) -> None:
-        """Read the load, decide, and make the change (blocking until it is done)."""
+        """Read the load, decide, and make the change (blocking until it is done). Skipped while a change
+        (another pool's, or a user's) runs."""
+        if self.busy():
+            return
         state = self.c.rt.coordinator_state()
         ranks = self.ranks(min(state.routable, len(state.counts)))
         ongoing = sum(sum(state.counts[r]) for r in ranks)

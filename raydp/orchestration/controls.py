@@ -80,7 +80,7 @@ class Controls:
         same = state.table[rank].node_id == coord.node_id
         return Init(
             EngineAddresses(pick_address(coord.collect, same_node=same), pick_address(coord.broadcast, same_node=same)),
-            parallel_config(self.config, state.dp_master, state.dp_size, state.wave),
+            parallel_config(self.config, state.dp_master, state.dp_size, state.wave, rank),
         )
 
     def publish_restart(self, records: Sequence[RankRecord], result: HandshakeResult) -> None:

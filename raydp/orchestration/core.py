@@ -143,11 +143,11 @@ class Orchestrator:
         """One per autoscaled pool (the whole cluster where it has none); they take turns at scaling."""
         from raydp.orchestration.autoscaling import Autoscaler
 
-        cfg, scale = self.config, functools.partial(self.scale, wait=True)
+        cfg, scale, busy = self.config, functools.partial(self.scale, wait=True), self.scale_lock.locked
         if cfg.autoscaling is not None:
-            Autoscaler(self.controls, scale, cfg.autoscaling, "decode" if cfg.pooled else None).start()
+            Autoscaler(self.controls, scale, cfg.autoscaling, "decode" if cfg.pooled else None, busy).start()
         if cfg.prefill_autoscaling is not None:
-            Autoscaler(self.controls, scale, cfg.prefill_autoscaling, "prefill").start()
+            Autoscaler(self.controls, scale, cfg.prefill_autoscaling, "prefill", busy).start()
 
     def coordinator_client(self, endpoints: CoordinatorEndpoints) -> CoordinatorClient:
         return CoordinatorClient(endpoints, self.driver_node_id, self.sock_opts)

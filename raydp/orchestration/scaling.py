@@ -271,23 +271,31 @@ class ScaleChange:
     # ---- P/D pools ---------------------------------------------------------------------
 
     def move_boundary(self, prefill: int) -> None:
-        """Ranks ``0..prefill-1`` prefill from now on: the coordinator's snapshots carry it to every client."""
+        """Ranks ``0..prefill-1`` prefill from now on: the coordinator's snapshots carry it to every client.
+
+        The coordinator is told first, with the sizes it already has, and the
+        state and this process's clients follow once it applied the move: a
+        move that times out changes nothing here.
+        """
         c = self.c
-        endpoints = c.state.move_boundary(prefill)
-        count, size = len(c.table), len(endpoints.engines)
-        self.coordinator.scale(count, size, prefill)
+        now = c.rt.coordinator_state()
+        if not 0 < prefill < now.routable:
+            raise ValueError(f"prefill_ranks={prefill}: the coordinator routes to {now.routable} ranks")
+        self.coordinator.scale(now.dp_size, now.routable, prefill)
         self.wait_state(lambda s: s.prefill_ranks == prefill, f"the coordinator to move the pools to {prefill}")
-        c.publish(endpoints, size, None)
-        logger.info("cluster %r: ranks 0..%d prefill, %d..%d decode", self.cfg.name, prefill - 1, prefill, size - 1)
+        c.publish(c.state.move_boundary(prefill), now.routable, None)
+        logger.info("cluster %r: ranks 0..%d prefill, the others decode", self.cfg.name, prefill - 1)
 
     def restore_boundary(self) -> None:
-        """A prefill pool's shrink failed: its ranks prefill again (the cluster serves on at its old size)."""
+        """A prefill pool's shrink failed: its ranks prefill again, where the ranks still routed to allow it."""
         if self.c.closing():  # the change failed because the cluster is closing: nothing serves on
             return
         try:
             self.move_boundary(self.prefill_before)
-        except Exception as exc:  # the ranks changed after all, or the coordinator is gone: keep the new one
-            logger.error("scale: could not move the pools back to %d prefill ranks: %r", self.prefill_before, exc)
+        except Exception as exc:  # the shrink got past closing the ranks, or the coordinator is gone
+            logger.error(
+                "scale: the pools stay at %d prefill ranks, not %d: %r", self.prefill, self.prefill_before, exc
+            )
 
     # ---- shared steps -----------------------------------------------------------------
 

@@ -62,11 +62,14 @@ class HandshakeResult:
         return sum(r.capacity for r in self.ready.values())
 
 
-def parallel_config(config: RaydpConfig, dp_master: str, dp_size: int | None = None, wave: int = 0) -> ParallelConfig:
-    """The parallel layout every rank's INIT carries (``dp_size``: the size after a scale change)."""
+def parallel_config(
+    config: RaydpConfig, dp_master: str, dp_size: int | None = None, wave: int = 0, rank: int = -1
+) -> ParallelConfig:
+    """The parallel layout a rank's INIT carries (``dp_size``: the size after a scale change; ``rank``'s
+    own devices, which a P/D cluster's pools may size differently)."""
     return ParallelConfig(
         dp_size or config.dp_size,
-        config.world_size,
+        config.world_size_of(rank) if rank >= 0 else config.world_size,
         config.lockstep,
         config.allreduce_interval,
         dp_master,

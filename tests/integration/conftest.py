@@ -8,6 +8,7 @@ that shape; asking for another shape (or a fresh one) shuts the old one down.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -17,14 +18,24 @@ from ray.cluster_utils import Cluster
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 Shape = tuple[int, ...]  # logical GPUs per node, head first
 
-# Under pytest-xdist each worker keeps its own Rays: its own temp dir (where "the latest cluster" of
-# ray.init() and of the CLI's subprocesses is written) and its own dashboard port (the state API the
-# leftover checks read). Without xdist nothing changes.
+# Under pytest-xdist each worker keeps its own Rays and files: its own Ray temp dir (where "the latest
+# cluster" of ray.init() and of the CLI's subprocesses is written), its own temp dir (raydp's socket
+# directories, which the leftover checks list by cluster name), and its own ports for what a Ray head
+# binds at fixed defaults (the dashboard, whose state API the leftover checks read, its agent, which
+# serves the Jobs API, and the Ray client server). Without xdist nothing changes.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-DASHBOARD_PORT = 8265 + 100 * (1 + int(WORKER.removeprefix("gw"))) if WORKER else None
+HEAD_PORTS: dict[str, int] = {}
 if WORKER:
-    os.environ["RAY_TMPDIR"] = f"/tmp/raydp-{WORKER}"
-    os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
+    _offset = 100 * (1 + int(WORKER.removeprefix("gw")))
+    HEAD_PORTS = {
+        "dashboard_port": 8265 + _offset,
+        "dashboard_agent_listen_port": 52365 + _offset,
+        "ray_client_server_port": 10001 + _offset,
+    }
+    for _var, _dir in (("RAY_TMPDIR", f"/tmp/raydp-{WORKER}"), ("TMPDIR", f"/tmp/{WORKER}")):
+        os.makedirs(_dir, exist_ok=True)
+        os.environ[_var] = _dir
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again (kept short: socket paths live under it)
 
 
 class ClusterPool:
@@ -41,7 +52,7 @@ class ClusterPool:
             head_node_args={
                 "num_cpus": cpus_per_node,
                 "num_gpus": shape[0],
-                **({"dashboard_port": DASHBOARD_PORT} if DASHBOARD_PORT else {}),
+                **HEAD_PORTS,
             },
         )
         for gpus in shape[1:]:

@@ -15,6 +15,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -104,7 +105,7 @@ def test_a_decode_rank_killed_mid_stream_moves_its_streams_to_the_other() -> Non
 
 
 def test_each_pool_scales_on_its_own_under_load_and_no_request_is_lost() -> None:
-    n = 20  # 0.4 s of decoding at 20 ms a step: each change lands while streams run
+    n = 20  # 0.4 s of decoding at 20 ms a step: a shrink lands while they stream, a grow starts while they do
     with pd_cluster("pd-scale", 1, 1) as cluster:
         client = cluster.client()
         reference = whole(client, PROMPTS, n, rank=1)
@@ -135,26 +136,25 @@ def test_each_pool_scales_on_its_own_under_load_and_no_request_is_lost() -> None
             cluster.scale(2, pool="both")
 
 
-def test_the_autoscaler_sizes_the_prefill_pool_by_its_queue() -> None:
-    scaling = {
-        "min_dp_size": 1,
-        "max_dp_size": 2,
-        "target_ongoing_requests": 4,
-        "upscale_delay_s": 0,
-        "downscale_delay_s": 1,
-        "look_back_s": 0.3,
-        "interval_s": 0.05,
-    }
-    with raydp.launch(
-        name="pd-auto-p",
+def autoscaled(name: str, step_delay_s: float, max_running: int, **pools: Any) -> raydp.Cluster:
+    """An echo P/D cluster of 1 + 1 ranks (mp backend) whose ``pools`` autoscale on brisk settings:
+    ``autoscaling`` (the decode pool), ``prefill_autoscaling``, each its bounds and target."""
+    brisk = {"upscale_delay_s": 0, "downscale_delay_s": 1, "look_back_s": 0.3, "interval_s": 0.05}
+    return raydp.launch(
+        name=name,
         prefill_dp_size=1,
         decode_dp_size=1,
         backend="mp",
         engine="raydp.models.echo:EchoEngine",
-        engine_kwargs={"step_delay_s": 0.05, "max_running": 2},
-        prefill_autoscaling=scaling,
+        engine_kwargs={"step_delay_s": step_delay_s, "max_running": max_running},
         progress=False,
-    ) as cluster:
+        **{pool: {**brisk, **bounds} for pool, bounds in pools.items()},
+    )
+
+
+def test_the_autoscaler_sizes_the_prefill_pool_by_its_queue() -> None:
+    bounds = {"min_dp_size": 1, "max_dp_size": 2, "target_ongoing_requests": 4}
+    with autoscaled("pd-auto-p", 0.05, 2, prefill_autoscaling=bounds) as cluster:
         client = cluster.client()
         # One-token requests are all prefill: 40 of them queue on rank 0 for at least 20 steps (1 s).
         handles = [client.submit(PROMPTS[i % len(PROMPTS)], 1) for i in range(40)]
@@ -167,25 +167,8 @@ def test_the_autoscaler_sizes_the_prefill_pool_by_its_queue() -> None:
 
 
 def test_the_autoscaler_sizes_the_decode_pool_by_its_load_and_leaves_the_prefill_pool() -> None:
-    scaling = {
-        "min_dp_size": 1,
-        "max_dp_size": 3,
-        "target_ongoing_requests": 2,
-        "upscale_delay_s": 0,
-        "downscale_delay_s": 1,
-        "look_back_s": 0.3,
-        "interval_s": 0.05,
-    }
-    with raydp.launch(
-        name="pd-auto",
-        prefill_dp_size=1,
-        decode_dp_size=1,
-        backend="mp",
-        engine="raydp.models.echo:EchoEngine",
-        engine_kwargs={"step_delay_s": 0.02, "max_running": 4},
-        autoscaling=scaling,
-        progress=False,
-    ) as cluster:
+    bounds = {"min_dp_size": 1, "max_dp_size": 3, "target_ongoing_requests": 2}
+    with autoscaled("pd-auto", 0.02, 4, autoscaling=bounds) as cluster:
         client = cluster.client()
         handles = [client.submit(p, 150) for p in PROMPTS]  # 3 s of decoding: 12 streams on one decode rank
         assert wait_until(lambda: cluster.dp_size == 4, timeout=30), "the decode pool grew to its maximum"

@@ -30,6 +30,13 @@ def _pooled(prefill: int, decode: int, **fields: object) -> tuple[Orchestrator, 
     return o, runtime, coord
 
 
+def _views(o: Orchestrator) -> list[tuple[int, int]]:
+    """Filled with (prefill ranks, decode ranks routed to) at each step a client of this process is told."""
+    views: list[tuple[int, int]] = []
+    o.controls.scale_listeners.append(lambda e, size, _: views.append((e.prefill_ranks, size - e.prefill_ranks)))
+    return views
+
+
 def _pools(endpoints: ClusterEndpoints, size: int | None = None) -> tuple[int, int]:
     """(prefill ranks, decode ranks) that clients route to by these endpoints."""
     n = len(endpoints.engines) if size is None else size
@@ -100,20 +107,21 @@ def test_the_prefill_pool_may_shard_over_its_own_number_of_devices_and_then_keep
 
 def test_a_growing_prefill_pool_moves_the_boundary_after_the_new_ranks_joined() -> None:
     o, runtime, coord = _pooled(2, 2)
+    views = _views(o)
     endpoints = o.scale(3, 1.0, "prefill")
     assert _pools(endpoints) == (3, 2) and len(o.table) == 5 and runtime.alive == set(range(5))
-    seen = [_pools(e) for e in runtime.published]
-    assert seen == [(2, 3), (3, 2)], "the new rank joined as a decode rank, then rank 2 moved to the prefill pool"
+    assert views == [(2, 3), (3, 2)], "the new rank joined as a decode rank, then rank 2 moved to the prefill pool"
     assert coord.prefill_ranks == 3, "the coordinator's snapshots carry the boundary to other processes' clients"
     assert (coord.engine_count, coord.size) == (5, 5)
 
 
 def test_a_shrinking_prefill_pool_moves_the_boundary_before_the_highest_ranks_drain() -> None:
     o, runtime, coord = _pooled(3, 2)
+    views = _views(o)
     endpoints = o.scale(1, 0.0, "prefill")
     assert _pools(endpoints) == (1, 2) and len(o.table) == 3 and runtime.alive == {0, 1, 2}
-    assert [_pools(e) for e in runtime.published] == [(1, 4), (1, 4), (1, 2)], (
-        "ranks 1 and 2 decode before ranks 3 and 4 stop taking work; no pool is ever emptied"
+    assert views == [(1, 4), (1, 2), (1, 2)], (
+        "ranks 1 and 2 decode before ranks 3 and 4 stop taking work; the decode pool never falls below 2"
     )
     assert coord.prefill_ranks == 1 and (coord.engine_count, coord.size) == (3, 3)
 
@@ -145,15 +153,15 @@ def test_any_sequence_of_pool_changes_keeps_both_pools_served_at_every_step(
     prefill: int, decode: int, changes: list[tuple[str, int]]
 ) -> None:
     o, runtime, coord = _pooled(prefill, decode, stats_interval_s=0.001)
+    views = _views(o)
     for pool, size in changes:
         before = {"prefill": prefill, "decode": decode}
-        runtime.published.clear()
+        views.clear()
         endpoints = o.scale(size, 0.0, pool)
         prefill, decode = _pools(endpoints)
         assert {"prefill": prefill, "decode": decode}[pool] == size
         assert (prefill, decode) == ((size, before["decode"]) if pool == "prefill" else (before["prefill"], size))
-        for seen in runtime.published:  # every view a client was given on the way
-            p, d = _pools(seen)
+        for p, d in views:  # every view a client was given on the way: the ranks it may send to, by pool
             assert p >= min(before["prefill"], prefill) and d >= min(before["decode"], decode), (pool, size, p, d)
         o.state.check()
         assert runtime.alive == set(range(prefill + decode)) and len(o.table) == prefill + decode
