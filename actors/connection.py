@@ -142,5 +142,5 @@ def local_resources(config: RaydpConfig) -> dict[str, Any]:
     """
     if config.accelerator != "CPU":
         return {}
-    needed = config.devices_for(config.dp_size) + config.dp_size
+    needed = config.devices_before(config.dp_size) + config.dp_size
     return {"num_cpus": needed} if needed > (os.cpu_count() or 1) else {}

@@ -213,13 +213,10 @@ class RaydpConfig(BaseModel):
             return self.prefill_tensor_parallel_size * self.pipeline_parallel_size
         return self.world_size
 
-    def first_device(self, rank: int) -> int:
-        """Where ``rank``'s devices start when ranks take a machine's devices in order (the ``mp`` backend)."""
+    def devices_before(self, rank: int) -> int:
+        """The devices ranks ``0..rank-1`` take together: where ``rank``'s start when ranks take a
+        machine's devices in order (the ``mp`` backend)."""
         return sum(self.world_size_of(r) for r in range(rank))
-
-    def devices_for(self, ranks: int) -> int:
-        """Devices the first ``ranks`` ranks take together."""
-        return self.first_device(ranks)
 
     @model_validator(mode="before")
     @classmethod

@@ -46,7 +46,7 @@ def engine_main(config: RaydpConfig, rank: int, addresses: list[str], prefix: st
             leave_last_words(death_pipe, encode_death(exc))
 
     try:
-        devices = rank_device_ids(config.first_device(rank), config.world_size_of(rank))
+        devices = rank_device_ids(config, rank)
         host = EngineHost(
             config, rank, rank, LOCAL_NODE, LOCAL_NODE, devices, ipc_prefix=prefix, executor_factory=MPExecutor
         )

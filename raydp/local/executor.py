@@ -17,6 +17,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
+from raydp.config import RaydpConfig
 from raydp.engine.executor import WorkerContext, WorkerGroupSpec
 from raydp.engine.host import set_device_visibility
 from raydp.errors import ConfigError, DeathCause, StartupError, describe_exit
@@ -175,15 +176,15 @@ class MPExecutor(ChannelExecutor):
             self._rendezvous.close()
 
 
-def rank_device_ids(first: int, world_size: int) -> tuple[str, ...]:
-    """A rank takes ``world_size`` devices of this machine from ``first`` on (logical ones where it has
-    none); ``RaydpConfig.first_device`` says where each rank's start."""
-    return tuple(str(first + tp) for tp in range(world_size))
+def rank_device_ids(config: RaydpConfig, rank: int) -> tuple[str, ...]:
+    """The devices of this machine ``rank`` takes (logical ones where it has none): its own number, after
+    those of the ranks before it."""
+    first = config.devices_before(rank)
+    return tuple(str(first + tp) for tp in range(config.world_size_of(rank)))
 
 
 def _context(spec: WorkerGroupSpec, tp: int) -> WorkerContext:
-    fallback = rank_device_ids(spec.dp_rank * spec.world_size, spec.world_size)
-    ids = spec.device_ids[tp : tp + 1] or fallback[tp : tp + 1]
+    ids = spec.device_ids[tp : tp + 1] or (str(spec.dp_rank * spec.world_size + tp),)
     return WorkerContext(spec.dp_rank, tp, spec.world_size, spec.node_id, "cpu", ids)
 
 

@@ -101,8 +101,8 @@ class ProcessRuntime:
         if records:
             top = max(r.rank for r in records)
             what = f"dp_size={top + 1} with world_size={cfg.world_size_of(top)} (devices per rank)"
-            check_device_count(cfg.accelerator, cfg.devices_for(top + 1), what)
-        return [rank_device_ids(cfg.first_device(r.rank), cfg.world_size_of(r.rank)) for r in records]
+            check_device_count(cfg.accelerator, cfg.devices_before(top + 1), what)
+        return [rank_device_ids(cfg, r.rank) for r in records]
 
     def resolve_devices(self, probes: Sequence[Any]) -> list[tuple[str, ...]]:
         return [tuple(p) for p in probes]

@@ -32,6 +32,7 @@ if WORKER:
         "dashboard_agent_listen_port": 52365 + _offset,
         "ray_client_server_port": 10001 + _offset,
     }
+    os.environ.setdefault("RAYDP_TEST_CACHE", os.path.join(tempfile.gettempdir(), "raydp-tests"))  # shared
     for _var, _dir in (("RAY_TMPDIR", f"/tmp/raydp-{WORKER}"), ("TMPDIR", f"/tmp/{WORKER}")):
         os.makedirs(_dir, exist_ok=True)
         os.environ[_var] = _dir

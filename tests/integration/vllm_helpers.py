@@ -35,7 +35,9 @@ ENGINE_KWARGS: dict[str, Any] = {
 
 
 def tiny_model() -> Path:
-    return make_model(Path(tempfile.gettempdir()) / "raydp-tests" / "tiny-llama")
+    # One copy for every xdist worker (each has a TMPDIR of its own; make_model's build is atomic).
+    cache = os.environ.get("RAYDP_TEST_CACHE") or str(Path(tempfile.gettempdir()) / "raydp-tests")
+    return make_model(Path(cache) / "tiny-llama")
 
 
 _REFERENCE = """

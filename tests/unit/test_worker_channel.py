@@ -243,10 +243,9 @@ def test_the_device_count_check_names_both_numbers() -> None:
 
 def test_local_ranks_take_consecutive_devices_of_their_own() -> None:
     config = RaydpConfig(dp_size=3, tensor_parallel_size=2)
-    ids = [rank_device_ids(config.first_device(r), config.world_size_of(r)) for r in range(3)]
-    assert ids == [("0", "1"), ("2", "3"), ("4", "5")]
-    assert rank_device_ids(3, 1) == ("3",)
+    assert [rank_device_ids(config, r) for r in range(3)] == [("0", "1"), ("2", "3"), ("4", "5")]
+    assert rank_device_ids(RaydpConfig(dp_size=4), 3) == ("3",)
     pools = RaydpConfig(prefill_dp_size=1, decode_dp_size=2, prefill_tensor_parallel_size=2)
-    ids = [rank_device_ids(pools.first_device(r), pools.world_size_of(r)) for r in range(3)]
+    ids = [rank_device_ids(pools, r) for r in range(3)]
     assert ids == [("0", "1"), ("2",), ("3",)], "a prefill rank of 2 devices, then decode ranks of 1"
-    assert pools.devices_for(3) == 4
+    assert pools.devices_before(3) == 4
