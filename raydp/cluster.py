@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from raydp.serve.settings import ServerSettings
 
 logger = logging.getLogger("raydp")
+WAIT_POLL_S = 0.05  # how often Cluster.wait looks for a final death: its latency, at no cost worth counting
 
 
 class Cluster:
@@ -65,7 +67,6 @@ class Cluster:
         self._clients: list[Client] = []
         self._api_servers: list[APIServerGroup] = []
         self._lock = threading.Lock()
-        self._dead = threading.Condition(self._lock)
         self._deaths: list[ComponentDeadError] = []
         self._dead_ranks: dict[int, EngineDeadError] = {}  # dead now (a restart may revive them)
         self._closed = False
@@ -218,7 +219,6 @@ class Cluster:
             if isinstance(err, EngineDeadError):
                 self._dead_ranks[err.rank] = err
             clients = self._live_clients()
-            self._dead.notify_all()
         if isinstance(err, EngineDeadError):
             for client in clients:
                 _tell(client.mark_dead, err)
@@ -285,12 +285,20 @@ class Cluster:
         another rank lives: the wait ends when the last rank is down, or the
         coordinator or an API server is. Returns None if ``timeout`` passes.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            with self._dead:
-                self._dead.wait_for(lambda: bool(self._ending(degraded_ok)) or self._closed, timeout)
-                final = self._ending(degraded_ok)
+            while True:
+                with self._lock:
+                    final, closed = self._ending(degraded_ok), self._closed
                 if final:
                     raise final[0]
+                left = WAIT_POLL_S if deadline is None else min(WAIT_POLL_S, deadline - time.monotonic())
+                if closed or left <= 0:
+                    return
+                # A sleep, not Condition.wait: Ctrl-C (or raydp serve's stop signal) raised while
+                # Condition.wait re-acquires its lock leaves the lock released under a `with` that then
+                # fails with "release unlocked lock" instead of stopping.
+                time.sleep(left)
         except KeyboardInterrupt:
             self.close()
             raise
@@ -326,7 +334,6 @@ class Cluster:
             clients = list(self._clients)
             self._clients.clear()
             servers, self._api_servers = self._api_servers, []
-            self._dead.notify_all()
         for server in servers:
             server.close()
         for client in clients:
