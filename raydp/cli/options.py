@@ -15,7 +15,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Union, get_args, get_origin
 
-from raydp.config import ENV_PREFIX, RaydpConfig, env_fields
+from raydp.config import ENV_PREFIX, AutoscalingConfig, RaydpConfig, env_fields
 from raydp.errors import ConfigError
 
 # Short names the CLI accepts for ``--engine`` (and RAYDP_ENGINE), besides 'module:Class' paths.
@@ -132,3 +132,30 @@ def _more_than_one(value: Any) -> bool:
         return int(value) > 1
     except (TypeError, ValueError):
         return False
+
+
+def autoscaled(config: RaydpConfig, args: argparse.Namespace) -> RaydpConfig:
+    """``--autoscale`` (a P/D cluster: its decode pool) and ``--prefill-autoscale``, each pool started
+    within its bounds."""
+    if args.prefill_autoscale is not None:
+        if not config.pooled:
+            raise ConfigError(
+                f"--prefill-autoscale={args.prefill_autoscale}: only a P/D cluster has a prefill pool; "
+                "give --prefill-dp-size and --decode-dp-size"
+            )
+        scaling = AutoscalingConfig.parse(args.prefill_autoscale)
+        size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.prefill_dp_size))
+        config = config.with_changes(
+            prefill_autoscaling=scaling, prefill_dp_size=size, dp_size=size + config.decode_dp_size
+        )
+    if args.autoscale is not None:
+        scaling = AutoscalingConfig.parse(args.autoscale)
+        if config.pooled:
+            size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.decode_dp_size))
+            config = config.with_changes(
+                autoscaling=scaling, decode_dp_size=size, dp_size=config.prefill_dp_size + size
+            )
+        else:
+            size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.dp_size))
+            config = config.with_changes(autoscaling=scaling, dp_size=size)
+    return config

@@ -13,13 +13,14 @@ from raydp.cli.options import (
     SERVING_PRESETS,
     add_config_flags,
     add_model_flag,
+    autoscaled,
     config_from_args,
     with_engine_flags,
 )
 from raydp.cli.signals import install_stop_handlers
 from raydp.cli.vllm_flags import is_vllm
 from raydp.client.balancer import POLICIES
-from raydp.config import AutoscalingConfig, RaydpConfig
+from raydp.config import RaydpConfig
 from raydp.errors import ConfigError, EngineDeadError, StartupError
 from raydp.orchestration.budget import RestartBudget
 from raydp.serve.readiness import PROBE_PROMPT
@@ -200,33 +201,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def _autoscaled(config: RaydpConfig, args: argparse.Namespace) -> RaydpConfig:
-    """``--autoscale`` (a P/D cluster: its decode pool) and ``--prefill-autoscale``, each pool started
-    within its bounds."""
-    if args.prefill_autoscale is not None:
-        if not config.pooled:
-            raise ConfigError(
-                f"--prefill-autoscale={args.prefill_autoscale}: only a P/D cluster has a prefill pool; "
-                "give --prefill-dp-size and --decode-dp-size"
-            )
-        scaling = AutoscalingConfig.parse(args.prefill_autoscale)
-        size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.prefill_dp_size))
-        config = config.with_changes(
-            prefill_autoscaling=scaling, prefill_dp_size=size, dp_size=size + config.decode_dp_size
-        )
-    if args.autoscale is not None:
-        scaling = AutoscalingConfig.parse(args.autoscale)
-        if config.pooled:
-            size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.decode_dp_size))
-            config = config.with_changes(
-                autoscaling=scaling, decode_dp_size=size, dp_size=config.prefill_dp_size + size
-            )
-        else:
-            size = min(scaling.max_dp_size, max(scaling.min_dp_size, config.dp_size))
-            config = config.with_changes(autoscaling=scaling, dp_size=size)
-    return config
-
-
 def run(args: argparse.Namespace) -> int:
     config = with_engine_flags(config_from_args(args, CONFIG_FLAGS, PRESETS), args, {})
     if args.fail_stop:
@@ -235,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--max-restarts={args.max_restarts!r}: --fail-stop restarts nothing; give one of the two"
             )
         config = config.with_changes(max_restarts=0)
-    config = _autoscaled(config, args)
+    config = autoscaled(config, args)
     if config.pooled and args.lb_mode != "internal":
         raise ConfigError(
             f"--lb-mode={args.lb_mode}: P/D pools need API servers that reach both pools; use --lb-mode internal"

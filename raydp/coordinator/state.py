@@ -358,11 +358,8 @@ class CoordinatorState:
         size = n if msg.size == -1 else msg.size
         if n < 1 or not 1 <= size <= n or not (msg.prefill == -1 or 0 < msg.prefill < size):
             self.rejected += 1
-            logger.warning(
-                "coordinator: dropped %r: need engine_count >= 1, 1 <= size <= engine_count, "
-                "and prefill -1 or in [1, size)",
-                msg,
-            )
+            need = "engine_count >= 1, 1 <= size <= engine_count, and prefill -1 or in [1, size)"
+            logger.warning("coordinator: dropped %r: need %s", msg, need)
             return
         if n != self.engine_count or size != self.size:
             logger.info("coordinator: %d ranks, routing to %d (was %d, %d)", n, size, self.engine_count, self.size)

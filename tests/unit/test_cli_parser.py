@@ -111,17 +111,17 @@ def test_p_d_flags_size_the_cluster_over_the_commands_preset_dp_size() -> None:
 
 def test_each_p_d_pool_autoscales_within_its_own_bounds_from_the_serve_flags() -> None:
     from raydp.cli import serve
-    from raydp.cli.options import config_from_args
+    from raydp.cli.options import autoscaled, config_from_args
 
     flags = ["serve", "--prefill-dp-size", "1", "--decode-dp-size", "5", "--prefill-autoscale", "2:3"]
     args = parsed(*flags, "--autoscale", "1:4")
-    config = serve._autoscaled(config_from_args(args, serve.CONFIG_FLAGS, serve.PRESETS, env={}), args)
+    config = autoscaled(config_from_args(args, serve.CONFIG_FLAGS, serve.PRESETS, env={}), args)
     assert (config.prefill_dp_size, config.decode_dp_size, config.dp_size) == (2, 4, 6), "each starts in bounds"
     assert config.prefill_autoscaling is not None and config.prefill_autoscaling.max_dp_size == 3
     assert config.autoscaling is not None and config.autoscaling.max_dp_size == 4
     args = parsed("serve", "--dp-size", "2", "--prefill-autoscale", "1:2")
     with pytest.raises(ConfigError, match="--prefill-autoscale=1:2: only a P/D cluster has a prefill pool"):
-        serve._autoscaled(config_from_args(args, serve.CONFIG_FLAGS, serve.PRESETS, env={}), args)
+        autoscaled(config_from_args(args, serve.CONFIG_FLAGS, serve.PRESETS, env={}), args)
 
 
 def test_the_preset_engine_shards_over_devices_when_tensor_parallel_size_is_above_one() -> None:
