@@ -120,6 +120,10 @@ def ensure_guidellm() -> None:
     stamp.write_text(digest)
 
 
+# pytest-xdist hands out whole modules, in collection order (not by test count): see run_tests.
+XDIST_BY_MODULE = ["--dist", "loadfile", "--no-loadscope-reorder"]
+
+
 def run_tests(args: list[str]) -> int:
     py = BIN / "python"
     sh(py, "-m", "ruff", "check", ".")
@@ -131,14 +135,12 @@ def run_tests(args: list[str]) -> int:
         sh(BIN / "mkdocs", "build", "--strict", "--quiet", "--site-dir", site)
     if args:
         return pytest_step(py, args)
-    # Unit tests are pure CPU work with no shared state: one process per core (pytest-xdist). Integration
-    # tests leave a third of two cores idle while Rays and engines start and requests wait: two workers,
-    # a module each at a time (their clusters are module fixtures), each with Rays of its own
-    # (tests/integration/conftest.py). The chaos soaks last minutes each: a step of their own, after
-    # everything else has passed or failed.
+    # One pytest run on two workers (pytest-xdist), a module at a time on each, then the chaos soaks. The
+    # unit modules go first, then the integration modules, longest first (tests/integration/conftest.py),
+    # so the two workers finish together; each worker keeps its own Rays. The soaks last minutes each and
+    # load both cores by themselves: a step of their own, after everything else has passed or failed.
     steps = (
-        ["tests/unit", "-n", "auto"],
-        ["tests/integration", "-m", "not soak", "-n", "2", "--dist", "loadfile"],
+        ["tests/unit", "tests/integration", "-m", "not soak", "-n", "2", *XDIST_BY_MODULE],
         ["tests", "-m", "soak"],
     )
     return max(pytest_step(py, step) for step in steps)

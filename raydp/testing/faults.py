@@ -47,6 +47,7 @@ from ray.cluster_utils import Cluster as RayTestCluster
 import raydp
 from raydp.names import NAMESPACE, coordinator_name, rank_name
 from raydp.serve.processes import APIServerProcessManager
+from raydp.testing.ray_hosts import free_port
 
 KINDS = (
     "rank-sigkill",
@@ -71,8 +72,12 @@ class LocalRay:
     def __init__(self, gpus_per_node: tuple[int, ...], cpus_per_node: int = 4) -> None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         self.cpus = cpus_per_node
+        # The head's listeners that Ray binds at fixed defaults get free ports: another soak's or test's
+        # local Ray may run on this machine at the same time (the dashboard looks for a free port itself).
+        ports = {"dashboard_agent_listen_port": free_port(""), "ray_client_server_port": free_port("")}
         self.cluster = RayTestCluster(
-            initialize_head=True, head_node_args={"num_cpus": cpus_per_node, "num_gpus": gpus_per_node[0]}
+            initialize_head=True,
+            head_node_args={"num_cpus": cpus_per_node, "num_gpus": gpus_per_node[0], **ports},
         )
         self._gpus: dict[str, int] = {}  # worker node id -> its logical GPUs
         for gpus in gpus_per_node[1:]:

@@ -7,9 +7,12 @@ that shape; asking for another shape (or a fresh one) shuts the old one down.
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import ray
@@ -37,6 +40,22 @@ if WORKER:
         os.makedirs(_dir, exist_ok=True)
         os.environ[_var] = _dir
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again (kept short: socket paths live under it)
+
+
+# Seconds each module took in a profiled run (scripts/tools/module_seconds.py makes the table). The README's
+# test command runs this directory on two xdist workers a module at a time, handed out in collection order
+# (--no-loadscope-reorder): longest first, so that neither worker starts a long module when the other is
+# almost done. A module missing from the table counts as a median one.
+MODULE_SECONDS: dict[str, float] = json.loads((Path(__file__).parent / "module_seconds.json").read_text())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here, median = Path(__file__).parent, statistics.median(MODULE_SECONDS.values())
+
+    def order(item: pytest.Item) -> tuple[int, float]:  # other directories' tests first, as collected
+        return (1, -MODULE_SECONDS.get(item.path.name, median)) if item.path.parent == here else (0, 0.0)
+
+    items.sort(key=order)  # stable: each module's own order is kept
 
 
 class ClusterPool:

