@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import settings
+
+# OpenMP threads (torch's, in every engine, worker and vLLM process the suite starts) sleep as soon as
+# a parallel region ends instead of spinning for it first: on 2 cores shared by several engines, the
+# spinning only takes CPU from the others. Measured on one module of each kind, both passing alike:
+# test_vllm_tp.py 171 -> 143 CPU-seconds (120 -> 96 s), test_tp_lm.py 139 -> 114 (88 -> 72 s).
+# Every process the suite starts inherits it; a process reads it when OpenMP loads, after this file.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Properties check behaviour, not speed: hypothesis' default 200 ms deadline per example
 # would fail a correct test on a slow or busy machine, so no test of the suite has one.

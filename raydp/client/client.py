@@ -221,6 +221,12 @@ class Client:
         """The latest (counts, wave, running) published by the coordinator."""
         return self._router.feed.last_snapshot
 
+    def live_ranks(self) -> list[int]:
+        """The ranks new requests go to that the coordinator's latest snapshot does not report dead."""
+        snap = self.snapshot()
+        dead = set(snap.dead) if snap is not None else set()
+        return [rank for rank in range(self.dp_size) if rank not in dead]
+
     def mark_dead(self, error: EngineDeadError) -> None:
         """Fail (or retry elsewhere) the requests on a dead rank; stop routing to it."""
         self._turns.run(lambda: self._router.mark_dead(error), allow_closed=True)

@@ -209,9 +209,7 @@ class RaydpCoreClient(_Base):  # type: ignore[misc,valid-type]
     # ---- utility calls -------------------------------------------------------------------
 
     def _live_ranks(self) -> list[int]:
-        snap = self.client.snapshot()
-        dead = set(snap.dead) if snap is not None else set()
-        live = [rank for rank in range(self.client.dp_size) if rank not in dead]
+        live = self.client.live_ranks()
         if not live:
             raise ClusterClosedError("no rank of the cluster is alive to answer a utility call")
         return live

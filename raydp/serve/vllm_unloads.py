@@ -52,7 +52,11 @@ class ClusterUnloads:
 
     def added(self, name: str) -> None:
         """This server gave ``name`` to the ranks (vLLM's ``add_lora``)."""
-        self._added[name] = self._clock()
+        now = self._clock()
+        # An add older than GRACE_S counts as none (stale()): forgetting it bounds the table by the adds
+        # of the last GRACE_S, however many adapter names come and go.
+        self._added = {n: at for n, at in self._added.items() if now - at <= self.GRACE_S}
+        self._added[name] = now
         self._unloaded.pop(name, None)
 
     def offered(self, paths: dict[str, str]) -> dict[str, str]:
@@ -73,9 +77,7 @@ class ClusterUnloads:
     async def forget(self, name: str) -> None:
         """Every live rank forgets ``name``; a rank that cannot be reached is logged (it will restart empty)."""
         self._unloaded[name] = self._clock()  # first: a request meanwhile must not find it again
-        snap = self._client.snapshot()
-        dead = set(snap.dead) if snap is not None else set()
-        ranks = [rank for rank in range(self._client.dp_size) if rank not in dead]
+        ranks = self._client.live_ranks()
         calls = (
             asyncio.to_thread(self._client.call_utility, rank, "forget_adapter", name, timeout=CALL_TIMEOUT_S)
             for rank in ranks

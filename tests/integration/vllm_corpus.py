@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from tests.integration.vllm_helpers import SERVE_FLAGS, lora_adapter, vllm_serve
+from tests.integration.vllm_helpers import SERVE_FLAGS, computed_once, fingerprint, lora_adapter, vllm_serve
 
 MODEL = "m"  # --served-model-name: every vLLM client names its model
 LORA_PROMPT = {"prompt": "Once upon", "max_tokens": 10, "temperature": 0}
@@ -147,11 +147,16 @@ _answers: dict[str, dict[str, Any]] = {}  # vLLM's answers, by the flags its ser
 
 
 def vllm_corpus_answers(model: Path, flags: list[str], adapters: dict[str, str]) -> dict[str, Any]:
-    """vLLM's own server's answers to the whole corpus (run alone, once a session, to spare the 2 cores)."""
+    """vLLM's own server's answers to the whole corpus: once per machine for these flags, to spare the 2 cores."""
     key = json.dumps(flags)
     if key not in _answers:
-        with vllm_serve(model, *flags, env=RUNTIME_LORA) as url:
-            _answers[key] = ask_all(url, adapters)
+
+        def ask_vllm() -> dict[str, Any]:
+            with vllm_serve(model, *flags, env=RUNTIME_LORA) as url:
+                return ask_all(url, adapters)
+
+        what = [key, json.dumps([CORPUS, STREAMED, adapters]), *fingerprint(model, *map(Path, adapters.values()))]
+        _answers[key] = computed_once(model.parent / "vllm-corpus", what, ask_vllm)
     return _answers[key]
 
 

