@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 import ray
 
+from raydp.engine.gloo_interface import GLOO_IFNAME
 from raydp.testing import netns
 from raydp.wire.transport import IpcDir
 
@@ -45,9 +46,11 @@ def clean_env(extra: Mapping[str, str]) -> dict[str, str]:
 
     Ray's token auth is off explicitly: ``ray start --head`` turns it on when
     ``~/.ray/auth_token`` exists (any local ``ray.init`` writes one), while a
-    driver given an address never does, so the driver would be refused.
+    driver given an address never does, so the driver would be refused. Nor
+    does a host inherit the caller's gloo interface: raydp picks each host's own
+    (:mod:`raydp.engine.gloo_interface`), and the caller's may be its loopback.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != GLOO_IFNAME}
     return {**env, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", **extra}
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+
 import pytest
 
 
@@ -16,3 +19,20 @@ def _forbid_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
             raise AssertionError("tests/unit must not call ray.init; use tests/integration")
 
         monkeypatch.setattr(ray, "init", forbidden)
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_found() -> Iterator[None]:
+    """Each test leaves the process environment as it found it.
+
+    Product code sets variables for the processes it starts (gloo's interface, the
+    devices a rank sees, prometheus_client's multiprocess folder), and a unit test runs
+    that code in the test process. The integration tests run later in the same xdist
+    worker, and what they start inherits the environment: a leaked ``GLOO_SOCKET_IFNAME=lo``
+    kept ranks on network-namespace hosts from meeting.
+    """
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
