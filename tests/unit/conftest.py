@@ -25,14 +25,16 @@ def _forbid_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
 def _environment_as_found() -> Iterator[None]:
     """Each test leaves the process environment as it found it.
 
-    Product code sets variables for the processes it starts (gloo's interface, the
-    devices a rank sees, prometheus_client's multiprocess folder), and a unit test runs
-    that code in the test process. The integration tests run later in the same xdist
-    worker, and what they start inherits the environment: a leaked ``GLOO_SOCKET_IFNAME=lo``
-    kept ranks on network-namespace hosts from meeting.
+    Product code sets variables for the processes it starts (gloo's interface, vLLM's
+    defaults), and a unit test runs that code in the test process. The integration
+    tests run later in the same xdist worker, and what they start inherits the
+    environment: a leaked ``GLOO_SOCKET_IFNAME=lo`` kept ranks on network-namespace
+    hosts from meeting.
     """
     saved = dict(os.environ)
     yield
-    if dict(os.environ) != saved:
-        os.environ.clear()
-        os.environ.update(saved)
+    for key in os.environ.keys() - saved.keys():  # only what changed: threads may read it meanwhile
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
