@@ -17,20 +17,21 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydp.backend import APIServerGroup, APIServerSpec, DeathListener, notify
-from raydp.errors import ComponentDeadError, ProcessDeadError
+from raydp.config import COMPONENT_START_S
+from raydp.errors import ComponentDeadError, ProcessDeadError, StartupError
 from raydp.names import NAMESPACE
 from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
 from raydp.wire.transport import node_ip
 
 logger = logging.getLogger("raydp.api")
-START_TIMEOUT_S = 60.0
 
 
 class APIServerHost:
     """Hosts ``count`` API server processes on this actor's node.
 
-    Methods: ``start()`` -> the URL they listen on; ``watch()`` blocks until
+    Its constructor returns once every process serves (or raises
+    :class:`~raydp.errors.StartupError`). Methods: ``url()`` -> where they listen; ``watch()`` blocks until
     one of them dies and returns why; ``shutdown()`` ends them. States:
     created -> serving -> closed. If the actor itself dies, its processes
     see their parent-death pipe close and exit; the launcher sees the
@@ -96,8 +97,13 @@ class RemoteAPIServers:
             )
             .remote(endpoints, count, port, self.ranks, settings)
         )
+        # The host's constructor returns once its servers serve: a process start, then theirs.
+        timeout_s = COMPONENT_START_S + (settings or ServerSettings()).startup_timeout_s
         try:
-            self.url: str = ray.get(self._actor.url.remote(), timeout=START_TIMEOUT_S)
+            self.url: str = ray.get(self._actor.url.remote(), timeout=timeout_s)
+        except Exception as exc:
+            ray.kill(self._actor, no_restart=True)
+            raise StartupError(f"API servers {label} on node {node_id} did not start: {exc}") from exc
         except BaseException:
             ray.kill(self._actor, no_restart=True)
             raise

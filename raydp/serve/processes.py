@@ -9,13 +9,15 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event
 
 from raydp.backend import DeathListener, notify
-from raydp.errors import ConfigError, ProcessDeadError
-from raydp.processes import Proc, on_stop_signals, shutdown, spawn, watch_parent, watch_processes
+from raydp.errors import ConfigError, ProcessDeadError, StartupError, describe_exit
+from raydp.processes import Proc, last_words, on_stop_signals, shutdown, spawn, watch_parent, watch_processes
 from raydp.serve.draining import stop_bound_s
 from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
@@ -32,6 +34,7 @@ def _api_main(
     ranks: list[int] | None,
     settings: ServerSettings,
     metrics_dir: str | None,
+    serving: Event,
     death_pipe: Connection,
 ) -> None:
     if metrics_dir is not None:  # before anything imports prometheus_client, which reads it once
@@ -47,16 +50,25 @@ def _api_main(
     if settings.vllm_args:  # vLLM's own front-end (raydp serve --engine vllm)
         from raydp.serve.vllm_server import serve_vllm_forever
 
-        serve_vllm_forever(sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop)
+        serve_vllm_forever(
+            sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop, on_serving=serving.set
+        )
         return
     from raydp.serve.server import serve_forever
 
-    serve_forever(sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop)
+    serve_forever(
+        sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop, on_serving=serving.set
+    )
 
 
 class APIServerProcessManager:
     """Binds ``host:port`` once and spawns ``count`` servers that all accept on it.
 
+    The constructor returns once every server is serving (its app built, its
+    first accept next), so a caller's first request is answered, not queued
+    behind a minute of vLLM imports. A server that exits first, or is not
+    serving within ``settings.startup_timeout_s``, fails the start with a
+    :class:`~raydp.errors.StartupError` naming it, and the others are stopped.
     ``ranks`` restricts where their clients route (hybrid and external modes);
     a request may still pin any rank. ``settings`` (timeouts, limits, the model
     id) apply to every server.
@@ -84,6 +96,7 @@ class APIServerProcessManager:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # a respawn and close() never interleave
         self._restarts_left = [self._settings.max_restarts] * count
+        self._mp = mp.get_context("spawn")
         # vLLM's front-end serves /metrics for all N processes at once in prometheus_client's multiprocess
         # mode, over one directory of the processes' files (vLLM's own launcher does the same).
         self._metrics_dir = (
@@ -91,7 +104,8 @@ class APIServerProcessManager:
             if self._settings.vllm_args and count > 1
             else None
         )
-        self.procs.extend(self._spawn(index) for index in range(count))
+        serving = [self._mp.Event() for _ in range(count)]
+        self.procs.extend(self._spawn(index, serving[index]) for index in range(count))
         # A stopping server answers its running requests before it exits: wait that long before killing it.
         self._finalizer = weakref.finalize(
             self,
@@ -103,12 +117,17 @@ class APIServerProcessManager:
             stop_bound_s(self._settings.graceful_shutdown_s),
             self._metrics_dir,
         )
+        try:
+            _wait_serving(self.procs, serving, self._settings.startup_timeout_s)
+        except BaseException:
+            self.close()
+            raise
         watch_processes(self.procs, self._stop, self._report, "raydp-api-watcher")
 
-    def _spawn(self, index: int) -> Proc:
+    def _spawn(self, index: int, serving: Event) -> Proc:
         endpoints, count, node_id, ranks, settings = self._args
         return spawn(
-            mp.get_context("spawn"),
+            self._mp,
             f"{endpoints.name}-api{index}",
             _api_main,
             self._sock,
@@ -119,6 +138,7 @@ class APIServerProcessManager:
             ranks,
             settings,
             self._metrics_dir,
+            serving,
         )
 
     @property
@@ -153,7 +173,8 @@ class APIServerProcessManager:
         with self._lock:
             if self._stop.is_set():  # closed meanwhile
                 return
-            self.procs[index] = successor = self._spawn(index)
+            # Not waited for: the other servers go on answering on the shared socket meanwhile.
+            self.procs[index] = successor = self._spawn(index, self._mp.Event())
         if proc.death_pipe is not None:
             proc.death_pipe.close()
         logger.warning("API server %s respawned as pid %s", proc.name, successor.process.pid)
@@ -161,6 +182,20 @@ class APIServerProcessManager:
 
     def close(self) -> None:
         self._finalizer()
+
+
+def _wait_serving(procs: Sequence[Proc], serving: Sequence[Event], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for proc, event in zip(procs, serving, strict=True):
+        while not event.wait(timeout=0.1):
+            if not proc.process.is_alive() or last_words(proc) is not None:
+                raise StartupError(_not_serving(proc, f"exited ({describe_exit(proc.process.exitcode)})"))
+            if time.monotonic() > deadline:
+                raise StartupError(_not_serving(proc, f"was not serving within startup_timeout_s={timeout_s:g}"))
+
+
+def _not_serving(proc: Proc, what: str) -> str:
+    return f"API server {proc.name} (pid {proc.process.pid}) {what} before it served; see its log for why"
 
 
 def _release(

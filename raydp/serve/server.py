@@ -66,7 +66,8 @@ class Tls:
 class _Server(uvicorn.Server):
     """uvicorn's server, stoppable by an event, returning (not re-raising) after a signal.
 
-    ``on_grace_over`` is called ``grace_s`` into the shutdown if it is still waiting for requests.
+    ``on_grace_over`` is called ``grace_s`` into the shutdown if it is still waiting for requests;
+    ``on_serving`` once it accepts connections.
     """
 
     def __init__(
@@ -75,10 +76,17 @@ class _Server(uvicorn.Server):
         stop: threading.Event | None,
         on_grace_over: Callable[[], None] | None = None,
         grace_s: float = 0.0,
+        on_serving: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(config)
         self._stop = stop
         self._on_grace_over, self._grace_s = on_grace_over, grace_s
+        self._on_serving = on_serving
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_serving is not None:
+            self._on_serving()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # A repeated signal must not force an exit that cuts answers off: a
@@ -127,10 +135,11 @@ def serve_on_socket(
     stop: threading.Event | None = None,
     on_grace_over: Callable[[], None] | None = None,
     tls: Tls | None = None,
+    on_serving: Callable[[], None] | None = None,
 ) -> None:
     """Serve ``app`` on the listening ``sock`` until a stop signal or ``stop``; see the module docstring.
 
-    With ``tls`` it serves HTTPS only.
+    With ``tls`` it serves HTTPS only; ``on_serving`` is called once it accepts connections.
     """
     ServerSettings(
         idle_timeout_s=idle_timeout_s,
@@ -160,7 +169,7 @@ def serve_on_socket(
         ssl_ca_certs=tls.ca_certs,
         ssl_cert_reqs=ssl.CERT_REQUIRED if tls.ca_certs else ssl.CERT_NONE,
     )
-    _Server(config, stop, on_grace_over, graceful_shutdown_s).run(sockets=[sock])
+    _Server(config, stop, on_grace_over, graceful_shutdown_s, on_serving).run(sockets=[sock])
 
 
 def serve_forever(
@@ -173,6 +182,7 @@ def serve_forever(
     ranks: list[int] | None = None,
     settings: ServerSettings | None = None,
     stop: threading.Event | None = None,
+    on_serving: Callable[[], None] | None = None,
 ) -> None:
     """Run one API server on ``sock`` until a stop signal or ``stop``; it routes only to ``ranks`` if given.
 
@@ -209,6 +219,7 @@ def serve_forever(
             stop=stop,
             on_grace_over=lambda: in_flight.fail_all(reason),
             tls=Tls.of(s),
+            on_serving=on_serving,
         )
     finally:
         client.close()

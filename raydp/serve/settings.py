@@ -68,6 +68,12 @@ class ServerSettings(BaseModel):
         "False routes adapter-blind",
     )
     max_restarts: int = Field(3, ge=0, description="times a dead server process is spawned again on the socket")
+    startup_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="every server process must be serving within this of its spawn, or the start fails "
+        "(a StartupError naming it); vLLM's front-end takes tens of seconds on a small machine",
+    )
     ready_quorum: int = Field(
         1, ge=1, description="GET /ready answers 200 while this many ranks generate a one-token probe (else 503)"
     )

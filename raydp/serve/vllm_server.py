@@ -89,12 +89,17 @@ def serve_vllm_forever(
     ranks: list[int] | None = None,
     settings: ServerSettings,
     stop: threading.Event | None = None,
+    on_serving: Callable[[], None] | None = None,
 ) -> None:
-    """Run vLLM's server on ``sock`` until a stop signal or ``stop``; it routes only to ``ranks`` if given."""
+    """Run vLLM's server on ``sock`` until a stop signal or ``stop``; it routes only to ``ranks`` if given.
+
+    ``on_serving`` is called once vLLM's app is built and its server is accepting.
+    """
     args = serve_args(frontend_argv(settings, sock))
     client = settings.client(endpoints, client_index, client_count, node_id, ranks)
+    serving = on_serving or (lambda: None)
     try:
-        asyncio.run(_serve(sock, args, client, (client_index, client_count), stop, settings.ready_quorum))
+        asyncio.run(_serve(sock, args, client, (client_index, client_count), stop, settings.ready_quorum, serving))
     finally:
         client.close()
 
@@ -105,7 +110,8 @@ async def _serve(
     client: Client,
     index: tuple[int, int],
     stop: threading.Event | None,
-    ready_quorum: int = 1,
+    ready_quorum: int,
+    on_serving: Callable[[], None],
 ) -> None:
     from vllm.entrypoints.launchers.api_server.entry import build_and_serve
     from vllm.lora.resolver import LoRAResolverRegistry
@@ -124,6 +130,8 @@ async def _serve(
         tasks.append(asyncio.ensure_future(_signal_on(stop)))
     try:
         shutdown = await build_and_serve(engine, f"http://{args.host}:{args.port}", sock, args)
+        await asyncio.sleep(0)  # uvicorn's server task, created last, takes the socket in this turn
+        on_serving()
         await shutdown
     finally:
         for task in tasks:

@@ -1,21 +1,26 @@
-"""API server processes: a start that fails leaves nothing holding the port."""
+"""API server processes: they serve once started, and a start that fails says which and leaves nothing."""
 
 from __future__ import annotations
 
 import gc
 import pickle
 import socket
+from pathlib import Path
 
+import httpx
+import psutil
 import pytest
 
+from raydp.errors import StartupError
 from raydp.serve.processes import APIServerProcessManager
-from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
+from raydp.serve.settings import ServerSettings
+from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def test_a_failed_start_releases_the_listening_port() -> None:
-    endpoints = ClusterEndpoints("api", [], CoordinatorEndpoints("n", [], [], []), lockstep=False)
+    endpoints = _endpoints()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -25,3 +30,34 @@ def test_a_failed_start_releases_the_listening_port() -> None:
     gc.collect()
     with socket.create_server(("127.0.0.1", port)):  # EADDRINUSE if the failed manager kept it
         pass
+
+
+def _endpoints() -> ClusterEndpoints:
+    nowhere = ["tcp://127.0.0.1:9"]  # connected lazily by ZMQ, and no request is sent
+    coordinator = CoordinatorEndpoints("n", nowhere, nowhere, nowhere)
+    return ClusterEndpoints("api", [EngineEndpoint(0, "n", nowhere)], coordinator, lockstep=False)
+
+
+def test_the_servers_answer_once_the_manager_returns() -> None:
+    servers = APIServerProcessManager(_endpoints(), 2)
+    try:
+        assert all(proc.process.is_alive() for proc in servers.procs)
+        reply = httpx.get(f"{servers.url}/health", timeout=30)
+        assert reply.status_code == 200 and reply.json()["client_count"] == 2
+    finally:
+        servers.close()
+
+
+def test_a_server_that_cannot_start_fails_the_start_by_name_and_leaves_nothing(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text("not a tokenizer")  # passes the settings' check, fails to load
+    settings = ServerSettings(tokenizer=str(tmp_path))
+    with pytest.raises(StartupError, match=r"API server api-api0 \(pid \d+\) exited .* before it served") as caught:
+        APIServerProcessManager(_endpoints(), 1, settings=settings)
+    assert "see its log" in str(caught.value)
+    assert not [p for p in psutil.Process().children(recursive=True) if "api-api" in " ".join(p.cmdline())]
+
+
+def test_a_server_not_serving_within_startup_timeout_s_fails_the_start() -> None:
+    # No interpreter starts and imports in 10 ms, however fast the machine.
+    with pytest.raises(StartupError, match=r"was not serving within startup_timeout_s=0.01"):
+        APIServerProcessManager(_endpoints(), 1, settings=ServerSettings(startup_timeout_s=0.01))
