@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from raydp.client.client import Client
@@ -83,20 +84,31 @@ class Readiness:
 
 
 _INSTALLED: list[Readiness] = []
+_ON_SERVING: list[Callable[[], None]] = []
 
 
-def install(readiness: Readiness) -> None:
-    """The check :class:`ReadyMiddleware` answers with, in this process (vLLM builds the middleware itself)."""
+def install(readiness: Readiness, on_serving: Callable[[], None] | None = None) -> None:
+    """The check :class:`ReadyMiddleware` answers with, in this process (vLLM builds the middleware itself),
+    and what it calls once the app's startup is complete (the server accepts right after)."""
     _INSTALLED[:] = [readiness]
+    _ON_SERVING[:] = [on_serving] if on_serving is not None else []
 
 
 class ReadyMiddleware:
-    """ASGI middleware that answers ``GET /ready`` before the app sees it (for vLLM's ``--middleware``)."""
+    """ASGI middleware that answers ``GET /ready`` before the app sees it (for vLLM's ``--middleware``).
+
+    It also tells its process's launcher when the app has started: vLLM's
+    ``build_and_serve`` returns only when its server stops, so the lifespan's
+    ``startup.complete`` is the one moment that is seen from outside.
+    """
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan" and _ON_SERVING:
+            await self.app(scope, receive, _telling_on_startup(send, _ON_SERVING[0]))
+            return
         if scope["type"] != "http" or scope["path"] != READY_PATH or not _INSTALLED:
             await self.app(scope, receive, send)
             return
@@ -105,3 +117,12 @@ class ReadyMiddleware:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+
+
+def _telling_on_startup(send: Any, on_serving: Callable[[], None]) -> Any:
+    async def sending(message: dict[str, Any]) -> None:
+        await send(message)
+        if message["type"] == "lifespan.startup.complete":
+            on_serving()
+
+    return sending

@@ -93,13 +93,12 @@ def serve_vllm_forever(
 ) -> None:
     """Run vLLM's server on ``sock`` until a stop signal or ``stop``; it routes only to ``ranks`` if given.
 
-    ``on_serving`` is called once vLLM's app is built and its server is accepting.
+    ``on_serving`` is called once vLLM's app has started (its server accepts next).
     """
     args = serve_args(frontend_argv(settings, sock))
     client = settings.client(endpoints, client_index, client_count, node_id, ranks)
-    serving = on_serving or (lambda: None)
     try:
-        asyncio.run(_serve(sock, args, client, (client_index, client_count), stop, settings.ready_quorum, serving))
+        asyncio.run(_serve(sock, args, client, (client_index, client_count), stop, settings.ready_quorum, on_serving))
     finally:
         client.close()
 
@@ -111,7 +110,7 @@ async def _serve(
     index: tuple[int, int],
     stop: threading.Event | None,
     ready_quorum: int,
-    on_serving: Callable[[], None],
+    on_serving: Callable[[], None] | None,
 ) -> None:
     from vllm.entrypoints.launchers.api_server.entry import build_and_serve
     from vllm.lora.resolver import LoRAResolverRegistry
@@ -121,7 +120,7 @@ async def _serve(
     resolver = ClusterLoraResolver(lambda: unloads.offered(client.adapter_paths()))
     LoRAResolverRegistry.register_resolver("raydp-cluster", resolver)
     engine = _async_llm(args, lambda: RaydpCoreClient(client, NativeCodec(), unloads), index)
-    install(Readiness(client, ready_quorum))
+    install(Readiness(client, ready_quorum), on_serving)
     install_unloads(unloads)
     # raydp's per-rank series beside vLLM's own on vLLM's /metrics (multiprocess mode too: see rank_series).
     series = PushedRankSeries(client)
@@ -130,8 +129,6 @@ async def _serve(
         tasks.append(asyncio.ensure_future(_signal_on(stop)))
     try:
         shutdown = await build_and_serve(engine, f"http://{args.host}:{args.port}", sock, args)
-        await asyncio.sleep(0)  # uvicorn's server task, created last, takes the socket in this turn
-        on_serving()
         await shutdown
     finally:
         for task in tasks:
