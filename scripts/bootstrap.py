@@ -74,8 +74,9 @@ def ensure_uv() -> None:
 
 def pip_command(python: Path = BIN / "python") -> list[str | Path]:
     """``uv pip install`` into ``python``'s environment."""
-    # --compile-bytecode: as pip does, so that no process pays for compiling what it imports first
-    pip: list[str | Path] = [BIN / "uv", "pip", "install", "--quiet", "--compile-bytecode", "--python", python]
+    # No --compile-bytecode: compiling all of site-packages costs ~120 CPU-seconds on 2 cores, mostly for
+    # files nothing imports (transformers' hundreds of models); main() lets each process cache what it imports.
+    pip: list[str | Path] = [BIN / "uv", "pip", "install", "--quiet", "--python", python]
     wheels = Path("/opt/wheels")  # a local wheel cache, where the machine has one
     return [*pip, "--find-links", wheels] if wheels.is_dir() else pip
 
@@ -163,6 +164,10 @@ def main() -> int:
     if command != "demo" or "vllm" in rest:
         ensure_vllm()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # The bytecode of what a process imports is written once into the venv and read by every later process:
+    # with PYTHONDONTWRITEBYTECODE (set on some machines) every vLLM process would compile its ~10 s of
+    # imports again. The venv is ours, so its caches are too.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     if command == "test":
         ensure_guidellm()
         os.environ.setdefault("RAYDP_GUIDELLM", str(GUIDELLM_VENV / "bin" / "guidellm"))
