@@ -75,7 +75,7 @@ def ensure_uv() -> None:
 def pip_command(python: Path = BIN / "python") -> list[str | Path]:
     """``uv pip install`` into ``python``'s environment."""
     # No --compile-bytecode: compiling all of site-packages costs ~120 CPU-seconds on 2 cores, mostly for
-    # files nothing imports (transformers' hundreds of models); main() lets each process cache what it imports.
+    # files nothing imports (transformers' hundreds of models); see ensure_bytecode.
     pip: list[str | Path] = [BIN / "uv", "pip", "install", "--quiet", "--python", python]
     wheels = Path("/opt/wheels")  # a local wheel cache, where the machine has one
     return [*pip, "--find-links", wheels] if wheels.is_dir() else pip
@@ -97,6 +97,41 @@ def ensure_vllm() -> None:
         text=True,
     ).stdout.split("\n")
     sh(*pip, "-c", "constraints.txt", *[req for req in found if req])
+    stamp.write_text(digest)
+
+
+# What nearly every process of a run imports: compiled by ensure_bytecode, once, before the processes start.
+HOT_MODULES = (
+    ("vllm.v1.engine.core", "vllm.entrypoints.launchers.api_server.entry", "vllm.benchmarks.serve"),
+    ("raydp.cli", "raydp.cluster", "raydp.serve.server", "ray.dashboard.modules.job.sdk", "ray.util.state"),
+    ("transformers", "openai", "httpx", "pytest", "hypothesis", "psutil"),
+)
+WARM_UP = """
+import importlib, importlib.util, sys
+for name in sys.argv[1:]:
+    if importlib.util.find_spec(name.split(".")[0]) is not None:
+        importlib.import_module(name)
+"""
+
+
+def ensure_bytecode() -> None:
+    """Compile what the hot modules import, once per install: a warm-up import that writes bytecode.
+
+    Python writes the bytecode of what it imports into the venv, and every
+    later process reads it (main() lifts PYTHONDONTWRITEBYTECODE for the
+    venv's processes). Without this step the first few processes of a run,
+    starting together, would each compile the same ~8,000 files.
+    """
+    with_vllm = (VENV / ".raydp-stamp-vllm").exists()  # a demo's venv gets vLLM later, with --engine vllm
+    inputs = (ROOT / "constraints.txt").read_bytes() + repr((HOT_MODULES, with_vllm)).encode()
+    digest = hashlib.sha256(inputs).hexdigest()
+    stamp = VENV / ".raydp-stamp-bytecode"
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    runs = [subprocess.Popen([str(BIN / "python"), "-c", WARM_UP, *group], cwd=ROOT, env=env) for group in HOT_MODULES]
+    if any(run.wait() != 0 for run in runs):
+        raise subprocess.CalledProcessError(1, "the bytecode warm-up import")
     stamp.write_text(digest)
 
 
@@ -168,6 +203,7 @@ def main() -> int:
     # with PYTHONDONTWRITEBYTECODE (set on some machines) every vLLM process would compile its ~10 s of
     # imports again. The venv is ours, so its caches are too.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    ensure_bytecode()
     if command == "test":
         ensure_guidellm()
         os.environ.setdefault("RAYDP_GUIDELLM", str(GUIDELLM_VENV / "bin" / "guidellm"))

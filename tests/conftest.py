@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 from hypothesis import settings
 
@@ -17,6 +18,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # suite's clusters run a few actors each, so most of those workers only start and idle: a profile of a
 # whole run counted 23 that never ran anything (41 CPU-seconds). Workers start when an actor needs one.
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+
+# vLLM's CPU engines compile a few kernels with torch's inductor (g++, ~10 CPU-seconds), cached under the
+# temp directory, which each xdist worker has its own of: one cache for the whole machine compiles them once.
+_CACHE = os.environ.get("RAYDP_TEST_CACHE") or os.path.join(tempfile.gettempdir(), "raydp-tests")
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_CACHE, "torchinductor"))
 
 # Properties check behaviour, not speed: hypothesis' default 200 ms deadline per example
 # would fail a correct test on a slow or busy machine, so no test of the suite has one.

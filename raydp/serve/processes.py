@@ -104,8 +104,10 @@ class APIServerProcessManager:
             if self._settings.vllm_args and count > 1
             else None
         )
-        serving = [self._mp.Event() for _ in range(count)]
-        self.procs.extend(self._spawn(index, serving[index]) for index in range(count))
+        # Held for as long as their processes may read them: a collected Event unlinks its semaphore, and a
+        # child still unpickling its arguments then fails to start.
+        self._serving = [self._mp.Event() for _ in range(count)]
+        self.procs.extend(self._spawn(index, self._serving[index]) for index in range(count))
         # A stopping server answers its running requests before it exits: wait that long before killing it.
         self._finalizer = weakref.finalize(
             self,
@@ -118,7 +120,7 @@ class APIServerProcessManager:
             self._metrics_dir,
         )
         try:
-            _wait_serving(self.procs, serving, self._settings.startup_timeout_s)
+            _wait_serving(self.procs, self._serving, self._settings.startup_timeout_s)
         except BaseException:
             self.close()
             raise
@@ -174,7 +176,8 @@ class APIServerProcessManager:
             if self._stop.is_set():  # closed meanwhile
                 return
             # Not waited for: the other servers go on answering on the shared socket meanwhile.
-            self.procs[index] = successor = self._spawn(index, self._mp.Event())
+            self._serving[index] = self._mp.Event()
+            self.procs[index] = successor = self._spawn(index, self._serving[index])
         if proc.death_pipe is not None:
             proc.death_pipe.close()
         logger.warning("API server %s respawned as pid %s", proc.name, successor.process.pid)
