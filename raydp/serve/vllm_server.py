@@ -169,7 +169,14 @@ def _core_client(make_core: Callable[[], RaydpCoreClient]) -> Iterator[None]:
 
 
 async def _signal_on(stop: threading.Event) -> None:
-    """vLLM's server stops on SIGTERM (its own handler drains it): the parent's stop becomes one."""
+    """vLLM's server stops on SIGTERM (its own handler drains it): the parent's stop becomes one.
+
+    Sent again every second until the process ends: a stop during startup (the
+    parent died while vLLM's app was being built) lands before vLLM's server has
+    installed its handler, and only raydp's own sees it. vLLM ignores repeats.
+    """
     while not stop.is_set():
         await asyncio.sleep(STOP_POLL_S)
-    os.kill(os.getpid(), signal.SIGTERM)
+    while True:
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(1.0)
