@@ -14,11 +14,6 @@ from hypothesis import settings
 # Every process the suite starts inherits it; a process reads it when OpenMP loads, after this file.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# A Ray head starts a Python worker per logical CPU when its first driver connects, ahead of any task. The
-# suite's clusters run a few actors each, so most of those workers only start and idle: a profile of a
-# whole run counted 23 that never ran anything (41 CPU-seconds). Workers start when an actor needs one.
-os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
-
 # vLLM's CPU engines compile a few kernels with torch's inductor (g++, ~10 CPU-seconds), cached under the
 # temp directory, which each xdist worker has its own of: one cache for the whole machine compiles them once.
 _CACHE = os.environ.get("RAYDP_TEST_CACHE") or os.path.join(tempfile.gettempdir(), "raydp-tests")
