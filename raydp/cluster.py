@@ -148,7 +148,9 @@ class Cluster:
 
         They are watched like the engines (a death makes :meth:`wait` raise)
         and closed with the cluster. ``settings`` sets their timeouts and
-        limits. Returns the manager; its ``url`` says where.
+        limits. Returns the manager, once every server serves; its ``url``
+        says where. A server that exits first, or is not serving within
+        ``settings.startup_timeout_s``, raises :class:`~raydp.errors.StartupError`.
         """
         from raydp.serve.processes import APIServerProcessManager
 
