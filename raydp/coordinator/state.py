@@ -250,14 +250,16 @@ class CoordinatorState:
         if self._bad_rank(msg.rank, msg):
             return
         if isinstance(msg, EngineDead):
-            if msg.rank not in self.dead:  # the same death may be reported twice
+            # The same death may be reported twice (the launcher and a client both see it): only the first
+            # notice forgets the rank, since a replacement may have reported between the two.
+            if msg.rank not in self.dead:
                 self.deaths[msg.rank] += 1
                 self.hangs[msg.rank] += msg.cause == DeathCause.HUNG.value
+                self.cache.forget(msg.rank)
+                self.adapters[msg.rank] = AdapterState()  # a dead engine holds nothing; its successor reports anew
+                self.counts[msg.rank] = [0, 0]
+                self.work[msg.rank] = min(self.work[msg.rank], 0)
             self.dead[msg.rank] = msg.cause
-            self.cache.forget(msg.rank)
-            self.adapters[msg.rank] = AdapterState()  # a dead engine holds nothing; its successor reports anew
-            self.counts[msg.rank] = [0, 0]
-            self.work[msg.rank] = min(self.work[msg.rank], 0)
         elif not msg.input_addresses or not all(a.startswith(("ipc://", "tcp://")) for a in msg.input_addresses):
             self.rejected += 1
             logger.warning("coordinator: dropped EngineRevived with bad addresses %r", msg.input_addresses)

@@ -128,6 +128,18 @@ def test_a_replacement_that_reports_before_the_death_notice_keeps_its_picture() 
     assert state.cache.blocks(0) == 2 == len(new.cache)
 
 
+def test_a_death_reported_twice_after_the_replacement_spoke_keeps_the_replacements_picture() -> None:
+    state = CoordinatorState(engine_count=1)
+    old, new = Rank(state, 0), Rank(state, 0)
+    old.serve(list(range(8)), 0.5)
+    new.serve([5] * 8, 1.0)  # the restarted rank speaks first, then two paths report the old one's death
+    state.handle(EngineDead(rank=0, cause="killed"))
+    state.handle(EngineDead(rank=0, cause="killed"))
+    assert state.cache.blocks(0) == 2 == len(new.cache)
+    assert state.cache.hit_counts()[0][0] > 0, "the replacement's lookups still count"
+    assert state.deaths == [1]
+
+
 def test_a_lost_engine_report_is_made_up_for_by_a_whole_one() -> None:
     state = CoordinatorState(engine_count=1)
     rank = Rank(state, 0)
