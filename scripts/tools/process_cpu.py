@@ -57,27 +57,31 @@ def sample(out: Path) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stopping.append(signum))
     print(f"sampling every {PERIOD_S:g} s; SIGTERM or Ctrl-C writes {out}", flush=True)
+    before = True  # the first pass: what runs already is counted from here, not from its start
     while True:  # one pass at least, however soon the stop comes
         now = time.time()
         for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
             try:
-                _observe(seen, pid, now)
+                _observe(seen, pid, now, before)
             except (OSError, IndexError, ValueError):
                 continue  # gone meanwhile
+        before = False
         if stopping:
             break
         time.sleep(PERIOD_S)
     out.write_text(json.dumps(list(seen.values())))
 
 
-def _observe(seen: dict[str, dict[str, Any]], pid: int, now: float) -> None:
+def _observe(seen: dict[str, dict[str, Any]], pid: int, now: float, before: bool) -> None:
     stat = Path(f"/proc/{pid}/stat").read_text()
     comm, rest = stat.split("(", 1)[1].rsplit(")", 1)
     fields = rest.split()
     key = f"{pid}-{fields[19]}"  # the start time tells a reused pid apart
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     record = seen.setdefault(key, {"pid": pid, "ppid": int(fields[1]), "comm": comm, "first": now, "titles": []})
-    record["cpu_s"] = (int(fields[11]) + int(fields[12])) / TICKS
+    cpu_s = (int(fields[11]) + int(fields[12])) / TICKS
+    record.setdefault("cpu_before_s", cpu_s if before else 0.0)
+    record["cpu_s"] = cpu_s - record["cpu_before_s"]  # a kernel thread's CPU since boot is not the run's
     if cmdline and (not record["titles"] or record["titles"][-1] != cmdline[:200]):
         record["titles"] = [*record["titles"][-2:], cmdline[:200]]  # Ray and raydp retitle their processes
     if "libraries" not in record and now - record["first"] >= MAPS_AFTER_S:
