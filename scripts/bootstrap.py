@@ -130,7 +130,7 @@ def ensure_bytecode() -> None:
         return
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     runs = [subprocess.Popen([str(BIN / "python"), "-c", WARM_UP, *group], cwd=ROOT, env=env) for group in HOT_MODULES]
-    if any(run.wait() != 0 for run in runs):
+    if any([run.wait() != 0 for run in runs]):  # a list: every process is waited for, a failed one or not
         raise subprocess.CalledProcessError(1, "the bytecode warm-up import")
     stamp.write_text(digest)
 
