@@ -74,11 +74,13 @@ class LocalRay:
         self.cpus = cpus_per_node
         # The head's listeners that Ray binds at fixed defaults get free ports: another soak's or test's
         # local Ray may run on this machine at the same time (the dashboard looks for a free port itself).
-        ports = {"dashboard_agent_listen_port": free_port(""), "ray_client_server_port": free_port("")}
-        self.cluster = RayTestCluster(
-            initialize_head=True,
-            head_node_args={"num_cpus": cpus_per_node, "num_gpus": gpus_per_node[0], **ports},
-        )
+        # No Ray client server (Ray starts one only when given its port), log monitor or autoscaler
+        # monitor: this driver neither connects with ray:// nor logs its workers' output, and nothing
+        # here asks Ray's autoscaler for anything.
+        ports = {"dashboard_agent_listen_port": free_port("")}
+        lean = {"include_log_monitor": False, "no_monitor": True}
+        head = {"num_cpus": cpus_per_node, "num_gpus": gpus_per_node[0], **lean, **ports}
+        self.cluster = RayTestCluster(initialize_head=True, head_node_args=head)
         self._gpus: dict[str, int] = {}  # worker node id -> its logical GPUs
         for gpus in gpus_per_node[1:]:
             self._add(gpus)

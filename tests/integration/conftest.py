@@ -24,8 +24,8 @@ Shape = tuple[int, ...]  # logical GPUs per node, head first
 # Under pytest-xdist each worker keeps its own Rays and files: its own Ray temp dir (where "the latest
 # cluster" of ray.init() and of the CLI's subprocesses is written), its own temp dir (raydp's socket
 # directories, which the leftover checks list by cluster name), and its own ports for what a Ray head
-# binds at fixed defaults (the dashboard, whose state API the leftover checks read, its agent, which
-# serves the Jobs API, and the Ray client server). Without xdist nothing changes.
+# binds at fixed defaults (the dashboard, whose state API the leftover checks read, and its agent, which
+# serves the Jobs API). Without xdist nothing changes.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 HEAD_PORTS: dict[str, int] = {}
 if WORKER:
@@ -33,7 +33,6 @@ if WORKER:
     HEAD_PORTS = {
         "dashboard_port": 8265 + _offset,
         "dashboard_agent_listen_port": 52365 + _offset,
-        "ray_client_server_port": 10001 + _offset,
     }
     os.environ.setdefault("RAYDP_TEST_CACHE", os.path.join(tempfile.gettempdir(), "raydp-tests"))  # shared
     for _var, _dir in (("RAY_TMPDIR", f"/tmp/raydp-{WORKER}"), ("TMPDIR", f"/tmp/{WORKER}")):
@@ -58,6 +57,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=order)  # stable: each module's own order is kept
 
 
+# What a test cluster's head leaves out, to spare the 2 cores: the Ray client server (no test connects
+# with ray://; Ray starts it only when given a port), the log monitor (its only reader is a driver that
+# logs its workers' output, and the suite's drivers do not: log_to_driver=False) and Ray's autoscaler
+# monitor (raydp's own autoscaler is what the tests scale with; nothing asks Ray's).
+LEAN_HEAD = {"include_log_monitor": False, "no_monitor": True}
+
+
 class ClusterPool:
     def __init__(self) -> None:
         self.cluster: Cluster | None = None
@@ -73,6 +79,7 @@ class ClusterPool:
                 "num_cpus": cpus_per_node,
                 "num_gpus": shape[0],
                 **HEAD_PORTS,
+                **LEAN_HEAD,
             },
         )
         for gpus in shape[1:]:
