@@ -171,34 +171,19 @@ def run_tests(args: list[str]) -> int:
         sh(BIN / "mkdocs", "build", "--strict", "--quiet", "--site-dir", site)
     if args:
         return pytest_step(py, args)
-    # One pytest run on two workers (pytest-xdist), a module at a time on each. The unit modules go first,
-    # then the integration modules, longest first (tests/integration/conftest.py), so the two workers
-    # finish together; each worker keeps its own Rays. Beside it, in a pytest of its own, the chaos soaks:
-    # each is bounded by its own timeout, and their output is held back and printed after the main run's,
-    # so a soak never hides a quick test's failure behind minutes of faults. Side by side, the soaks use
-    # the CPU the main run leaves while it waits (Rays starting, restarts, requests in flight).
-    with tempfile.TemporaryFile("w+") as held:
-        soaks = subprocess.Popen([py, "-m", "pytest", "tests", "-m", "soak"], stdout=held, stderr=subprocess.STDOUT)
-        try:
-            main_code = pytest_step(
-                py, ["tests/unit", "tests/integration", "-m", "not soak", "-n", "2", *XDIST_BY_MODULE]
-            )
-            soak_code = collected(soaks.wait())
-        finally:
-            if soaks.poll() is None:  # interrupted: the soaks go too
-                soaks.terminate()
-                soaks.wait()
-        held.seek(0)
-        print(f"\n+ {py} -m pytest tests -m soak  (run beside the above; its output:)\n{held.read()}", flush=True)
-    return max(main_code, soak_code)
+    # One pytest run on two workers (pytest-xdist), a module at a time on each, then the chaos soaks. The
+    # unit modules go first, then the integration modules, longest first (tests/integration/conftest.py),
+    # so the two workers finish together; each worker keeps its own Rays. The soaks last minutes each and
+    # load both cores by themselves: a step of their own, after everything else has passed or failed.
+    steps = (
+        ["tests/unit", "tests/integration", "-m", "not soak", "-n", "2", *XDIST_BY_MODULE],
+        ["tests", "-m", "soak"],
+    )
+    return max(pytest_step(py, step) for step in steps)
 
 
 def pytest_step(py: Path, args: list[str]) -> int:
-    return collected(sh(py, "-m", "pytest", *args, check=False))
-
-
-def collected(code: int) -> int:
-    """A pytest exit code, where collecting no test at all fails too."""
+    code = sh(py, "-m", "pytest", *args, check=False)
     if code == 5:  # pytest: no tests collected
         print("no tests were collected", file=sys.stderr)
         return 1
