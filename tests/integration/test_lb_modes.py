@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
 import raydp
-from raydp.models.checkpoint import make_model
 from tests.integration.helpers import assert_nothing_left, wait_until
+from tests.integration.vllm_helpers import tiny_model
 
 ENGINE = "tests.integration.engines:RankEchoEngine"  # answers with the rank that served
 
@@ -46,10 +45,10 @@ def server_pids(url: str) -> list[int]:
 
 
 @pytest.mark.timeout(240)
-def test_hybrid_servers_on_each_node_route_only_to_that_nodes_ranks(two_nodes: Any, tmp_path: Path) -> None:
+def test_hybrid_servers_on_each_node_route_only_to_that_nodes_ranks(two_nodes: Any) -> None:
     from raydp.serve.settings import ServerSettings
 
-    settings = ServerSettings(tokenizer=str(make_model(tmp_path / "tok")))  # the same path on both (local) nodes
+    settings = ServerSettings(tokenizer=str(tiny_model()))  # the same path on both (local) nodes
     with raydp.launch(name="hyb", dp_size=4, dp_size_local=2, engine=ENGINE, progress=False) as cluster:
         nodes = ranks_by_node(cluster)
         assert len(nodes) == 2, nodes  # two ranks on each node
@@ -90,10 +89,10 @@ def _status(cluster: Any) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(120)
-def test_external_mode_and_server_settings_on_the_mp_backend(tmp_path: Path) -> None:
+def test_external_mode_and_server_settings_on_the_mp_backend() -> None:
     from raydp.serve.settings import ServerSettings
 
-    tokenizer = ServerSettings(tokenizer=str(make_model(tmp_path / "tok")))
+    tokenizer = ServerSettings(tokenizer=str(tiny_model()))
     with raydp.launch(name="extmp", dp_size=2, engine=ENGINE, backend="mp", progress=False) as cluster:
         endpoints = cluster.serve_api_per_rank(settings=tokenizer)
         assert [e.url.startswith("http://127.0.0.1:") for e in endpoints] == [True, True]

@@ -19,9 +19,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from raydp.models.checkpoint import make_model
 from raydp.text.hf_tokenizer import HFTokenizer
 from tests.integration.http_helpers import Served, call, raydp_serve
+from tests.integration.vllm_helpers import tiny_model
 
 NAME = "oaitext"
 PROMPT = "The quick brown fox jumps over the lazy dog."
@@ -30,8 +30,8 @@ MESSAGES: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "use
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model(tmp_path_factory.mktemp("openai-text") / "tiny")
+def model_dir() -> Path:
+    return tiny_model()  # built once per machine
 
 
 @pytest.fixture(scope="module")
