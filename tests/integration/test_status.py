@@ -42,7 +42,12 @@ def test_status_shows_ranks_devices_load_restarts_and_api_servers(two_nodes: Any
         # The launcher's own clients follow a restart at once; the coordinator hears of it over a socket.
         assert wait_until(lambda: cluster.coordinator_state().restarts == [0, 0, 1], timeout=10)
         assert wait_until(lambda: cluster.coordinator_state().prefix_cache[0] == [64, 32], timeout=10)
-        assert wait_until(lambda: cluster.coordinator_state().prefix_cache[2][0] > 0, timeout=10)
+        # The restarted rank's lookups (its first request above) reach the coordinator's picture. It failed
+        # here in 2 of ~10 clean-clone runs (never alone, nor under a CPU hog): the coordinator's whole
+        # state goes into the message, for whoever meets it next.
+        assert wait_until(lambda: cluster.coordinator_state().prefix_cache[2][0] > 0, timeout=10), (
+            cluster.coordinator_state()
+        )
         result = status("stat", "--json", address=two_nodes.address)
         assert result.returncode == 0, result.stderr
         (report,) = json.loads(result.stdout)
