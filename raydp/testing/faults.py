@@ -66,6 +66,13 @@ NETNS_KINDS = (*KINDS[:-1], "partition")
 ENGINE_KINDS = ("rank-skip-allreduce", "restart-wedge")
 
 
+# What a test Ray's head leaves out, to spare the cores: the Ray client server (Ray starts it only when
+# given a port; nothing here connects with ray://), the log monitor (its only reader is a driver that logs
+# its workers' output, and these drivers run with log_to_driver=False) and Ray's autoscaler monitor
+# (raydp's own autoscaler is what scales here; nothing asks Ray's). The integration tests' Rays use it too.
+LEAN_HEAD: dict[str, bool] = {"include_log_monitor": False, "no_monitor": True}
+
+
 class LocalRay:
     """A local Ray of several nodes (logical GPUs), started and connected to by this driver."""
 
@@ -74,12 +81,8 @@ class LocalRay:
         self.cpus = cpus_per_node
         # The head's listeners that Ray binds at fixed defaults get free ports: another soak's or test's
         # local Ray may run on this machine at the same time (the dashboard looks for a free port itself).
-        # No Ray client server (Ray starts one only when given its port), log monitor or autoscaler
-        # monitor: this driver neither connects with ray:// nor logs its workers' output, and nothing
-        # here asks Ray's autoscaler for anything.
         ports = {"dashboard_agent_listen_port": free_port("")}
-        lean = {"include_log_monitor": False, "no_monitor": True}
-        head = {"num_cpus": cpus_per_node, "num_gpus": gpus_per_node[0], **lean, **ports}
+        head = {"num_cpus": cpus_per_node, "num_gpus": gpus_per_node[0], **LEAN_HEAD, **ports}
         self.cluster = RayTestCluster(initialize_head=True, head_node_args=head)
         self._gpus: dict[str, int] = {}  # worker node id -> its logical GPUs
         for gpus in gpus_per_node[1:]:

@@ -18,6 +18,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from raydp.testing.faults import LEAN_HEAD
+
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 Shape = tuple[int, ...]  # logical GPUs per node, head first
 
@@ -55,13 +57,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return (1, -MODULE_SECONDS.get(item.path.name, median)) if item.path.parent == here else (0, 0.0)
 
     items.sort(key=order)  # stable: each module's own order is kept
-
-
-# What a test cluster's head leaves out, to spare the 2 cores: the Ray client server (no test connects
-# with ray://; Ray starts it only when given a port), the log monitor (its only reader is a driver that
-# logs its workers' output, and the suite's drivers do not: log_to_driver=False) and Ray's autoscaler
-# monitor (raydp's own autoscaler is what the tests scale with; nothing asks Ray's).
-LEAN_HEAD = {"include_log_monitor": False, "no_monitor": True}
 
 
 class ClusterPool:
