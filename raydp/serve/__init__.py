@@ -28,6 +28,7 @@ Modules:
 - ``settings``: ``ServerSettings``, and ``ServeEnvironment`` (``RAYDP_API_KEY``);
 - ``draining``: stopping a server without cutting its requests off;
 - ``processes``: ``APIServerProcessManager``, N API server processes, respawned when one dies;
+- ``metrics_dir``: the multiprocess-metrics directory they share, removed by the next manager if its owner was killed;
 - ``vllm_server``: vLLM's own OpenAI server in an API server process, over raydp's ranks;
 - ``vllm_core``: ``RaydpCoreClient``, vLLM's engine core client over raydp's client (routing,
   outputs, aborts, utility calls, retries and stream migration);

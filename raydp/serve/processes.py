@@ -7,7 +7,6 @@ import multiprocessing as mp
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
 import weakref
@@ -19,6 +18,7 @@ from raydp.backend import DeathListener, notify
 from raydp.errors import ConfigError, ProcessDeadError, StartupError, describe_exit
 from raydp.processes import Proc, last_words, on_stop_signals, shutdown, spawn, watch_parent, watch_processes
 from raydp.serve.draining import stop_bound_s
+from raydp.serve.metrics_dir import make_metrics_dir
 from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
 
@@ -99,11 +99,7 @@ class APIServerProcessManager:
         self._mp = mp.get_context("spawn")
         # vLLM's front-end serves /metrics for all N processes at once in prometheus_client's multiprocess
         # mode, over one directory of the processes' files (vLLM's own launcher does the same).
-        self._metrics_dir = (
-            tempfile.mkdtemp(prefix=f"raydp-{endpoints.name}-metrics-")
-            if self._settings.vllm_args and count > 1
-            else None
-        )
+        self._metrics_dir = make_metrics_dir(endpoints.name) if self._settings.vllm_args and count > 1 else None
         # Held for as long as their processes may read them: a collected Event unlinks its semaphore, and a
         # child still unpickling its arguments then fails to start.
         self._serving = [self._mp.Event() for _ in range(count)]

@@ -123,7 +123,7 @@ def test_a_request_past_request_timeout_gets_504_and_is_aborted() -> None:
     with slow_cluster("timeout", api_servers=1, request_timeout_s=1.0) as slow:
         start = time.monotonic()
         answer = call(slow.servers.address, "POST", "/v1/completions", {"prompt": [1], "max_tokens": LONG, "rank": 0})
-        assert answer.status == 504 and 0.9 < time.monotonic() - start < 10
+        assert answer.status == 504 and 0.9 < time.monotonic() - start < 30
         assert answer.json() == {
             "error": {
                 "message": "the request ran past request_timeout_s=1",

@@ -15,6 +15,7 @@ import pytest
 import raydp
 from raydp.errors import ProcessDeadError
 from raydp.serve.settings import ServerSettings
+from tests.integration.helpers import wait_until
 
 
 def post(url: str, payload: dict[str, object]) -> tuple[int, dict[str, Any]]:
@@ -64,6 +65,10 @@ def test_three_api_servers_share_a_port_and_a_dead_one_is_respawned() -> None:
             200,
             {"token_ids": [7, 7]},
         )
+        respawned = wait_until(
+            lambda: bool(cluster.deaths) and servers.procs[1].process.pid != victim.process.pid, timeout=30
+        )
+        assert respawned, "the death was reported and index 1 spawned again"
         assert cluster.wait(timeout=2) is None, "a respawned server does not end wait()"
         death = cluster.deaths[0]
         assert isinstance(death, ProcessDeadError) and death.restarting and victim.name in str(death)

@@ -56,7 +56,7 @@ def test_a_killed_dense_coordinator_restarts_and_nothing_in_flight_is_lost(two_n
         in_flight += [remote.submit([i + 1], max_tokens=100) for i in range(20)]
         killed = time.monotonic()
         os.kill(coordinator_pid(name), signal.SIGKILL)
-        assert wait_until(lambda: bool(cluster.deaths), timeout=5)
+        assert wait_until(lambda: bool(cluster.deaths), timeout=20)  # event-driven; generous for a busy machine
         detected = time.monotonic() - killed
         death = cluster.deaths[0]
         assert isinstance(death, CoordinatorDeadError) and death.restarting, death

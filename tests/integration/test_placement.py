@@ -153,7 +153,7 @@ def test_stale_plan_times_out_naming_groups_and_capacity(inventory: Inventory) -
         start = time.monotonic()
         with pytest.raises(PlacementTimeoutError) as info:
             wait_ready(groups, 3.0)  # no plan given: targets come from create_groups
-        assert time.monotonic() - start < 15
+        assert time.monotonic() - start < 30  # the 3 s timeout, not forever
         msg = str(info.value)
         short = inventory.short(target)
         assert "2 of 2 placement groups not ready after 3s" in msg

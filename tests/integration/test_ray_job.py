@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # `ray job stop` sends SIGTERM to the driver and every process under it, and
 # SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (3 s by default): the job's
 # runtime_env sets it, as docs/cli.md advises, above serve's grace period.
-STOP_WAIT_S = 20
+STOP_WAIT_S = 60  # generous for a busy machine: a clean stop takes seconds, and a SIGKILL fails _clean_exit
 JOB_ENV = {
     "PYTHONPATH": str(ROOT),
     "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S),

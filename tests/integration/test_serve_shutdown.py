@@ -25,7 +25,7 @@ from tests.integration.helpers import socket_dirs
 from tests.integration.http_helpers import shutting_down
 
 LONG = 100_000  # tokens: minutes at 20 ms a step
-GRACE_S = 2.0
+GRACE_S = 3.0  # the short stream below needs 0.2 s of it: room for a busy machine
 SLOW_ENGINE = {"RAYDP_ENGINE_KWARGS": json.dumps({"step_delay_s": 0.02})}
 
 
@@ -86,8 +86,8 @@ def test_sigterm_answers_every_running_request_then_exits(backend: str) -> None:
         deadline = time.monotonic() + 30
         while sdk.get("chunks", 0) < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        # 0.6 s of tokens left once it has started: it ends within the grace period.
-        short = Call(address, "/v1/completions", {"model": name, "prompt": [4], "max_tokens": 30, "stream": True})
+        # 0.2 s of tokens left once it has started: it ends within the grace period.
+        short = Call(address, "/v1/completions", {"model": name, "prompt": [4], "max_tokens": 10, "stream": True})
         assert short.started.wait(30)
         sent = time.monotonic()
         code, _, stderr = server.stop(signal.SIGTERM)
@@ -95,14 +95,15 @@ def test_sigterm_answers_every_running_request_then_exits(backend: str) -> None:
     assert code == 128 + signal.SIGTERM, stderr[-3000:]
     assert "stopped by SIGTERM; everything was shut down" in stderr
     assert "Traceback" not in stderr, stderr[-3000:]
-    assert GRACE_S <= took < GRACE_S + 15, f"exit {took:.1f}s after SIGTERM"
+    # Not before the grace is over, and long before the 100,000-token requests could have ended (2,000 s).
+    assert GRACE_S <= took < GRACE_S + 60, f"exit {took:.1f}s after SIGTERM"
 
     for call in [*plain, *streams, short]:
         call.join(timeout=10)
         assert call.error is None, f"{call.path} {call.body}: {call.error!r}"
     assert short.status == 200 and short.data.endswith(b"data: [DONE]\n\n"), "one that ends within the grace does"
     tokens = [t for e in short.data.decode().split("\n\n")[:-2] for t in json.loads(e[6:])["choices"][0]["token_ids"]]
-    assert tokens == [4] * 30
+    assert tokens == [4] * 10
     for call in plain:
         assert call.status == 503 and shutting_down(json.loads(call.data), GRACE_S), call.data
     for call in streams:

@@ -132,9 +132,10 @@ def test_fail_stop_ends_the_service_at_the_first_death() -> None:
         started = time.monotonic()
         server.kill_rank("failstop", 1)
         server.proc.wait(timeout=30)
+        ended = time.monotonic() - started  # the serve ended by itself, within proc.wait's 30 s
         code, _, err = server.stop()
     assert code != 0 and "rank 1" in err, err[-2000:]
-    assert time.monotonic() - started < 30
+    assert ended < 30
 
 
 def test_a_start_that_wedges_is_tried_again_and_then_serves(tmp_path: Path) -> None:

@@ -270,7 +270,15 @@ def test_a_stream_whose_rank_dies_goes_on_with_an_unbroken_runs_text(raydp: Serv
     reader = threading.Thread(target=stream)
     reader.start()
     assert first.wait(60)
-    os.kill(_busiest(engines), signal.SIGKILL)
+    streaming: list[str] = []
+
+    def one_rank_runs() -> bool:
+        """The rank that streams it, as the coordinator publishes it: the only one running a request."""
+        streaming[:] = [r for r, v in _per_rank(raydp, "raydp_rank_running").items() if v > 0]
+        return len(streaming) == 1
+
+    assert _wait_for(one_rank_runs, 30), streaming
+    os.kill(engines[int(streaming[0])], signal.SIGKILL)
     reader.join(120)
     assert "".join(pieces) == unbroken
     assert _metric(raydp, "raydp_stream_migrations_total") >= 1
@@ -333,11 +341,15 @@ def _bench(
 
 
 def _engine_pids() -> list[int]:
-    """The engine processes of the one Ray cluster running here (raydp serve's own)."""
-    title = "raydp::parity dp"  # an engine process's title: raydp::<cluster> dp<rank> ...
-    pids = [p.pid for p in psutil.process_iter(["cmdline"]) if title in " ".join(p.info["cmdline"] or [])]
-    assert len(pids) == 2, pids
-    return pids
+    """The engine processes of the one Ray cluster running here (raydp serve's own), by rank."""
+    by_rank = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        # An engine process's title: raydp::<cluster> dp<rank> ...
+        found = re.search(r"raydp::parity dp(\d+)\b", " ".join(proc.info["cmdline"] or []))
+        if found:
+            by_rank[int(found.group(1))] = proc.pid
+    assert sorted(by_rank) == [0, 1], by_rank
+    return [by_rank[0], by_rank[1]]
 
 
 def _busiest(pids: list[int]) -> int:

@@ -47,9 +47,12 @@ def run_in_thread(loop: CoordinatorLoop) -> tuple[threading.Thread, list[BaseExc
 
 @pytest.mark.timeout(30)
 def test_close_while_running_waits_for_run_to_close_its_sockets(loop: CoordinatorLoop) -> None:
+    from raydp.wire.control import presence_topic
+
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     engine = ctx.socket(zmq.SUB)
     engine.setsockopt(zmq.SUBSCRIBE, BROADCAST_TOPIC)
+    engine.setsockopt(zmq.SUBSCRIBE, presence_topic(0))  # as an engine does: its presence shows it subscribed
     engine.connect(loop.endpoints.broadcast[0])
     push = ctx.socket(zmq.PUSH)
     push.connect(loop.endpoints.collect[0])
@@ -57,7 +60,9 @@ def test_close_while_running_waits_for_run_to_close_its_sockets(loop: Coordinato
     try:
         for i in range(200):  # keep run() busy with real traffic while close() comes in
             push.send(encode(EngineStats(rank=i % 4, waiting=i, running=1)))
-        time.sleep(0.2)
+        # Subscriptions arrive in order: once the presence is in, so is the broadcast one, and the
+        # Shutdown that close() publishes cannot be dropped for want of a subscriber.
+        assert loop.wait_for_rank(0, 10)
         loop.close()
         assert not thread.is_alive()  # close() returned only after run() had finished
         assert errors == []

@@ -36,7 +36,7 @@ def test_a_name_held_for_good_is_reported_once_the_wait_ends() -> None:
 
     with pytest.raises(ValueError, match="already taken"):
         create_successor(create, timeout_s=0.5)
-    assert calls > 1 and time.monotonic() - start < 5
+    assert calls > 1 and time.monotonic() - start < 15  # bounded by the 0.5 s timeout, with room for a busy machine
 
 
 def test_any_other_error_is_raised_at_once() -> None:

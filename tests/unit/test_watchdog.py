@@ -38,13 +38,13 @@ def test_turns_that_each_end_within_the_timeout_are_never_a_hang() -> None:
     clock = TurnClock()
 
     def slow_loop() -> None:
-        for _ in range(5):
+        for _ in range(15):
             clock.turn_started = time.monotonic()
-            time.sleep(0.2)  # half the timeout, five times: 1 s in all, past the timeout
+            time.sleep(0.1)  # 1.5 s in all, past the timeout; each turn 0.9 s inside it, for a busy machine
             clock.steps += 1
 
-    run_watched(slow_loop, clock, 0.4, _hung, "test-loop")
-    assert clock.steps == 5
+    run_watched(slow_loop, clock, 1.0, _hung, "test-loop")
+    assert clock.steps == 15
 
 
 class _Round:
@@ -75,12 +75,12 @@ def test_rounds_collected_within_the_timeout_are_never_a_hang() -> None:
     clock.peers = peers
 
     def stepping_loop() -> None:
-        for _ in range(10):
+        for _ in range(15):
             clock.turn_started = peers.round_started = time.monotonic()  # each round collected by the next
-            time.sleep(0.1)
+            time.sleep(0.1)  # 1.5 s in all, past the timeout; each round 0.9 s inside it
         peers.round_started = None
 
-    run_watched(stepping_loop, clock, 0.4, _hung, "test-loop")
+    run_watched(stepping_loop, clock, 1.0, _hung, "test-loop")
 
 
 def test_the_loops_own_error_is_raised_and_none_disables_the_watch() -> None:
