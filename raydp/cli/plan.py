@@ -8,6 +8,7 @@ to run against a busy production cluster.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from typing import Any
@@ -18,7 +19,7 @@ from raydp.config import RaydpConfig
 from raydp.errors import ConfigError, PlacementError
 from raydp.placement.inventory import Inventory
 from raydp.placement.live import read_inventory
-from raydp.placement.planner import PlacementPlan, plan_placement
+from raydp.placement.pools import PoolPlan, plan_pools, pool_of
 from raydp.placement.report import format_plan_table, plan_to_json
 
 EXIT_INFEASIBLE = 2
@@ -31,6 +32,9 @@ CONFIG_FLAGS = (
     "placement_strategy",
     "node_allowlist",
     "master_node_id",
+    "prefill_dp_size",
+    "decode_dp_size",
+    "prefill_tensor_parallel_size",
 )
 
 
@@ -62,32 +66,29 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"raydp plan: {exc}", file=sys.stderr)
         return EXIT_INFEASIBLE
+    if args.world_size is not None:
+        if config.pooled:
+            print("raydp plan: --world-size: a P/D cluster's pools size their own ranks", file=sys.stderr)
+            return EXIT_INFEASIBLE
+        # Devices per rank, however they would be split: the planner sees only their number.
+        config = config.model_copy(update={"tensor_parallel_size": args.world_size, "pipeline_parallel_size": 1})
     try:
         with connected(args.address, quiet=True):
             inventory = read_inventory(config.accelerator)
-            master = config.master_node_id or this_node_id()
-            plan = _plan(inventory, config, args.world_size or config.world_size, master)
+            plans = plan_pools(inventory, config, config.master_node_id or this_node_id())
     except (PlacementError, ConfigError) as exc:
         print(f"raydp plan: {exc}", file=sys.stderr)
         return EXIT_INFEASIBLE
-    _print(plan, inventory, as_json=args.json)
+    _print(plans, config, inventory, as_json=args.json)
     return 0
 
 
-def _plan(inventory: Inventory, config: RaydpConfig, world_size: int, master: str) -> PlacementPlan:
-    return plan_placement(
-        inventory,
-        dp_size=config.dp_size,
-        world_size=world_size,
-        dp_size_local=config.dp_size_local,
-        strategy=config.placement_strategy,
-        master_node_id=master,
-        node_allowlist=config.node_allowlist,
-    )
-
-
-def _print(plan: PlacementPlan, inventory: Inventory, *, as_json: bool) -> None:
+def _print(plans: list[PoolPlan], config: RaydpConfig, inventory: Inventory, *, as_json: bool) -> None:
+    """One plan as before; a P/D cluster's with each rank's pool, and ``{"plans": [...]}`` as JSON."""
+    pools = functools.partial(pool_of, config) if config.pooled else None
     if as_json:
-        print(json.dumps(plan_to_json(plan), indent=2))
-    else:
-        print(format_plan_table(plan, inventory))
+        found = [plan_to_json(p.plan, first_rank=p.first_rank, pool_of=pools) for p in plans]
+        print(json.dumps({"plans": found} if pools else found[0], indent=2))
+        return
+    tables = [format_plan_table(p.plan, inventory, first_rank=p.first_rank, pool_of=pools) for p in plans]
+    print("\n\n".join(tables))

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -255,6 +256,35 @@ def test_plan_command_prints_the_table_and_creates_nothing(
     assert "dp_size=9 x world_size=2" in err and "dp_size=5 would fit" in err
     assert cli_plan.run(plan_args("--dp-size", "1", "--master", "zzzz")) == 2
     assert "master_node_id='zzzz' matches no alive node" in capsys.readouterr().err
+    assert len(placement_group_table()) == before
+
+
+def test_plan_command_shows_a_p_d_clusters_pools_each_on_what_the_other_left(
+    inventory: Inventory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = len(placement_group_table())
+    head = inventory.nodes[0].node_id
+    pools = ["--prefill-dp-size", "1", "--decode-dp-size", "3", "--master", head]
+    sizes = ["--prefill-tensor-parallel-size", "4", "--tensor-parallel-size", "2"]
+    assert cli_plan.run(plan_args(*pools, *sizes, "--json")) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert [(p["world_size"], [(r["rank"], r["pool"]) for r in p["ranks"]]) for p in plans] == [
+        (4, [(0, "prefill")]),
+        (2, [(1, "decode"), (2, "decode"), (3, "decode")]),
+    ]
+    taken = Counter(n for p in plans for r in p["ranks"] for n in r["bundle_node_ids"][:-1])
+    assert taken == {n.node_id: n.free for n in inventory.nodes}, "4 + 3 x 2 devices on 4 + 4 + 2, none twice"
+
+    assert cli_plan.run(plan_args(*pools, *sizes)) == 0
+    prefill, decode = capsys.readouterr().out.split("\n\n")
+    assert prefill.startswith("plan: dp_size=1 world_size=4") and decode.startswith("plan: dp_size=3 world_size=2")
+    assert [line.split()[-1] for line in decode.splitlines()[2:]] == ["decode"] * 3
+
+    # The prefill rank takes 2 of the head's 4: then only 1 of 3 decode ranks of 4 fits.
+    assert cli_plan.run(plan_args(*pools, "--prefill-tensor-parallel-size", "2", "--tensor-parallel-size", "4")) == 2
+    assert "cannot place dp_size=3 x world_size=4" in capsys.readouterr().err
+    assert cli_plan.run(plan_args(*pools, "--world-size", "2")) == 2
+    assert "--world-size: a P/D cluster's pools size their own ranks" in capsys.readouterr().err
     assert len(placement_group_table()) == before
 
 
