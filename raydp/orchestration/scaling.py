@@ -22,7 +22,8 @@ deaths), clients drop them (what is still on them fails with
 P/D pools (:mod:`raydp.orchestration.pools`): a change that moves the
 boundary between the pools moves it after a scale-up (the new ranks have
 joined as decode ranks) and before a scale-down (the ranks that go are
-decode ranks by then); if the scale-down fails, the boundary moves back.
+decode ranks by then); if the scale-down fails, the boundary moves back, and
+if the boundary does not move after a scale-up, the new ranks go again.
 
 Lockstep: before the DP group changes the gang is held at a wave boundary
 (:class:`HoldSteps`, :mod:`raydp.coordinator.hold`), a new rendezvous opens,
@@ -126,7 +127,11 @@ class ScaleChange:
                 self.restore_boundary()
             raise
         if self.prefill > self.prefill_before:
-            self.move_boundary(self.prefill)
+            try:
+                self.move_boundary(self.prefill)
+            except BaseException as exc:
+                self.give_back_growth(exc)
+                raise
         pools = f" ({self.prefill} prefill)" if self.prefill else ""
         logger.info(
             "cluster %r scaled from %d to %d ranks%s in %.2fs%s",
@@ -285,6 +290,23 @@ class ScaleChange:
         self.wait_state(lambda s: s.prefill_ranks == prefill, f"the coordinator to move the pools to {prefill}")
         c.publish(c.state.move_boundary(prefill), now.routable, None)
         logger.info("cluster %r: ranks 0..%d prefill, the others decode", self.cfg.name, prefill - 1)
+
+    def give_back_growth(self, exc: BaseException) -> None:
+        """A prefill pool grew, but the boundary did not move: the ranks it added, decode ranks until the
+        move, go again (drained as any scale-down), so the cluster is as it was rather than a decode
+        rank bigger than anyone asked for."""
+        if self.c.closing() or self.target <= self.before:
+            return
+        logger.error("scale: the pools' boundary did not move to %d (%r); the new ranks go again", self.prefill, exc)
+        try:
+            ScaleChange(self.c, self.before, self.drain_timeout_s).run()
+        except Exception as undo:  # the coordinator is gone too: its death is reported on its own
+            logger.error(
+                "scale: the cluster keeps %d ranks (%d decode ranks more): %r",
+                self.target,
+                self.target - self.before,
+                undo,
+            )
 
     def restore_boundary(self) -> None:
         """A prefill pool's shrink failed: its ranks prefill again, where the ranks still routed to allow it."""

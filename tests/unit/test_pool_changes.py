@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 from raydp.config import AutoscalingConfig, RaydpConfig
 from raydp.coordinator.state import CoordinatorState
-from raydp.errors import ConfigError
+from raydp.errors import ConfigError, StartupError
 from raydp.orchestration.autoscaling import Autoscaler
 from raydp.orchestration.core import Orchestrator
 from raydp.orchestration.pools import plan
-from raydp.wire.control import EngineStats, coordinator_decoder
+from raydp.wire.control import EngineStats, ScaleEngines, coordinator_decoder
 from raydp.wire.endpoints import ClusterEndpoints
 from tests.unit.orchestration_model import ModelCoordinator, ModelRuntime, started
 
@@ -141,6 +141,26 @@ def test_a_failed_prefill_scale_up_leaves_both_pools_as_they_were() -> None:
         o.scale(2, 1.0, "prefill")
     assert o.endpoints is not None and _pools(o.endpoints) == (1, 1) and len(o.table) == 2
     assert coord.prefill_ranks == -1 and runtime.alive == {0, 1}
+
+
+def test_a_prefill_scale_up_whose_boundary_never_moves_gives_its_new_ranks_back() -> None:
+    """The new rank joined (as a decode rank); the coordinator never applies the boundary's move: the
+    change fails, and the cluster is as it was, not a decode rank bigger than anyone asked for."""
+    coord = CoordinatorState(engine_count=2, stats_interval_s=0.125, heartbeat_interval_s=1.0)
+
+    def deliver(body: bytes) -> None:
+        msg = coordinator_decoder(body)
+        if not (isinstance(msg, ScaleEngines) and msg.prefill > 1):  # the move to 2 prefill ranks is lost
+            coord.handle(msg)
+
+    runtime = ModelRuntime(lambda: coord)
+    o = started(2, runtime, ModelCoordinator(deliver), prefill_dp_size=1, decode_dp_size=1, handshake_timeout_s=0.5)
+    views = _views(o)
+    with pytest.raises(StartupError, match="waiting for the coordinator to move the pools to 2"):
+        o.scale(2, 0.5, "prefill")
+    assert o.endpoints is not None and _pools(o.endpoints) == (1, 1) and len(o.table) == 2
+    assert runtime.alive == {0, 1} and (coord.engine_count, coord.size, coord.prefill_ranks) == (2, 2, -1)
+    assert views[0] == (1, 2) and views[-1] == (1, 1), "the new rank served as a decode rank, then went"
 
 
 @settings(max_examples=25, deadline=None)
