@@ -129,7 +129,7 @@ class ScaleChange:
         if self.prefill > self.prefill_before:
             try:
                 self.move_boundary(self.prefill)
-            except BaseException as exc:
+            except Exception as exc:  # an interrupt is not waited through a drain
                 self.give_back_growth(exc)
                 raise
         pools = f" ({self.prefill} prefill)" if self.prefill else ""
@@ -291,7 +291,7 @@ class ScaleChange:
         c.publish(c.state.move_boundary(prefill), now.routable, None)
         logger.info("cluster %r: ranks 0..%d prefill, the others decode", self.cfg.name, prefill - 1)
 
-    def give_back_growth(self, exc: BaseException) -> None:
+    def give_back_growth(self, exc: Exception) -> None:
         """A prefill pool grew, but the boundary did not move: the ranks it added, decode ranks until the
         move, go again (drained as any scale-down), so the cluster is as it was rather than a decode
         rank bigger than anyone asked for."""
@@ -299,14 +299,13 @@ class ScaleChange:
             return
         logger.error("scale: the pools' boundary did not move to %d (%r); the new ranks go again", self.prefill, exc)
         try:
+            # The move may still reach the coordinator (it timed out here, not there), and its boundary
+            # would then outgrow the smaller size: the old one follows it on the same channel.
+            now = self.c.rt.coordinator_state()
+            self.coordinator.scale(now.dp_size, now.routable, self.prefill_before)
             ScaleChange(self.c, self.before, self.drain_timeout_s).run()
         except Exception as undo:  # the coordinator is gone too: its death is reported on its own
-            logger.error(
-                "scale: the cluster keeps %d ranks (%d decode ranks more): %r",
-                self.target,
-                self.target - self.before,
-                undo,
-            )
+            logger.error("scale: giving the %d new ranks back failed: %r", self.target - self.before, undo)
 
     def restore_boundary(self) -> None:
         """A prefill pool's shrink failed: its ranks prefill again, where the ranks still routed to allow it."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import shutil
 import socket
 import threading
 import time
@@ -18,7 +17,7 @@ from raydp.backend import DeathListener, notify
 from raydp.errors import ConfigError, ProcessDeadError, StartupError, describe_exit
 from raydp.processes import Proc, last_words, on_stop_signals, shutdown, spawn, watch_parent, watch_processes
 from raydp.serve.draining import stop_bound_s
-from raydp.serve.metrics_dir import make_metrics_dir
+from raydp.serve.metrics_dir import MetricsDir
 from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
 
@@ -99,7 +98,7 @@ class APIServerProcessManager:
         self._mp = mp.get_context("spawn")
         # vLLM's front-end serves /metrics for all N processes at once in prometheus_client's multiprocess
         # mode, over one directory of the processes' files (vLLM's own launcher does the same).
-        self._metrics_dir = make_metrics_dir(endpoints.name) if self._settings.vllm_args and count > 1 else None
+        self._metrics_dir = MetricsDir(endpoints.name) if self._settings.vllm_args and count > 1 else None
         # Held for as long as their processes may read them: a collected Event unlinks its semaphore, and a
         # child still unpickling its arguments then fails to start.
         self._serving = [self._mp.Event() for _ in range(count)]
@@ -135,7 +134,7 @@ class APIServerProcessManager:
             node_id,
             ranks,
             settings,
-            self._metrics_dir,
+            self._metrics_dir.path if self._metrics_dir is not None else None,
             serving,
         )
 
@@ -203,7 +202,7 @@ def _release(
     stop: threading.Event,
     lock: threading.Lock,
     grace_s: float,
-    metrics_dir: str | None,
+    metrics_dir: MetricsDir | None,
 ) -> None:
     with lock:  # after this no respawn starts, and ``procs`` holds every process there is
         stop.set()
@@ -212,4 +211,4 @@ def _release(
     sock.close()
     shutdown(procs, grace_s)
     if metrics_dir is not None:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.remove()

@@ -33,7 +33,7 @@ from raydp.errors import ClusterClosedError, ConfigError, PlacementError, Placem
 from tests.integration.helpers import assert_nothing_left, live_actors, live_groups, wait_until
 
 SHAPE = (2, 2, 2)  # logical GPUs per node: at most 6 ranks of one device
-LOAD_LIMIT_S = 120  # every load generator stops by itself after this
+LOAD_LIMIT_S = 300  # every load generator stops by itself after this (the tests stop theirs sooner)
 SETTLED_S = 0.1 + 0.3  # after a scale, every client routes by its new size: one snapshot interval and slack
 
 

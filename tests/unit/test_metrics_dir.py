@@ -1,42 +1,68 @@
-"""Metrics directories of killed API server managers are removed by the next manager; no one else's are."""
+"""Metrics directories of killed API server managers are removed by the next manager; no live one's is.
+
+Owners are real processes: one SIGKILLed (its lock goes with it), one alive while the sweep runs.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from raydp.serve.metrics_dir import make_metrics_dir, sweep_stale_metrics_dirs
+from raydp.serve.metrics_dir import LOCK, MetricsDir, sweep_stale_metrics_dirs
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(60)
+OWNER = """
+import sys, time
+from raydp.serve.metrics_dir import MetricsDir
+d = MetricsDir(sys.argv[1], root=sys.argv[2])
+open(d.path + "/counter_1.db", "wb").close()
+print(d.path, flush=True)
+time.sleep(60)
+"""
 
 
-def dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
+@contextmanager
+def owner(name: str, root: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """A process that made a metrics directory and holds it."""
+    proc = subprocess.Popen([sys.executable, "-c", OWNER, name, str(root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield proc, Path(proc.stdout.readline().strip())
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_killed_owners_directory_goes_and_a_living_owners_stays(tmp_path: Path) -> None:
-    killed = tmp_path / f"raydp-c-metrics-{dead_pid()}-abc123"
-    living = tmp_path / f"raydp-c-metrics-{os.getpid()}-def456"
-    unowned = tmp_path / "raydp-c-metrics-q1w2e3"  # an older raydp's name: no owner to judge by
-    other = tmp_path / "not-raydp-metrics-1-x"
-    for path in (killed, living, unowned, other):
-        path.mkdir()
-    (killed / "counter_1.db").write_bytes(b"x")
+    with owner("c", tmp_path) as (killed, killed_dir), owner("c", tmp_path) as (_, living_dir):
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait()
+        unowned = tmp_path / "raydp-c-metrics-q1w2e3"  # an older raydp's: no lock to judge by
+        other = tmp_path / "not-raydp-metrics-x"
+        unowned.mkdir()
+        other.mkdir()
+        assert (killed_dir / LOCK).exists() and (killed_dir / "counter_1.db").exists()
 
-    assert sweep_stale_metrics_dirs(str(tmp_path)) == [str(killed)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (living, unowned, other))
+        assert sweep_stale_metrics_dirs(str(tmp_path)) == [str(killed_dir)]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (living_dir, unowned, other))
+        assert (living_dir / "counter_1.db").exists(), "a live owner's files are untouched"
 
 
-def test_a_new_directory_names_its_owner_and_clears_the_dead_first(tmp_path: Path) -> None:
-    killed = tmp_path / f"raydp-a-metrics-x-metrics-{dead_pid()}-zz9"  # a cluster named like the pattern
-    killed.mkdir()
-    made = Path(make_metrics_dir("a-metrics-x", root=str(tmp_path)))
-    assert made.is_dir() and made.name.startswith(f"raydp-a-metrics-x-metrics-{os.getpid()}-")
-    assert not killed.exists()
-    assert sweep_stale_metrics_dirs(str(tmp_path)) == []  # its owner, this process, lives
+def test_a_new_directory_is_held_until_removed_and_clears_the_dead_first(tmp_path: Path) -> None:
+    with owner("a-metrics-x", tmp_path) as (killed, killed_dir):  # a cluster named like the pattern
+        killed.kill()
+        killed.wait()
+        made = MetricsDir("a-metrics-x", root=str(tmp_path))
+        assert not killed_dir.exists() and Path(made.path).is_dir()
+        assert Path(made.path).name.startswith("raydp-a-metrics-x-metrics-")
+        assert sweep_stale_metrics_dirs(str(tmp_path)) == [], "its owner, this process, holds it"
+        made.remove()
+        made.remove()
+        assert list(tmp_path.iterdir()) == []

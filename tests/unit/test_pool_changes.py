@@ -144,14 +144,21 @@ def test_a_failed_prefill_scale_up_leaves_both_pools_as_they_were() -> None:
 
 
 def test_a_prefill_scale_up_whose_boundary_never_moves_gives_its_new_ranks_back() -> None:
-    """The new rank joined (as a decode rank); the coordinator never applies the boundary's move: the
-    change fails, and the cluster is as it was, not a decode rank bigger than anyone asked for."""
+    """The new rank joined (as a decode rank); the boundary's move reaches the coordinator only after the
+    launcher gave up on it: the change fails, and the cluster is as it was, not a decode rank bigger than
+    anyone asked for, nor a coordinator whose pools have no decode rank."""
     coord = CoordinatorState(engine_count=2, stats_interval_s=0.125, heartbeat_interval_s=1.0)
+    late: list[ScaleEngines] = []
 
     def deliver(body: bytes) -> None:
         msg = coordinator_decoder(body)
-        if not (isinstance(msg, ScaleEngines) and msg.prefill > 1):  # the move to 2 prefill ranks is lost
-            coord.handle(msg)
+        if isinstance(msg, ScaleEngines) and msg.prefill > 1:
+            late.append(msg)  # the move to 2 prefill ranks is held up...
+            return
+        for held in late:  # ...and arrives just before whatever the launcher sends next
+            coord.handle(held)
+        late.clear()
+        coord.handle(msg)
 
     runtime = ModelRuntime(lambda: coord)
     o = started(2, runtime, ModelCoordinator(deliver), prefill_dp_size=1, decode_dp_size=1, handshake_timeout_s=0.5)
@@ -159,7 +166,8 @@ def test_a_prefill_scale_up_whose_boundary_never_moves_gives_its_new_ranks_back(
     with pytest.raises(StartupError, match="waiting for the coordinator to move the pools to 2"):
         o.scale(2, 0.5, "prefill")
     assert o.endpoints is not None and _pools(o.endpoints) == (1, 1) and len(o.table) == 2
-    assert runtime.alive == {0, 1} and (coord.engine_count, coord.size, coord.prefill_ranks) == (2, 2, -1)
+    assert runtime.alive == {0, 1} and (coord.engine_count, coord.size) == (2, 2)
+    assert coord.prefill_ranks == 1, "the old boundary followed the late move"
     assert views[0] == (1, 2) and views[-1] == (1, 1), "the new rank served as a decode rank, then went"
 
 
