@@ -29,6 +29,7 @@ from raydp.placement.groups import (
 from raydp.placement.inventory import Inventory
 from raydp.placement.live import read_inventory
 from raydp.placement.planner import plan_placement
+from raydp.placement.pools import size_runs
 
 logger = logging.getLogger("raydp.manager")
 
@@ -81,17 +82,6 @@ def _place_pools(config: RaydpConfig, driver_node_id: str, owned: Owned) -> list
         wait_ready(groups, cfg.placement_timeout_s)  # reserved before the next pool reads what is free
         records += slots_from_groups(groups, run.start, records)
     return records
-
-
-def size_runs(config: RaydpConfig, ranks: range) -> list[range]:
-    """``ranks`` cut where the devices per rank change (a P/D cluster's pools may differ)."""
-    runs: list[range] = []
-    for rank in ranks:
-        if runs and config.world_size_of(rank) == config.world_size_of(runs[-1].start):
-            runs[-1] = range(runs[-1].start, rank + 1)
-        else:
-            runs.append(range(rank, rank + 1))
-    return runs
 
 
 def _is_alive(inventory: Inventory, node: str) -> bool:

@@ -1,4 +1,5 @@
-"""A P/D cluster's placement as ``raydp plan`` shows it: one plan per run of equal-sized ranks.
+"""A P/D cluster's placement as ``raydp plan`` shows it: one plan per run of equal-sized ranks
+(:func:`size_runs`, which the Ray runtime's placement cuts its ranks by too).
 
 Pure: no Ray. A launch plans a P/D cluster whose pools differ in devices per
 rank one pool after the other, each on what the groups of the one before left
@@ -38,13 +39,8 @@ def pool_of(config: RaydpConfig, rank: int) -> str:
 
 def plan_pools(inventory: Inventory, config: RaydpConfig, master_node_id: str | None) -> list[PoolPlan]:
     """The cluster's plans, in rank order: one, or one per pool where the pools' devices per rank differ."""
-    runs = (
-        [range(config.prefill_dp_size), range(config.prefill_dp_size, config.dp_size)]
-        if config.pools_differ
-        else [range(config.dp_size)]
-    )
     plans: list[PoolPlan] = []
-    for run in runs:
+    for run in size_runs(config, range(config.dp_size)):
         plan = plan_placement(
             inventory,
             dp_size=len(run),
@@ -57,6 +53,17 @@ def plan_pools(inventory: Inventory, config: RaydpConfig, master_node_id: str | 
         plans.append(PoolPlan(run.start, plan))
         inventory = reserve(inventory, plan)
     return plans
+
+
+def size_runs(config: RaydpConfig, ranks: range) -> list[range]:
+    """``ranks`` cut where the devices per rank change (a P/D cluster's pools may differ)."""
+    runs: list[range] = []
+    for rank in ranks:
+        if runs and config.world_size_of(rank) == config.world_size_of(runs[-1].start):
+            runs[-1] = range(runs[-1].start, rank + 1)
+        else:
+            runs.append(range(rank, rank + 1))
+    return runs
 
 
 def reserve(inventory: Inventory, plan: PlacementPlan) -> Inventory:
