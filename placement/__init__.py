@@ -12,7 +12,7 @@ Modules:
 - ``planner``: the pure planner, inventory + DP layout -> a node (or node group) per rank;
 - ``_layouts``: its per-strategy layout search;
 - ``_explain``: its infeasibility messages (what was asked, what each node offers, what would fit);
-- ``pools``: ranks cut into runs of one size (``size_runs``), and a P/D cluster's plans for ``raydp plan``, pool by pool;
+- ``pools``: ranks cut into runs of one size (``size_runs``), and a P/D cluster's plans for ``raydp plan``;
 - ``report``: the plan as a table or JSON;
 - ``live``: what the connected Ray cluster holds now (a Ray call);
 - ``groups``: the placement groups for a plan (Ray calls).
