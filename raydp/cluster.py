@@ -65,14 +65,18 @@ class Cluster:
         self._follow_liveness = follow_liveness
         self._terminate = terminate
         self._clients: list[Client] = []
+        # The finalizer holds only the clients' closers: a client holds its
+        # handle, so holding the clients would keep the handle alive forever.
+        self._closers: list[Callable[[], None]] = []
         self._api_servers: list[APIServerGroup] = []
         self._lock = threading.Lock()
         self._deaths: list[ComponentDeadError] = []
         self._dead_ranks: dict[int, EngineDeadError] = {}  # dead now (a restart may revive them)
         self._closed = False
-        # Dropping the last handle closes the clients (and, via the manager's
-        # own finalizer, the actors), as close() would.
-        weakref.finalize(self, _close_all, self._clients)
+        # Dropping the last handle, once no client it made is held either
+        # (each keeps its handle alive), closes the clients and, via the
+        # manager's own finalizer, the actors, as close() would.
+        weakref.finalize(self, _close_all, self._closers)
         manager.on_death(self._on_death)
         manager.on_restart(self._on_restart)
         manager.on_coordinator_moved(self._on_coordinator_moved)
@@ -134,11 +138,13 @@ class Cluster:
                 balancer=balancer,
                 migration_limit=migration_limit,
                 adapter_affinity=adapter_affinity,
+                owner=self,
                 **extra,
             )
             for err in self._dead_ranks.values():
                 client.mark_dead(err)
             self._clients.append(client)
+            self._closers.append(client.closer)
             return client
 
     def serve_api(
@@ -276,6 +282,7 @@ class Cluster:
     def _live_clients(self) -> list[Client]:
         """Clients still open (callers hold the lock); closed ones are forgotten here."""
         self._clients[:] = [c for c in self._clients if not c.closed]
+        self._closers[:] = [c.closer for c in self._clients]
         return list(self._clients)
 
     def wait(self, timeout: float | None = None, *, degraded_ok: bool = False) -> None:
@@ -335,6 +342,7 @@ class Cluster:
             self._closed = True
             clients = list(self._clients)
             self._clients.clear()
+            self._closers.clear()
             servers, self._api_servers = self._api_servers, []
         for server in servers:
             server.close()
@@ -371,6 +379,6 @@ def _tell(notify: Any, arg: Any) -> None:
         logger.exception("could not pass %r to a client", arg)
 
 
-def _close_all(clients: list[Client]) -> None:
-    for client in list(clients):
-        client.close()
+def _close_all(closers: list[Callable[[], None]]) -> None:
+    for close in list(closers):
+        close()

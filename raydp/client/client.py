@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -75,7 +75,12 @@ class Client:
         prefix_load_margin: int = DEFAULT_PREFIX_LOAD_MARGIN,
         adapter_affinity: bool = True,
         kv_timeout_s: float = DEFAULT_KV_TIMEOUT_S,
+        owner: object = None,
     ) -> None:
+        # What made this client (a Cluster handle) lives as long as it does:
+        # ``raydp.attach(name).client()`` drops the handle at once, and its
+        # finalizer would otherwise close the client under the caller.
+        self._owner = owner
         if not 0 <= client_index < client_count:
             raise ConfigError(f"client_index={client_index}: must be in [0, client_count={client_count})")
         if isinstance(migration_limit, bool) or not isinstance(migration_limit, int) or migration_limit < 0:
@@ -271,6 +276,11 @@ class Client:
     def close(self) -> None:
         """Fail what is in flight with ClusterClosedError, stop the IO thread, close sockets."""
         self._turns.close()
+
+    @property
+    def closer(self) -> Callable[[], None]:
+        """What :meth:`close` runs, holding none of this client (for a finalizer of its owner)."""
+        return self._turns.close
 
     @property
     def closed(self) -> bool:

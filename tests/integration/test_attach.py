@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -36,6 +37,11 @@ def test_attach_to_a_detached_cluster_then_shut_it_down(two_nodes: Any) -> None:
     assert out.returncode == 0 and "launched 2" in out.stdout, out.stderr[-3000:]
     # The launcher has exited; the cluster is still there.
     assert sorted(live_actors("nb")) == ["nb-coordinator", "nb-dp0", "nb-dp1", "nb-supervisor"]
+    # The handle is dropped at once; the client it made must not be closed under the caller.
+    client = raydp.attach("nb").client()
+    gc.collect()
+    assert client.generate([7], max_tokens=2, timeout=30) == [7, 7]
+    client.close()
     cluster = raydp.attach("nb")
     try:
         assert cluster.dp_size == 2
