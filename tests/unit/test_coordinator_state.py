@@ -260,6 +260,19 @@ def test_scale_to_zero_is_rejected_and_logged(caplog: pytest.LogCaptureFixture) 
     assert "ScaleEngines" in caplog.text and "engine_count=0" in caplog.text
 
 
+def test_a_size_that_would_leave_no_decode_rank_is_rejected(caplog: pytest.LogCaptureFixture) -> None:
+    state = CoordinatorState(4)
+    state.handle(ScaleEngines(engine_count=4, size=4, prefill=2))
+    assert (state.prefill_ranks, state.rejected) == (2, 0)
+    with caplog.at_level(logging.WARNING):
+        state.handle(ScaleEngines(engine_count=2, size=2))  # keeps 2 prefill ranks of 2: no decode pool
+    assert (state.engine_count, state.size, state.prefill_ranks, state.rejected) == (4, 4, 2, 1)
+    assert "size=2" in caplog.text and "prefill ranks" in caplog.text
+    state.handle(ScaleEngines(engine_count=4, size=4, prefill=1))  # the launcher's order: the boundary first
+    state.handle(ScaleEngines(engine_count=2, size=2))
+    assert (state.engine_count, state.size, state.prefill_ranks, state.rejected) == (2, 2, 1, 1)
+
+
 def test_messages_for_unknown_ranks_are_rejected_without_effect() -> None:
     state = CoordinatorState(2)
     assert state.handle(FirstRequest(rank=7, wave=0)) is None
