@@ -16,6 +16,7 @@ from raydp.cli.options import (
     add_config_flags,
     add_model_flag,
     config_from_args,
+    pools_note,
     with_engine_flags,
 )
 from raydp.cli.signals import install_stop_handlers
@@ -26,7 +27,10 @@ VLLM_DEMO_KWARGS = {"enforce_eager": True, "max_model_len": 1024, "max_num_seqs"
 PRESETS = SERVING_PRESETS
 CONFIG_FLAGS = (
     "dp_size",
+    "prefill_dp_size",
+    "decode_dp_size",
     "tensor_parallel_size",
+    "prefill_tensor_parallel_size",
     "engine",
     "lockstep",
     "accelerator",
@@ -76,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     with _ray(args, config):
         install_stop_handlers()  # again: ray.init sets a SIGTERM handler of its own
         with launch(config, progress=not args.no_progress) as cluster:
-            print(f"launched {cluster.dp_size} ranks of {config.engine}, capacity {cluster.capacity}")
+            pools = pools_note(config)
+            print(f"launched {cluster.dp_size} ranks of {config.engine}{pools}, capacity {cluster.capacity}")
             if config.world_size > 1:
                 print(f"each rank shards over {config.world_size} device workers")
             summary = _drive(cluster, args)
@@ -110,17 +115,18 @@ def _drive(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
     tokens = 0
     for handle in tqdm(handles, desc="requests", unit="req", disable=args.no_progress):
         tokens += len(handle.result(timeout=120))
-        per_rank[handle.rank] += 1
+        per_rank.update(set(handle.ranks))  # P/D: its prefill rank and its decode rank
     elapsed = time.perf_counter() - start
     return {"per_rank": per_rank, "tokens": tokens, "elapsed": elapsed, "requests": len(handles)}
 
 
 def _print_summary(cluster: Any, s: dict[str, Any]) -> None:
-    elapsed = s["elapsed"]
-    print(f"\n{'rank':>4}  {'node':<10} {'requests':>8}  {'share':>6}  {'req/s':>8}")
-    for ep in cluster.endpoints.engines:
-        n = s["per_rank"][ep.rank]
-        print(f"{ep.rank:>4}  {ep.node_id[:8]:<10} {n:>8}  {n / s['requests']:>6.0%}  {n / elapsed:>8.1f}")
+    """A row per rank; over P/D pools each pool's shares add up to 100% (a request runs in both)."""
+    elapsed, endpoints = s["elapsed"], cluster.endpoints
+    print(f"\n{'rank':>4}  {'pool':<8} {'node':<10} {'requests':>8}  {'share':>6}  {'req/s':>8}")
+    for ep in endpoints.engines:
+        n, pool = s["per_rank"][ep.rank], endpoints.pool(ep.rank) or "-"
+        print(f"{ep.rank:>4}  {pool:<8} {ep.node_id[:8]:<10} {n:>8}  {n / s['requests']:>6.0%}  {n / elapsed:>8.1f}")
     print(
         f"total: {s['requests']} requests, {s['tokens']} tokens in {elapsed:.2f}s "
         f"({s['requests'] / elapsed:.1f} req/s, {s['tokens'] / elapsed:.0f} tok/s)"

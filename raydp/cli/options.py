@@ -112,6 +112,11 @@ def add_model_flag(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(engine_flags_ok=True)
 
 
+def pools_note(config: RaydpConfig) -> str:
+    """What a command's start line says of the P/D pools ("" without them)."""
+    return f" (P/D: {config.prefill_dp_size} prefill + {config.decode_dp_size} decode)" if config.pooled else ""
+
+
 def with_engine_flags(config: RaydpConfig, args: argparse.Namespace, default_kwargs: Mapping[str, Any]) -> RaydpConfig:
     """``config`` with ``--model`` and vLLM's flags as engine_kwargs (``default_kwargs`` under them)."""
     from raydp.cli import vllm_flags

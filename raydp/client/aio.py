@@ -49,6 +49,11 @@ class AsyncRequest:
     def rank(self) -> int | None:
         return self._handle.rank
 
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank it ran on, in order (see :class:`~raydp.client.requests.RequestHandle`)."""
+        return list(self._handle.ranks)
+
     def __aiter__(self) -> AsyncRequest:
         return self
 

@@ -112,12 +112,17 @@ class RequestHandle:
     long request costs its tokens and no more. ``result()`` may be awaited from
     any number of threads; ``stream()`` is meant for one consumer at a time
     (a second one still gets every chunk, possibly later).
+
+    ``rank`` is the rank it runs on now; ``ranks``, every rank it ran on, in
+    order: a P/D request's prefill rank then its decode rank, a migrated
+    stream's ranks, a retry's.
     """
 
     def __init__(self, request_id: str, read_for: ReadFor | None = None) -> None:
         self.request_id = request_id
         self._read_for = read_for  # lets a waiter read its own answer (ClientTurns.read_for)
         self.rank: int | None = None
+        self.ranks: list[int] = []
         self.finish_reason: str | None = None
         self.error: RaydpError | None = None
         self._chunks: list[list[int]] = []

@@ -75,3 +75,5 @@ class RequestSender:
         self.balancer.on_sent(state.rank, state.request.max_tokens, state.request.adapter)
         if state.handle is not None:
             state.handle.rank = state.rank
+            if state.handle.ranks[-1:] != [state.rank]:
+                state.handle.ranks.append(state.rank)

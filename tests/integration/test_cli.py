@@ -124,6 +124,13 @@ def test_demo_takes_dp_size_from_the_environment_and_a_flag_wins(two_nodes: Clus
     assert "launched 3 ranks" in out
     assert len([line for line in out.splitlines() if line.strip().startswith(("0 ", "1 ", "2 "))]) == 3
     assert "launched 2 ranks" in launched("--dp-size", "2")
+    out = launched("--prefill-dp-size", "1", "--decode-dp-size", "2")
+    assert "launched 3 ranks of raydp.models.echo:EchoEngine (P/D: 1 prefill + 2 decode)" in out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:2] in ("0 ", "1 ", "2 ")]
+    served = {row[1]: 0 for row in rows}
+    for row in rows:
+        served[row[1]] += int(row[3])
+    assert served == {"prefill": 12, "decode": 12}, out  # every request prefilled on one pool, decoded on the other
 
 
 @pytest.mark.timeout(240)

@@ -70,7 +70,7 @@ def test_a_migratable_stream_goes_on_from_its_last_token_and_one_without_opt_in_
         reader.join(timeout=90)
         assert [t for chunk in chunks for t in chunk] == reference, "one stream, nothing repeated or dropped"
         assert moving.result(10) == reference and moving.finish_reason == "length"
-        assert moving.rank == 1 - victim and client.migrations == 1
+        assert moving.ranks == [victim, 1 - victim] and client.migrations == 1
         with pytest.raises(EngineDeadError) as info:
             staying.result(30)
         assert f"rank {victim}" in str(info.value)

@@ -62,9 +62,10 @@ def test_p_d_answers_equal_one_ranks_and_every_stream_ends_on_a_decode_rank() ->
         handles = [client.submit(p, 12) for p in PROMPTS]
         assert [h.result(60) for h in handles] == reference
         assert {h.rank for h in handles} <= {1, 2}, "every stream ends on a decode rank"
+        assert all(h.ranks == [0, h.rank] for h in handles), "each prefilled on rank 0, then decoded"
         assert all(h.finish_reason == "length" for h in handles)
         one = client.submit(PROMPTS[0], 1)
-        assert one.result(30) == reference[0][:1] and one.rank == 0, "a one-token request is all prefill"
+        assert one.result(30) == reference[0][:1] and one.ranks == [0], "a one-token request is all prefill"
 
 
 def test_a_prefill_rank_killed_mid_prefill_loses_no_request() -> None:
