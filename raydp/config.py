@@ -29,6 +29,9 @@ STARTUP_REPORT_GRACE_S = 10.0  # a process start and imports before the rank's o
 # A process that builds no engine (the coordinator, a device probe, rank 0's actor before its engine) starts
 # within this even on a loaded 2-core machine, whatever startup_timeout_s the engines are given.
 COMPONENT_START_S = 60.0
+# A frozen rank's default silence past step_timeout_s: longer than Ray takes to find a cut-off node dead on a
+# busy cluster, so a network partition is reported as the node death it is, not as frozen ranks.
+SILENCE_MARGIN_S = 60.0
 
 
 class AutoscalingConfig(BaseModel):
@@ -139,6 +142,13 @@ class RaydpConfig(BaseModel):
         # vLLM would still wait for is never called hung. Chunked prefill keeps real steps far below it.
         description="a rank whose loop turn (one step, or a collective of its gang) lasts longer is hung: "
         "it is ended and restarted (None: never)",
+    )
+    silence_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="a rank the coordinator hears nothing from for this long is frozen whole (a stopped "
+        "process, native code holding the GIL): it is ended as hung and restarted (None: step_timeout_s + 60 s, "
+        "past a cut-off node's death as Ray finds it; not watched when step_timeout_s is None too)",
     )
     handshake_timeout_s: float = Field(60.0, gt=0)
     max_restarts: int = Field(
@@ -276,6 +286,22 @@ class RaydpConfig(BaseModel):
                 "rank, which needs both pools to have one size; give them one, or leave the prefill pool fixed"
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_silence(self) -> RaydpConfig:
+        silence, step = self.silence_timeout_s, self.step_timeout_s
+        if silence is not None and step is not None and silence <= step:
+            raise ValueError(
+                f"silence_timeout_s={silence} must be > step_timeout_s={step}: a rank says nothing while a step runs"
+            )
+        return self
+
+    @property
+    def silence_bound_s(self) -> float | None:
+        """How long a rank may be silent before it counts as frozen (None: not watched)."""
+        if self.silence_timeout_s is not None or self.step_timeout_s is None:
+            return self.silence_timeout_s
+        return self.step_timeout_s + SILENCE_MARGIN_S
 
     @property
     def pooled(self) -> bool:

@@ -189,10 +189,10 @@ _HUNG_PREFIX = "raydp-hung: no progress for "
 
 
 def _innermost_frame(where: str) -> str:
-    """'name (file:line)' of the last frame in a formatted stack, or '?'."""
+    """'name (file:line)' of the last frame in a formatted stack; else its first line (a frozen rank's), or '?'."""
     lines = [line.strip() for line in where.splitlines() if line.strip().startswith("File ")]
     if not lines:
-        return "?"
+        return where.strip().splitlines()[0] if where.strip() else "?"
     # 'File "/x/y.py", line 12, in name'
     path, _, rest = lines[-1].removeprefix("File ").partition(", line ")
     line, _, name = rest.partition(", in ")

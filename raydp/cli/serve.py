@@ -15,6 +15,7 @@ from raydp.cli.options import (
     add_model_flag,
     autoscaled,
     config_from_args,
+    pools_note,
     with_engine_flags,
 )
 from raydp.cli.signals import install_stop_handlers
@@ -54,6 +55,7 @@ CONFIG_FLAGS = (
     "restart_window_s",
     "restart_backoff_s",
     "step_timeout_s",
+    "silence_timeout_s",
     "startup_timeout_s",
     "transport",
     "auth",
@@ -217,9 +219,8 @@ def run(args: argparse.Namespace) -> int:
     settings = _server_settings(args, config.engine)
     cluster, urls = _start(config, args, settings)
     with cluster:
-        pools = f" (P/D: {config.prefill_dp_size} prefill + {config.decode_dp_size} decode)" if config.pooled else ""
         print(
-            f"raydp {cluster.name}: {cluster.dp_size} ranks{pools}, {args.lb_mode} API servers at "
+            f"raydp {cluster.name}: {cluster.dp_size} ranks{pools_note(config)}, {args.lb_mode} API servers at "
             f"{' '.join(urls)} (POST /v1/completions, /v1/chat/completions); Ctrl-C to stop",
             flush=True,
         )

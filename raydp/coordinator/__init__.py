@@ -11,6 +11,7 @@ Modules:
 - ``cache``: each rank's prefix-cache picture, and the numbered changes the snapshots carry;
 - ``hold``: holding a lockstep gang at a wave boundary while its DP group re-forms;
 - ``resync``: what a restarted coordinator restores from its launcher and relearns from the engines;
+- ``silence``: when the coordinator last heard from each rank (a frozen rank goes silent);
 - ``loop``: the socket loop around the state machine;
 - ``client``: the PUSH client a launcher uses to report deaths, restarts and scale changes.
 """

@@ -24,19 +24,33 @@ import math
 import threading
 import time
 
+import msgspec
 import zmq
 
 from raydp.config import TransportKind
+from raydp.coordinator.silence import Silence
 from raydp.coordinator.state import CoordinatorState
 from raydp.errors import ProtocolError
 from raydp.wire.codec import encode
 from raydp.wire.control import (
     BROADCAST_TOPIC,
+    AdapterReport,
+    CacheReport,
+    EngineDead,
+    EngineReport,
+    EngineRevived,
+    EngineStats,
+    HoldAck,
+    Regrouped,
     Release,
+    ScaleEngines,
     SendCache,
     Shutdown,
     StartDPWave,
+    StartWave,
+    ToCoordinator,
     ToEngines,
+    WaveComplete,
     coordinator_decoder,
     presence_topic,
 )
@@ -55,6 +69,8 @@ _PRESENCE = presence_topic(0)[:-2]
 _NAP_S = 0.004
 # The most messages one batch takes: a flood must not hold back snapshots, subscriptions and the stop flag.
 _BATCH = 256
+# What only a rank sends: each is a word from that rank (raydp.coordinator.silence).
+_FROM_RANKS = (EngineStats, WaveComplete, StartWave, HoldAck, Regrouped, EngineReport, CacheReport, AdapterReport)
 
 
 def _ipc_dir(rebind: CoordinatorEndpoints | None, transport: TransportKind, prefix: str) -> IpcDir | None:
@@ -105,6 +121,7 @@ class CoordinatorLoop:
         self.dropped = 0
         self._drops = DropLog(logger, "coordinator")
         self.broadcasts = 0
+        self.silence = Silence(state.engine_count)  # read and written under the state lock
 
     def _bind(
         self,
@@ -220,12 +237,22 @@ class CoordinatorLoop:
             return
         with self._state_lock:
             out = self.state.handle(msg)
+            self._note_word(msg)
             # A release may start the next wave, which must go right behind it.
             repeats = self.state.due_broadcasts(time.monotonic()) if isinstance(out, Release) else []
         if out is not None:
             self._broadcast(out)
         for extra in repeats:  # e.g. the wave a release starts, right behind the Release
             self._broadcast(extra)
+
+    def _note_word(self, msg: ToCoordinator) -> None:
+        """Keep the silence clock (callers hold the state lock)."""
+        if isinstance(msg, _FROM_RANKS):
+            self.silence.hear(msg.rank, time.monotonic())
+        elif isinstance(msg, EngineDead | EngineRevived):
+            self.silence.forget(msg.rank)
+        elif isinstance(msg, ScaleEngines):
+            self.silence.resize(self.state.engine_count)
 
     def _drain_subscriptions(self) -> None:
         while True:
@@ -266,7 +293,8 @@ class CoordinatorLoop:
         """Wave, running flag, counts and counters, for operators and tests (any thread)."""
         s = self.state
         with self._state_lock, self._subscribed_changed:
-            return s.status(dropped=self.dropped, broadcasts=self.broadcasts, subscribed=self.subscribed)
+            status = s.status(dropped=self.dropped, broadcasts=self.broadcasts, subscribed=self.subscribed)
+            return msgspec.structs.replace(status, silent_s=self.silence.seconds(time.monotonic()))
 
     def wait_for_rank(self, rank: int, timeout_s: float) -> bool:
         """Block until engine ``rank`` has subscribed (a restarted one, whatever its peers do)."""

@@ -11,6 +11,10 @@ lost client, so tests and operators can check what happened to requests
 without asking the engine; ``raydp_workers`` describes the rank's device
 workers (TP rank, node, pid, devices), or ``[]`` when it has none.
 
+The load (``EngineStats``) goes to the coordinator when it changes, and at
+least every :data:`ALIVE_EVERY_S` unchanged: the coordinator's sign that the
+rank's process still runs (:mod:`raydp.coordinator.silence`).
+
 Malformed messages are logged and dropped. A request the user's engine rejects
 fails alone with an error output; an exception from ``step()`` fails every
 in-flight request with it and then propagates, so the rank is reported dead.
@@ -53,6 +57,9 @@ from raydp.wire.protocol import (
 
 logger = logging.getLogger("raydp.engine.core")
 IDLE_POLL_MS = 1000
+# A rank whose loop turns says something to the coordinator at least this often, its load unchanged or
+# not: a rank silent for long is frozen whole (raydp.coordinator.silence), past what its watchdog sees.
+ALIVE_EVERY_S = 1.0
 INPUT_BUDGET = 512  # messages taken per socket between two steps
 BUILTIN_COUNTERS = "raydp_counters"  # utilities the loop answers itself
 BUILTIN_WORKERS = "raydp_workers"
@@ -320,11 +327,12 @@ class EngineLoop:
         if not force and now - self._last_load_sent < self._stats_gap:
             return
         load = self._load()
-        if load == self._last_load:
+        alive_due = now - self._last_load_sent >= ALIVE_EVERY_S
+        if load == self._last_load and not alive_due:
             return
         # A busy rank's work changes every step: on its own it is sent only as
         # often as the coordinator publishes, not at the counts' quicker pace.
-        if load[:2] == self._last_load[:2] and not force and now - self._last_load_sent < self._work_gap:
+        if load[:2] == self._last_load[:2] and not (force or alive_due) and now - self._last_load_sent < self._work_gap:
             return
         self._last_load, self._last_load_sent = load, now
         self._to_coordinator(EngineStats(rank=self.rank, waiting=load[0], running=load[1], work=load[2]))

@@ -22,5 +22,6 @@ Modules:
 - ``coordinator_restart``: restarting the coordinator at its addresses;
 - ``scaling``: growing and shrinking a running cluster, step by step;
 - ``pools``: a P/D cluster's pool sizes after one pool's change, and the order of the steps;
-- ``autoscaling``: the load-driven autoscaling policy (pure) and the loop that applies it.
+- ``autoscaling``: the load-driven autoscaling policy (pure) and the loop that applies it;
+- ``silence``: ``SilenceWatch``, which ends a rank frozen whole (silent to the coordinator) as hung.
 """

@@ -137,7 +137,16 @@ class Orchestrator:
         controls.budget.grant(state.table.ranks())
         rt.watch(records)
         self.start_autoscalers()
+        self.start_silence_watch()
         return state.endpoints
+
+    def start_silence_watch(self) -> None:
+        """Ends ranks frozen whole (:mod:`~raydp.orchestration.silence`), unless nothing bounds their silence."""
+        from raydp.orchestration.silence import SilenceWatch
+
+        bound = self.config.silence_bound_s
+        if bound is not None:
+            SilenceWatch(self.controls, bound, self.scale_lock.locked).start()
 
     def start_autoscalers(self) -> None:
         """One per autoscaled pool (the whole cluster where it has none); they take turns at scaling."""

@@ -41,6 +41,7 @@ class CoordinatorStatus(msgspec.Struct, frozen=True):
     hangs: list[int] = []  # per rank, since launch: deaths whose cause was a hang its watchdog caught
     adapters: list[AdapterState] = []  # per rank: the LoRA adapters it holds; empty when no engine reports any
     prefill_ranks: int = -1  # P/D: the prefill pool's size as last moved (-1: as launched)
+    silent_s: list[float] = []  # per rank: seconds since its last word (0.0: none yet); see coordinator.silence
 
 
 class APIServerRecord(msgspec.Struct, frozen=True):

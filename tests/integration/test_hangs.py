@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 import raydp
@@ -107,6 +108,60 @@ def test_a_rank_hung_in_step_is_ended_restarted_and_loses_no_request(
         assert [h.result(timeout=60) for h in queued] == [[5, 5, 5]] * 4
         assert wait_until(lambda: _serves(client, 1), timeout=90), "rank 1 came back"
         assert cluster.wait(timeout=0.2) is None, "a recovered hang does not end wait()"
+    assert_nothing_left(name, timeout=30)
+
+
+SILENCE_S = 4.0  # silence_timeout_s: past the step timeout, as it must be
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["ray", "mp"])
+def test_a_rank_frozen_whole_is_ended_as_hung_restarted_and_loses_no_request(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """SIGSTOP stops the rank's watchdog with its loop: the coordinator's silence clock catches it."""
+    if backend == "ray":
+        request.getfixturevalue("two_nodes")
+    name = f"frozen-{backend}"
+    with raydp.launch(
+        name=name,
+        dp_size=2,
+        backend=backend,
+        engine="raydp.models.echo:EchoEngine",
+        engine_kwargs={"step_delay_s": 0.05},
+        max_restarts=1,
+        step_timeout_s=STEP_TIMEOUT_S,
+        silence_timeout_s=SILENCE_S,
+        progress=False,
+    ) as cluster:
+        client = cluster.client(migration_limit=2)
+        pid = client.call_utility(1, "describe")["pid"]
+        # 10 s streams at the least: still streaming when the rank stops, however slow this machine is.
+        streams = [client.submit([7], max_tokens=200, migratable=True) for _ in range(4)]
+        assert wait_until(lambda: all(len(h.tokens) >= 2 for h in streams), timeout=30), "they stream"
+        on_rank_1 = [h for h in streams if h.rank == 1]
+        assert on_rank_1, "least-loaded routing spreads 4 streams over both ranks"
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert wait_until(lambda: bool(cluster.deaths), timeout=SILENCE_S + 30), "the frozen rank was reported"
+            (death,) = cluster.deaths
+            assert isinstance(death, raydp.EngineHungError) and death.rank == 1 and death.restarting, death
+            assert death.seconds_without_progress > SILENCE_S and "said nothing for" in death.where, death
+            assert [h.result(timeout=60) for h in streams] == [[7] * 200] * 4, "each stream whole, none repeated"
+            assert client.migrations >= len(on_rank_1) and all(h.ranks[-1] == 0 for h in on_rank_1)
+            assert wait_until(lambda: not _running(pid), timeout=30), "the frozen process was ended"
+            assert wait_until(lambda: _serves(client, 1), timeout=90), "rank 1 came back"
+        finally:
+            if _running(pid):  # never leave a stopped process behind
+                os.kill(pid, signal.SIGKILL)
     assert_nothing_left(name, timeout=30)
 
 

@@ -173,11 +173,10 @@ def started(
     n: int, runtime: ModelRuntime, coordinator: ModelCoordinator, *, lockstep: bool = False, **fields: Any
 ) -> Orchestrator:
     """An orchestrator that has started ``n`` ranks over ``runtime`` (:meth:`Orchestrator.start` itself);
-    ``fields`` are more of its :class:`RaydpConfig`."""
-    config = RaydpConfig(
-        **{"name": "model", "dp_size": n, "lockstep": lockstep, "stats_interval_s": 0.125, "handshake_timeout_s": 5}
-        | fields
-    )
+    ``fields`` are more of its :class:`RaydpConfig`. No step timeout: a model rank cannot hang or freeze, and
+    the silence watch's thread would outlive the test (the tests drive :class:`SilenceWatch` themselves)."""
+    base = {"name": "model", "dp_size": n, "lockstep": lockstep, "stats_interval_s": 0.125, "handshake_timeout_s": 5}
+    config = RaydpConfig(**base | {"step_timeout_s": None} | fields)
     o = Orchestrator(
         config,
         runtime,

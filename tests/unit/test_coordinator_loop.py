@@ -177,3 +177,32 @@ def test_a_flood_is_taken_in_bounded_batches_so_snapshots_and_stop_are_looked_at
         assert [c[1] for c in loop.describe().counts] == [total - 3 + r for r in range(4)]
     finally:
         ctx.destroy(linger=0)
+
+
+@pytest.mark.timeout(30)
+def test_the_status_says_how_long_each_rank_has_been_silent(loop: CoordinatorLoop) -> None:
+    """Only a rank's own words count (not a client's FirstRequest naming it); a death starts it afresh."""
+    from raydp.wire.control import FirstRequest
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        push = ctx.socket(zmq.PUSH)
+        push.connect(loop.endpoints.collect[0])
+        for msg in (EngineStats(rank=0, waiting=0, running=0), EngineStats(rank=1, waiting=0, running=0)):
+            push.send(encode(msg))
+        took = 0
+        while took < 2:
+            assert loop.collect.poll(10_000), "the rank's words arrive"
+            took += loop._take_batch()
+        time.sleep(0.3)
+        push.send(encode(EngineStats(rank=1, waiting=1, running=0)))
+        push.send(encode(FirstRequest(rank=0, wave=0)))  # a client's message, about rank 0
+        push.send(encode(EngineDead(rank=3, cause="killed")))
+        while took < 5:
+            assert loop.collect.poll(10_000)
+            took += loop._take_batch()
+        silent = loop.describe().silent_s
+        assert silent[0] - silent[1] >= 0.3, f"rank 1 spoke 0.3 s after rank 0's last word: {silent}"
+        assert silent[2:] == [0.0, 0.0], "ranks that never spoke are not silent"
+    finally:
+        ctx.destroy(linger=0)

@@ -498,3 +498,22 @@ def test_cache_events_go_to_the_coordinator_whole_first_and_whole_again_when_it_
     finally:
         rig.stop()
         rig.ctx.destroy(linger=0)
+
+
+@pytest.mark.timeout(30)
+def test_an_idle_rank_repeats_its_unchanged_load_so_the_coordinator_hears_it_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("raydp.engine.loop.IDLE_POLL_MS", 50)
+    monkeypatch.setattr("raydp.engine.loop.ALIVE_EVERY_S", 0.2)
+    rig = start(EchoEngine(EngineContext(0, 0, 1, 1, "n")))
+    try:
+        seen = []
+        deadline = time.monotonic() + 20
+        while len(seen) < 3 and time.monotonic() < deadline:
+            if rig.collect.poll(100):
+                seen.append(coordinator_decoder(rig.collect.recv()))
+        assert seen == [EngineStats(rank=0, waiting=0, running=0, work=0)] * 3, seen
+    finally:
+        rig.stop()
+        rig.ctx.destroy(linger=0)
