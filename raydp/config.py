@@ -145,7 +145,7 @@ class RaydpConfig(BaseModel):
     )
     silence_timeout_s: float | None = Field(
         None,
-        gt=0,
+        ge=3.0,  # an idle rank speaks every second or two
         description="a rank the coordinator hears nothing from for this long is frozen whole (a stopped "
         "process, native code holding the GIL): it is ended as hung and restarted (None: step_timeout_s + 60 s, "
         "past a cut-off node's death as Ray finds it; not watched when step_timeout_s is None too)",

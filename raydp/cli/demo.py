@@ -121,7 +121,7 @@ def _drive(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_summary(cluster: Any, s: dict[str, Any]) -> None:
-    """A row per rank; over P/D pools each pool's shares add up to 100% (a request runs in both)."""
+    """A row per rank; a request counts on every rank it ran on (over P/D pools, one in each pool)."""
     elapsed, endpoints = s["elapsed"], cluster.endpoints
     print(f"\n{'rank':>4}  {'pool':<8} {'node':<10} {'requests':>8}  {'share':>6}  {'req/s':>8}")
     for ep in endpoints.engines:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from dataclasses import dataclass
 
 from raydp.config import AutoscalingConfig
 from raydp.errors import RaydpError
-from raydp.orchestration.controls import Controls
+from raydp.orchestration.controls import Controls, tick_while_alive
 from raydp.wire.endpoints import ClusterEndpoints
 from raydp.wire.records import AutoscaleDecision
 
@@ -125,19 +124,14 @@ class Autoscaler:
         self.config = config
         self.pool = pool  # a P/D cluster's pool ("prefill" or "decode"); None: the whole cluster
         self.policy = AutoscalePolicy(config)
-        self.thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=self.run, name="raydp-autoscaler", daemon=True)
-        self.thread.start()
+        """Step on a thread that holds this autoscaler weakly (whoever started it keeps it); a missed
+        reading (the coordinator restarting) is tried again at the next interval."""
+        tick_while_alive(self, Autoscaler.tick, self.config.interval_s, self.c.owned.stop, "raydp-autoscaler")
 
-    def run(self) -> None:
-        stop = self.c.owned.stop
-        while not stop.wait(self.config.interval_s):
-            try:
-                self.step(time.monotonic())
-            except Exception:  # a missed reading (the coordinator restarting) is retried next time
-                logger.exception("autoscaler: this round failed; trying again in %gs", self.config.interval_s)
+    def tick(self) -> None:
+        self.step(time.monotonic())
 
     def step(self, now: float) -> None:
         """Read the load, decide, and make the change (blocking until it is done). Skipped while a change

@@ -7,12 +7,16 @@ runtime, the :class:`~raydp.orchestration.state.ClusterState` (whose
 transitions are the only way to change the cluster's shared facts), the death
 reports, and the few steps every policy shares: publishing rejoined ranks or
 new routes, and reporting a death back through the orchestrator's dispatch.
+Policies that act on their own clock (the autoscalers, the silence watch) tick
+on :func:`tick_while_alive` threads, which hold them weakly.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +39,37 @@ from raydp.wire.transport import pick_address
 logger = logging.getLogger("raydp.manager")
 
 Report = Callable[[int, DeathCause, str], None]
+FROZEN_NOTE_S = 60.0  # a frozen rank's end is reported within this of its kill, or not as that hang
+
+
+def tick_while_alive(
+    owner: Any, step: Callable[[Any], object], interval_s: float, stop: threading.Event, name: str
+) -> None:
+    """``step(owner)`` every ``interval_s`` on a daemon thread, until ``stop`` is set or ``owner`` is collected.
+
+    The thread holds ``owner`` weakly: a thread holding a policy would hold the
+    controls, and through them the cluster's listeners, so a dropped cluster
+    handle would never be collected (and closed). A failed step is logged once
+    in a row, at warning, and tried again at the next tick.
+    """
+    ref = weakref.ref(owner)
+
+    def loop() -> None:
+        failing = False
+        while not stop.wait(interval_s):
+            target = ref()
+            if target is None:
+                return
+            try:
+                step(target)
+                failing = False
+            except Exception:
+                if not failing:
+                    logger.warning("%s: this round failed; trying again every %gs", name, interval_s, exc_info=True)
+                failing = True
+            del target
+
+    threading.Thread(target=loop, name=name, daemon=True).start()
 
 
 @dataclass
@@ -58,10 +93,20 @@ class Controls:
     place_lock: threading.Lock = field(default_factory=threading.Lock)  # re-placed ranks must not share devices
     threads: list[threading.Thread] = field(default_factory=list)
     scale_listeners: list[ScaleListener] = field(default_factory=list)
+    # rank -> (when, detail): the silence watch ended the rank as frozen; the end its watcher reports
+    # next, within FROZEN_NOTE_S, is that hang (EngineHungError), not a kill.
+    frozen: dict[int, tuple[float, str]] = field(default_factory=dict)
 
     @property
     def table(self) -> RankTable:
         return self.state.table
+
+    def cause_of_end(self, rank: int, cause: DeathCause, detail: str) -> tuple[DeathCause, str]:
+        """What a watcher's report of ``rank``'s end means (callers hold the report lock)."""
+        note = self.frozen.pop(rank, None)
+        if note is not None and time.monotonic() - note[0] < FROZEN_NOTE_S:
+            return DeathCause.HUNG, note[1]
+        return cause, detail
 
     def closing(self) -> bool:
         return self.owned.stop.is_set()

@@ -88,6 +88,7 @@ class Orchestrator:
             threads=threads if threads is not None else [],
         )
         self.scale_lock = threading.Lock()
+        self.tickers: list[object] = []  # the autoscalers and the silence watch: their threads hold them weakly
         self.dense = DenseRestarts(self.controls)
         self.gang = GangRestarts(self.controls, config.max_restarts if runtime.restarts_gangs else 0)
         self.coordinator_restarts = CoordinatorRestarts(
@@ -146,7 +147,9 @@ class Orchestrator:
 
         bound = self.config.silence_bound_s
         if bound is not None:
-            SilenceWatch(self.controls, bound, self.scale_lock.locked).start()
+            watch = SilenceWatch(self.controls, bound, self.scale_lock)
+            self.tickers.append(watch)
+            watch.start()
 
     def start_autoscalers(self) -> None:
         """One per autoscaled pool (the whole cluster where it has none); they take turns at scaling."""
@@ -154,9 +157,13 @@ class Orchestrator:
 
         cfg, scale, busy = self.config, functools.partial(self.scale, wait=True), self.scale_lock.locked
         if cfg.autoscaling is not None:
-            Autoscaler(self.controls, scale, cfg.autoscaling, "decode" if cfg.pooled else None, busy).start()
+            self.tickers.append(
+                Autoscaler(self.controls, scale, cfg.autoscaling, "decode" if cfg.pooled else None, busy)
+            )
         if cfg.prefill_autoscaling is not None:
-            Autoscaler(self.controls, scale, cfg.prefill_autoscaling, "prefill", busy).start()
+            self.tickers.append(Autoscaler(self.controls, scale, cfg.prefill_autoscaling, "prefill", busy))
+        for autoscaler in self.tickers:
+            autoscaler.start()  # type: ignore[attr-defined]
 
     def coordinator_client(self, endpoints: CoordinatorEndpoints) -> CoordinatorClient:
         return CoordinatorClient(endpoints, self.driver_node_id, self.sock_opts)
@@ -181,6 +188,8 @@ class Orchestrator:
     def report(self, rank: int, cause: DeathCause, detail: str) -> None:
         """A rank (or, at -1, the coordinator) ended: report it and apply the restart policy."""
         with self.controls.report_lock:
+            if rank >= 0:
+                cause, detail = self.controls.cause_of_end(rank, cause, detail)  # a frozen rank's kill: its hang
             if rank < 0:
                 self.coordinator_restarts.on_death(cause, detail)
             elif self.config.lockstep:

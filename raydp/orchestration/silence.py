@@ -7,30 +7,33 @@ thread run. Only something outside can see that. Every rank speaks to the
 coordinator at least every second while its loop turns, and the coordinator
 keeps when it last heard from each (:mod:`raydp.coordinator.silence`).
 
-Protocol: every :data:`CHECK_EVERY_S` the watch reads the coordinator's
-status. A rank silent past ``config.silence_bound_s`` (by default
-``step_timeout_s`` + 60 s: longer than any step may run without a word, and
-longer than Ray takes to find a cut-off node dead, so a partition stays the
-node death it is) is ended as hung: its watched end is retired (its process
-dying is this report's doing, not one more death), and it is reported as an
-:class:`~raydp.errors.EngineHungError` whose ``where`` says it went silent.
-From there it is any hang: its streams migrate, the restart policy ends the
-process and starts a successor, or leaves the rank down.
+Protocol: every second (a quarter of the bound, if that is less) the watch
+reads the coordinator's status. A rank silent past ``config.silence_bound_s``
+(by default ``step_timeout_s`` + 60 s: longer than any step may run without a
+word, and longer than Ray takes to find a cut-off node dead, so a partition
+stays the node death it is) is frozen. The watch notes it in
+``Controls.frozen`` and kills the process; the rank's own watcher then reports
+that end, the only report of it, which the note turns into an
+:class:`~raydp.errors.EngineHungError` whose ``where`` says the rank went
+silent. From there it is any hang: its streams migrate, and the restart
+policy starts a successor or leaves the rank down.
 
-Skipped while a lockstep gang is held (its ranks re-form their DP group), while
-a restarted coordinator relearns the ranks, while a scale change runs, and for
-ranks already reported dead. A missed reading (the coordinator restarting) is
-tried again at the next check.
+Skipped while a lockstep gang is held (its ranks re-form their DP group),
+while a scale change runs (it holds the scale lock, which the watch takes
+while it ends a rank), and for ranks already reported dead. A rank counts
+from its first word to the coordinator in office, so one that freezes
+before it (while starting, or before it reaches a restarted coordinator) is
+not seen here. A missed reading is tried again at the next check.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
 
-from raydp.errors import DeathCause, EngineHungError
-from raydp.orchestration.controls import Controls
+from raydp.errors import EngineHungError
+from raydp.orchestration.controls import Controls, tick_while_alive
 
 logger = logging.getLogger("raydp.manager")
 
@@ -42,32 +45,27 @@ WHERE = (
 
 
 class SilenceWatch:
-    """Reports ranks the coordinator has not heard from for ``bound_s`` as hung; see the module docstring."""
+    """Ends ranks the coordinator has not heard from for ``bound_s`` as hung; see the module docstring.
 
-    def __init__(self, controls: Controls, bound_s: float, busy: Callable[[], bool] = lambda: False) -> None:
+    ``scale_lock`` is the orchestrator's: a rank is never ended in the middle of a scale change.
+    """
+
+    def __init__(self, controls: Controls, bound_s: float, scale_lock: threading.Lock) -> None:
         self.c = controls
         self.bound_s = bound_s
-        self.busy = busy  # whether a scale change runs
-        self.thread: threading.Thread | None = None
+        self.scale_lock = scale_lock
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=self.run, name="raydp-silence-watch", daemon=True)
-        self.thread.start()
-
-    def run(self) -> None:
-        stop = self.c.owned.stop
-        while not stop.wait(min(CHECK_EVERY_S, self.bound_s / 4)):
-            try:
-                self.check()
-            except Exception as exc:
-                logger.debug("silence watch: no reading this round: %r", exc)
+        """Check on a thread that holds this watch weakly (whoever started it keeps it)."""
+        interval = min(CHECK_EVERY_S, self.bound_s / 4)
+        tick_while_alive(self, SilenceWatch.check, interval, self.c.owned.stop, "raydp-silence-watch")
 
     def check(self) -> list[int]:
         """One round: the ranks it ended."""
-        if self.busy():
+        if self.scale_lock.locked():
             return []
         status = self.c.rt.coordinator_state()
-        if status.hold is not None or not status.resynced:
+        if status.hold is not None:
             return []
         silent = status.silent_s
         frozen = [r for r, s in enumerate(silent) if s > self.bound_s and r not in status.dead]
@@ -75,10 +73,15 @@ class SilenceWatch:
 
     def end(self, rank: int, silent_s: float) -> bool:
         c = self.c
-        with c.report_lock:
-            if c.closing() or rank not in c.table or rank in c.reports.dead:
-                return False
-            record = c.table[rank]
+        if not self.scale_lock.acquire(blocking=False):
+            return False
+        try:
+            with c.report_lock:
+                if c.closing() or rank not in c.table or rank in c.reports.dead:
+                    return False
+                record = c.table[rank]
+                hung = EngineHungError(rank, record.node_id, silent_s, WHERE.format(silent_s))
+                c.frozen[rank] = (time.monotonic(), hung.detail_text())
             logger.error(
                 "engine rank %d on node %s: nothing heard from it for %.1fs (bound %.1fs); ending it as hung",
                 rank,
@@ -86,7 +89,7 @@ class SilenceWatch:
                 silent_s,
                 self.bound_s,
             )
-            c.rt.retire([record])
-            hung = EngineHungError(rank, record.node_id, silent_s, WHERE.format(silent_s))
-            c.report(rank, DeathCause.HUNG, hung.detail_text())
-        return True
+            c.rt.kill([record])  # its watcher reports the end, which the note names
+            return True
+        finally:
+            self.scale_lock.release()

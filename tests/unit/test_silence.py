@@ -69,32 +69,59 @@ def _settle(o: Orchestrator) -> None:
         assert not thread.is_alive(), "a restart never ended"
 
 
-def test_a_rank_silent_past_the_bound_is_ended_as_hung_and_restarted() -> None:
+def test_a_rank_silent_past_the_bound_is_killed_and_its_end_reported_as_hung() -> None:
     o, runtime, silent = _dense(max_restarts=1, restart_backoff_s=0)
-    watch = SilenceWatch(o.controls, bound_s=5.0)
+    watch = SilenceWatch(o.controls, bound_s=5.0, scale_lock=threading.Lock())
     silent.silent_s = [0.5, 4.9]
     assert watch.check() == [], "within the bound"
     silent.silent_s = [0.5, 9.25]
     assert watch.check() == [1]
+    assert runtime.alive == {0} and o.reports.deaths == [], "killed; its watcher reports the end"
+    o.report(1, DeathCause.KILLED, "ray.kill")  # as the rank's watcher reports the kill
     (death,) = o.reports.deaths
     assert isinstance(death, EngineHungError) and death.rank == 1 and death.node_id == "node1"
     assert death.cause is DeathCause.HUNG and death.restarting and death.seconds_without_progress == 9.25
     assert "said nothing for 9.2s" in death.where and "holds the GIL" in str(death)
     _settle(o)
     assert runtime.alive == {0, 1} and o.table[1].restarts == 1, "a successor serves"
-    assert 1 in runtime.watched, "the successor is watched; the frozen one's end was retired"
+    o.report(1, DeathCause.KILLED, "SIGKILL")  # the successor's own end later is what it is
+    assert o.reports.deaths[-1].cause is DeathCause.KILLED
 
 
 def test_a_rank_already_dead_a_held_gang_or_a_scale_change_is_left_alone() -> None:
-    o, _, silent = _dense(max_restarts=0)
-    busy = threading.Event()
-    watch = SilenceWatch(o.controls, bound_s=5.0, busy=busy.is_set)
+    o, runtime, silent = _dense(max_restarts=0)
+    scale_lock = threading.Lock()
+    watch = SilenceWatch(o.controls, bound_s=5.0, scale_lock=scale_lock)
     silent.silent_s = [0.5, 30.0]
-    busy.set()
-    assert watch.check() == [], "a scale change runs"
-    busy.clear()
+    with scale_lock:
+        assert watch.check() == [], "a scale change runs"
     silent.hold = "held"
     assert watch.check() == [], "the gang re-forms its DP group"
     silent.hold = None
     o.report(1, DeathCause.KILLED, "SIGKILL")  # reported dead by its watcher first
-    assert watch.check() == [] and len(o.reports.deaths) == 1, "one death, not a second report"
+    assert watch.check() == [] and len(o.reports.deaths) == 1 and 1 in runtime.alive, "no second end"
+
+
+def test_a_ticker_holds_its_owner_weakly_and_ends_once_it_is_collected() -> None:
+    """The silence watch and the autoscalers tick on such threads: a dropped cluster must still be collected."""
+    import gc
+    import time
+    import weakref
+
+    from raydp.orchestration.controls import tick_while_alive
+
+    class Owner:
+        ticked = threading.Event()
+
+    owner = Owner()
+    tick_while_alive(owner, lambda o: o.ticked.set(), 0.01, threading.Event(), "raydp-test-ticker")
+    assert Owner.ticked.wait(10), "it ticks"
+    ref = weakref.ref(owner)
+    del owner
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (gc.collect() >= 0 and ref() is not None):
+        time.sleep(0.01)  # a tick in progress holds it for that tick only
+    assert ref() is None, "the ticking thread kept its owner alive"
+    while time.monotonic() < deadline and any(t.name == "raydp-test-ticker" for t in threading.enumerate()):
+        time.sleep(0.01)
+    assert not any(t.name == "raydp-test-ticker" for t in threading.enumerate()), "the thread ended"
