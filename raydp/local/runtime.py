@@ -81,6 +81,9 @@ class ProcessRuntime:
         self.report_process: Callable[[ProcessDeadError], None] | None = None  # the coordinator's: final
         self.retired: set[int] = set()  # ids of processes raydp ended: not deaths
         self.watchers: dict[int, threading.Thread] = {}
+        # One ending at a time: the silence watch's kill and the restart's kill of the same process
+        # would otherwise close its pipes from two threads at once, one fd closed twice.
+        self._ending = threading.RLock()
         self.coordinator: Proc | None = None
         self.control_lock = threading.Lock()
         self.autoscale: AutoscaleDecision | None = None
@@ -172,17 +175,18 @@ class ProcessRuntime:
 
     def _end(self, procs: list[Proc], grace_s: float) -> None:
         """Terminate, and let each watcher see the exit before the death pipes close."""
-        for proc in procs:
-            if proc.process.is_alive():
-                proc.process.terminate()
-        for proc in procs:
-            proc.process.join(timeout=grace_s)
-            watcher = self.watchers.pop(id(proc), None)
-            if watcher is not None and watcher is not threading.current_thread():
-                watcher.join(timeout=1.0)
-        shutdown(procs, grace_s=0.5)  # kills what is left, closes the pipes
-        with self.owned.lock:
-            self.owned.procs[:] = [p for p in self.owned.procs if p not in procs]
+        with self._ending:
+            for proc in procs:
+                if proc.process.is_alive():
+                    proc.process.terminate()
+            for proc in procs:
+                proc.process.join(timeout=grace_s)
+                watcher = self.watchers.pop(id(proc), None)
+                if watcher is not None and watcher is not threading.current_thread():
+                    watcher.join(timeout=1.0)
+            shutdown(procs, grace_s=0.5)  # kills what is left, closes the pipes
+            with self.owned.lock:
+                self.owned.procs[:] = [p for p in self.owned.procs if p not in procs]
 
     def watch(self, records: Sequence[RankRecord]) -> None:
         if self.coordinator is not None and id(self.coordinator) not in self.watchers:
