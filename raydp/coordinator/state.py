@@ -358,13 +358,11 @@ class CoordinatorState:
     def _on_scale(self, msg: ScaleEngines) -> None:
         n = msg.engine_count
         size = n if msg.size == -1 else msg.size
-        # A kept boundary (prefill -1) must still leave a decode rank: the launcher moves it first.
-        prefill = self.prefill_ranks if msg.prefill == -1 else msg.prefill
+        prefill = self.prefill_ranks if msg.prefill == -1 else msg.prefill  # a kept one must leave a decode rank
         if n < 1 or not 1 <= size <= n or not (prefill == -1 or 0 < prefill < size):
             self.rejected += 1
-            need = "engine_count >= 1, 1 <= size <= engine_count, and the prefill ranks (kept or new) in [1, size)"
-            logger.warning("coordinator: dropped %r: need %s", msg, need)
-            return
+            need = "engine_count >= 1, 1 <= size <= engine_count, the prefill ranks (kept or new) in [1, size)"
+            return logger.warning("coordinator: dropped %r: need %s", msg, need)
         if n != self.engine_count or size != self.size:
             logger.info("coordinator: %d ranks, routing to %d (was %d, %d)", n, size, self.engine_count, self.size)
         if msg.prefill not in (-1, self.prefill_ranks):
