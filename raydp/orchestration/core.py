@@ -156,14 +156,12 @@ class Orchestrator:
         from raydp.orchestration.autoscaling import Autoscaler
 
         cfg, scale, busy = self.config, functools.partial(self.scale, wait=True), self.scale_lock.locked
-        if cfg.autoscaling is not None:
-            self.tickers.append(
-                Autoscaler(self.controls, scale, cfg.autoscaling, "decode" if cfg.pooled else None, busy)
-            )
-        if cfg.prefill_autoscaling is not None:
-            self.tickers.append(Autoscaler(self.controls, scale, cfg.prefill_autoscaling, "prefill", busy))
-        for autoscaler in self.tickers:
-            autoscaler.start()  # type: ignore[attr-defined]
+        pools = [(cfg.autoscaling, "decode" if cfg.pooled else None), (cfg.prefill_autoscaling, "prefill")]
+        for config, pool in pools:
+            if config is not None:
+                autoscaler = Autoscaler(self.controls, scale, config, pool, busy)
+                self.tickers.append(autoscaler)
+                autoscaler.start()
 
     def coordinator_client(self, endpoints: CoordinatorEndpoints) -> CoordinatorClient:
         return CoordinatorClient(endpoints, self.driver_node_id, self.sock_opts)
