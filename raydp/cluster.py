@@ -380,5 +380,19 @@ def _tell(notify: Any, arg: Any) -> None:
 
 
 def _close_all(closers: list[Callable[[], None]]) -> None:
-    for close in list(closers):
-        close()
+    """The handle's finalizer. The collector runs it in whatever thread it runs in, a client's own IO
+    thread included (which cannot join itself), holding that thread's locks: off the main thread (where
+    exit runs it) the clients are closed on a thread of their own."""
+    work = list(closers)
+
+    def close_all() -> None:
+        for close in work:
+            close()
+
+    if threading.current_thread() is threading.main_thread():
+        close_all()
+        return
+    try:
+        threading.Thread(target=close_all, name="raydp-close-clients", daemon=True).start()
+    except RuntimeError:  # the interpreter is shutting down: no new thread starts
+        close_all()
