@@ -19,6 +19,7 @@ from raydp.errors import (
     ConfigError,
     EngineDeadError,
 )
+from raydp.handle_refs import close_all, weakly
 from raydp.orchestration.pools import plan
 from raydp.wire.endpoints import ClusterEndpoints, EngineEndpoint
 from raydp.wire.records import APIServerRecord, CoordinatorStatus
@@ -76,11 +77,13 @@ class Cluster:
         # Dropping the last handle, once no client it made is held either
         # (each keeps its handle alive), closes the clients and, via the
         # manager's own finalizer, the actors, as close() would.
-        weakref.finalize(self, _close_all, self._closers)
-        manager.on_death(self._on_death)
-        manager.on_restart(self._on_restart)
-        manager.on_coordinator_moved(self._on_coordinator_moved)
-        manager.on_scale(self._on_scale)
+        weakref.finalize(self, close_all, self._closers)
+        # Held weakly: the backend's threads hold its listeners (a watch mid-round, a restart), and a
+        # listener holding this handle would keep a dropped handle alive for as long as they run.
+        manager.on_death(weakly(self._on_death))
+        manager.on_restart(weakly(self._on_restart))
+        manager.on_coordinator_moved(weakly(self._on_coordinator_moved))
+        manager.on_scale(weakly(self._on_scale))
 
     @property
     def name(self) -> str:
@@ -211,7 +214,7 @@ class Cluster:
         self, servers: APIServerGroup, mode: str, node_id: str | None, ranks: list[int] | None, count: int
     ) -> None:
         """Watch ``servers`` like the engines, close them with the cluster, list them in ``raydp status``."""
-        servers.on_death(self._on_death)
+        servers.on_death(weakly(self._on_death))
         with self._lock:
             self._api_servers.append(servers)
         self._manager.register_api_servers(APIServerRecord(mode, servers.url, count, node_id, ranks))
@@ -377,22 +380,3 @@ def _tell(notify: Any, arg: Any) -> None:
         notify(arg)
     except Exception:
         logger.exception("could not pass %r to a client", arg)
-
-
-def _close_all(closers: list[Callable[[], None]]) -> None:
-    """The handle's finalizer. The collector runs it in whatever thread it runs in, a client's own IO
-    thread included (which cannot join itself), holding that thread's locks: off the main thread (where
-    exit runs it) the clients are closed on a thread of their own."""
-    work = list(closers)
-
-    def close_all() -> None:
-        for close in work:
-            close()
-
-    if threading.current_thread() is threading.main_thread():
-        close_all()
-        return
-    try:
-        threading.Thread(target=close_all, name="raydp-close-clients", daemon=True).start()
-    except RuntimeError:  # the interpreter is shutting down: no new thread starts
-        close_all()

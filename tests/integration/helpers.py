@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import psutil
+
 from raydp.testing.leftovers import live_actors, live_groups, socket_dirs, wait_until
 
-__all__ = ["assert_nothing_left", "live_actors", "live_groups", "socket_dirs", "wait_until"]
+__all__ = ["assert_nothing_left", "live_actors", "live_groups", "running", "socket_dirs", "wait_until"]
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has)."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def assert_nothing_left(name: str, *, timeout: float = 15.0, wait_sockets: bool = False) -> None:

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 import raydp
-from tests.integration.helpers import assert_nothing_left, live_actors, live_groups, socket_dirs
+from tests.integration.helpers import assert_nothing_left, live_actors, live_groups, running, socket_dirs, wait_until
 
 
 @pytest.mark.timeout(180)
@@ -63,20 +63,32 @@ def test_each_rank_sees_only_its_own_devices(two_nodes) -> None:  # type: ignore
 
 
 @pytest.mark.timeout(180)
-def test_dropping_the_last_handle_closes_the_cluster(two_nodes) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("backend", ["ray", "mp"])
+def test_dropping_the_last_handle_closes_the_cluster(backend: str, request: pytest.FixtureRequest) -> None:
     import gc
 
-    cluster = raydp.launch(name="orphan", dp_size=2, progress=False)
+    if backend == "ray":
+        request.getfixturevalue("two_nodes")
+    name = f"orphan-{backend}"
+    cluster = raydp.launch(name=name, dp_size=2, backend=backend, progress=False)
     client = cluster.client()
     closer = client.closer
+    # What the cluster's own threads hold while they work: a silence watch mid-round holds the controls.
+    # They must not keep the handle alive, or a dropped cluster closes at some later collection, anywhere.
+    mid_round = cluster._manager.orchestrator.controls
+    pids = [client.call_utility(rank, "describe")["pid"] for rank in (0, 1)]
     del cluster
     gc.collect()
     # A client keeps the handle that made it: `raydp.launch(...).client()` serves.
     assert client.generate([1], max_tokens=1, timeout=30) == [1]
     del client
     gc.collect()
-    assert_nothing_left("orphan", timeout=30, wait_sockets=True)
+    if backend == "ray":
+        assert_nothing_left(name, timeout=30, wait_sockets=True)
+    else:
+        assert wait_until(lambda: not any(running(pid) for pid in pids), timeout=30), "the ranks ended"
     assert closer.__self__.closed, "the cluster's finalizer closes its clients"
+    assert mid_round.closing(), "the cluster was closed while its controls were held"
 
 
 EXITING_DRIVER = """

@@ -9,12 +9,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 import raydp
 from raydp.wire.sampling import Sampling
-from tests.integration.helpers import assert_nothing_left, wait_until
+from tests.integration.helpers import assert_nothing_left, running, wait_until
 from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference, want_reference
 
 HANGING = "raydp.testing.hangs:HangingEchoEngine"
@@ -114,14 +113,6 @@ def test_a_rank_hung_in_step_is_ended_restarted_and_loses_no_request(
 SILENCE_S = 4.0  # silence_timeout_s: past the step timeout, as it must be
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not ended (a zombie has)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend", ["ray", "mp"])
 def test_a_rank_frozen_whole_is_ended_as_hung_restarted_and_loses_no_request(
@@ -157,10 +148,10 @@ def test_a_rank_frozen_whole_is_ended_as_hung_restarted_and_loses_no_request(
             assert death.seconds_without_progress > SILENCE_S and "said nothing for" in death.where, death
             assert [h.result(timeout=60) for h in streams] == [[7] * 200] * 4, "each stream whole, none repeated"
             assert client.migrations >= len(on_rank_1) and all(h.ranks[-1] == 0 for h in on_rank_1)
-            assert wait_until(lambda: not _running(pid), timeout=30), "the frozen process was ended"
+            assert wait_until(lambda: not running(pid), timeout=30), "the frozen process was ended"
             assert wait_until(lambda: _serves(client, 1), timeout=90), "rank 1 came back"
         finally:
-            if _running(pid):  # never leave a stopped process behind
+            if running(pid):  # never leave a stopped process behind
                 os.kill(pid, signal.SIGKILL)
     assert_nothing_left(name, timeout=30)
 

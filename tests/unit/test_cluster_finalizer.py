@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from raydp.cluster import _close_all
+from raydp.handle_refs import close_all
 
 
 @pytest.mark.timeout(30)
@@ -22,7 +22,7 @@ def test_a_handle_collected_in_a_clients_io_thread_closes_the_client_from_anothe
             errors.append(exc)
 
     # The collector may run the handle's finalizer in any thread; here, the IO thread itself.
-    io = threading.Thread(target=lambda: _close_all([close]), name="raydp-client-io")
+    io = threading.Thread(target=lambda: close_all([close]), name="raydp-client-io")
     io.start()
     assert closed.wait(20), "the client was closed"
     assert errors == []
