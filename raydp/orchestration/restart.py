@@ -9,8 +9,9 @@ that remain, probed afresh), it handshakes, subscribes to the coordinator,
 and clients follow it to its new address. A restart that fails (its successor
 raised, or wedged past ``startup_timeout_s``) is reported as an
 ``INIT_FAILED`` death of the rank, and the same policy decides again: another
-try after the backoff while the budget lasts, else the rank stays down. This is
-the one restart procedure of both backends.
+try after the backoff while the budget lasts, else the rank stays down, and its
+process, if it still runs (hung, or its step raised), is ended so that its
+devices are free. This is the one restart procedure of both backends.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from raydp.orchestration.ranks import RankRecord
 from raydp.orchestration.runtime import CoordinatorUnavailableError
 
 logger = logging.getLogger("raydp.manager")
+
+# Ends whose process may still run: a watchdog's verdict, a step that raised, a start that failed.
+LIVE_AFTER = frozenset({DeathCause.HUNG, DeathCause.ENGINE_ERROR, DeathCause.INIT_FAILED, DeathCause.UNKNOWN})
 
 
 class DenseRestarts:
@@ -40,6 +44,10 @@ class DenseRestarts:
         c.reports.died(engine_death(rank, c.table[rank].node_id, cause, detail, delay is not None))
         if delay is not None:
             c.in_background(f"raydp-restart-{rank}", self.restart, rank, cause, delay)
+        elif cause in LIVE_AFTER and not c.closing():
+            # A rank that stays down may still be a process (hung, or its step raised) holding its
+            # devices and memory: end it now, as a restart would, rather than at close().
+            c.in_background(f"raydp-end-{rank}", c.rt.kill, [c.table[rank]])
 
     def may_restart(self, rank: int, cause: DeathCause) -> float | None:
         """The backoff before restarting ``rank``, or None when it stays down."""

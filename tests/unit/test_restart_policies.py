@@ -101,3 +101,13 @@ def test_a_rank_that_never_starts_stays_down_once_its_budget_is_spent(lockstep: 
     assert [d.restarting for d in _first_deaths(o)] == [True, True, False]
     assert 1 not in runtime.alive
     assert runtime.alive == (set() if lockstep else {0}), "a dense cluster serves on degraded; a gang stops"
+
+
+@pytest.mark.parametrize("cause", [DeathCause.HUNG, DeathCause.ENGINE_ERROR])
+def test_a_dense_rank_that_stays_down_is_ended_when_its_process_may_still_run(cause: DeathCause) -> None:
+    """With no restart left, a hung rank (or one whose step raised) must not keep its devices until close()."""
+    o, runtime = _dense(max_restarts=0)
+    o.report(1, cause, "no progress for 2.0s")
+    _settle(o)
+    assert [d.restarting for d in _first_deaths(o)] == [False]
+    assert runtime.alive == {0}, "the rank's process was ended; the other one serves on"
