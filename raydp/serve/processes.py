@@ -113,6 +113,7 @@ class APIServerProcessManager:
             self._lock,
             stop_bound_s(self._settings.graceful_shutdown_s),
             self._metrics_dir,
+            self._serving,
         )
         try:
             _wait_serving(self.procs, self._serving, self._settings.startup_timeout_s)
@@ -203,6 +204,7 @@ def _release(
     lock: threading.Lock,
     grace_s: float,
     metrics_dir: MetricsDir | None,
+    serving: list[Event],
 ) -> None:
     with lock:  # after this no respawn starts, and ``procs`` holds every process there is
         stop.set()
@@ -210,5 +212,9 @@ def _release(
     # is gone, so a new connection is refused at once instead of waiting in the backlog for a reset.
     sock.close()
     shutdown(procs, grace_s)
+    # No process reads them now. Dropped, their semaphores' names are unlinked at once, rather than at
+    # this process's exit: a host actor that Ray kills, resource tracker and all, would leave them in
+    # /dev/shm for good.
+    serving.clear()
     if metrics_dir is not None:
         metrics_dir.remove()
