@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,6 +163,7 @@ def test_a_killed_vllm_rank_fails_its_requests_typed_migrates_opted_in_streams_a
     cluster: Any, model: str
 ) -> None:
     long = vllm_reference(Path(model), LONG)
+    rendezvous = set(Path(tempfile.gettempdir()).glob("vllm_dist_*"))  # the ranks' temp folder is this one
     client = cluster.client()
     pid = client.call_utility(1, "describe")["pid"]
     load = [client.submit(PROMPTS[i % 4], 64, sampling=Sampling(ignore_eos=True)) for i in range(16)]
@@ -195,6 +197,9 @@ def test_a_killed_vllm_rank_fails_its_requests_typed_migrates_opted_in_streams_a
     started = time.monotonic()
     assert wait_until(lambda: _serves(client, 1), timeout=180), "the rank restarts, model reload included"
     assert time.monotonic() - started < 180
+    # vLLM's one-process executor meets torch in a file it makes there, which a killed process never
+    # removes: every restart would leave one. A rank's rendezvous is on loopback instead.
+    assert set(Path(tempfile.gettempdir()).glob("vllm_dist_*")) - rendezvous == set()
 
 
 def _serves(client: Any, rank: int) -> bool:

@@ -17,7 +17,8 @@ Modules:
 - ``adapters``: the LoRA adapters a vLLM engine core holds, for adapter-aware routing;
 - ``kv_files``: the ExampleConnector's P/D KV folders, removed once their requests end;
 - ``cache``: vLLM's KV-cache events in raydp's block names;
-- ``executor``: a vLLM ``Executor`` over raydp's executor;
+- ``executor``: the vLLM ``Executor`` classes a rank runs: over raydp's executor, or in the
+  rank's own process;
 - ``workers``: vLLM's workers inside raydp's device workers.
 """
 

@@ -335,7 +335,9 @@ def _build_core(config: Any, executor_cls: type[Any] | None) -> Any:
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.executor import Executor
 
-    return EngineCore(config, executor_cls or Executor.get_class(config), log_stats=False)
+    from raydp.models.vllm.executor import one_process_class
+
+    return EngineCore(config, executor_cls or one_process_class(Executor.get_class(config)), log_stats=False)
 
 
 def dist_ident(pid: int, rank: int) -> str:

@@ -1,4 +1,6 @@
-"""``RaydpVllmExecutor``: a vLLM ``Executor`` over a rank's raydp device workers.
+"""vLLM ``Executor`` classes for a rank: over its raydp device workers, or in its own process.
+
+:func:`executor_class` is ``RaydpVllmExecutor``, over a rank's raydp device workers.
 
 vLLM's ``EngineCore`` drives its workers through an executor; with tensor
 parallelism in a raydp rank, this is it. Control calls (``collective_rpc``:
@@ -8,6 +10,12 @@ then ``sample_tokens``) as one raydp ``execute_step`` over the rank's own
 channel, never a Ray call. What crosses, and how it is encoded, is in
 :mod:`raydp.models.vllm.workers`. A worker's death reaches the rank through
 raydp's executor (``WorkerDeadError``), which fails the rank as for any engine.
+
+:func:`one_process_class` is what a one-device rank runs instead of vLLM's
+``UniProcExecutor``: the same, but its one-process torch rendezvous listens on
+a loopback port rather than in a file vLLM makes in the temp folder, which
+torch removes only at a clean exit; a killed rank, and every restart is one,
+would leave one behind.
 """
 
 from __future__ import annotations
@@ -73,3 +81,22 @@ def _done(value: Any) -> Future[Any]:
     future: Future[Any] = Future()
     future.set_result(value)
     return future
+
+
+def one_process_class(default: type[Any]) -> type[Any]:
+    """vLLM's one-process executor with its rendezvous on loopback (see the module docstring); other
+    executors (a user's choice of ``distributed_executor_backend``) as they are."""
+    from vllm.utils.network_utils import get_distributed_init_method, get_open_port
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    if default is not UniProcExecutor:
+        return default
+
+    class LoopbackUniProcExecutor(UniProcExecutor):  # type: ignore[misc]
+        """``UniProcExecutor`` whose rendezvous leaves no file behind."""
+
+        def _distributed_args(self) -> tuple[str, int, int]:
+            _, rank, local_rank = super()._distributed_args()
+            return get_distributed_init_method("127.0.0.1", get_open_port()), rank, local_rank
+
+    return LoopbackUniProcExecutor
