@@ -1,7 +1,7 @@
 """Ray metrics (``ray.util.metrics``) for a cluster, so Ray's dashboard and Prometheus show raydp.
 
 The coordinator actor exports what it knows of every rank (load, deaths,
-restarts, the wave); each engine actor exports its requests added, finished
+restarts, how long since it last spoke, the wave); each engine actor exports its requests added, finished
 and aborted. A background thread reads them once per interval, so the data
 path never waits on a metrics call.
 """
@@ -37,6 +37,11 @@ class CoordinatorMetrics:
         self.restarts = Gauge("raydp_rank_restarts", "restarts of the rank since launch", TAGS)
         self.hangs = Gauge("raydp_rank_hangs", "deaths of the rank since launch that were hangs", TAGS)
         self.dead = Gauge("raydp_rank_dead", "1 while the rank is dead", TAGS)
+        self.silent = Gauge(
+            "raydp_rank_silent_seconds",
+            "seconds since the rank last spoke to the coordinator (a live rank speaks every second)",
+            TAGS,
+        )
         self.hit_rate = Gauge(
             "raydp_rank_prefix_cache_hit_rate",
             "prompt tokens found in the rank's prefix cache, of those looked up",
@@ -66,6 +71,8 @@ class CoordinatorMetrics:
             self.restarts.set(state.restarts[rank], tags)
             self.hangs.set(state.hangs[rank] if rank < len(state.hangs) else 0, tags)
             self.dead.set(1 if rank in state.dead else 0, tags)
+            if rank < len(state.silent_s):
+                self.silent.set(state.silent_s[rank], tags)
             if rank < len(state.work) and state.work[rank] >= 0:
                 self.work.set(state.work[rank], tags)
             rate = hit_rate(*state.prefix_cache[rank]) if rank < len(state.prefix_cache) else None

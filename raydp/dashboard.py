@@ -5,8 +5,8 @@ Panels read two sources, both scraped by Prometheus:
 * the API server processes' ``/metrics`` (HTTP requests, latency, time to
   first token, tokens sent), one series per process;
 * Ray's metrics export on each node (``ray_`` + the name), where the
-  coordinator publishes every rank's load, deaths, restarts and the wave, and
-  each engine its requests by outcome, tagged by ``cluster``.
+  coordinator publishes every rank's load, deaths, restarts, silence and the
+  wave, and each engine its requests by outcome, tagged by ``cluster``.
 
 :data:`PANELS` holds every query; :data:`LEFT_OUT` names each exported
 metric family (the name without ``_total``, ``_bucket``, ...) the dashboard
@@ -171,6 +171,13 @@ PANELS: Final[tuple[Panel, ...]] = (
         "short",
         (Query(f"max by (cluster, rank) (ray_raydp_rank_hangs{{{CLUSTER}}})", "{{cluster}} rank {{rank}} hangs"),),
         "deaths since launch whose cause was a hang: a loop turn outlived step_timeout_s, so raydp ended the rank",
+    ),
+    Panel(
+        "Silence per rank",
+        "s",
+        (_per_rank("raydp_rank_silent_seconds"),),
+        "seconds since the rank last spoke to the coordinator: a live rank speaks every second; one silent past "
+        "silence_timeout_s is frozen (stopped, or stuck in native code), and raydp ends it as hung",
     ),
     Panel(
         "Request wave",

@@ -1,8 +1,10 @@
 """``raydp status [NAME]``: what a running cluster looks like, read from its coordinator.
 
 Lists the ranks with their nodes, devices and load (requests waiting and
-running, and the tokens left to generate where the engine reports them), the
-wave, deaths and restarts, and the API servers with their URLs. Works for any
+running, and the tokens left to generate where the engine reports them), how
+long each rank has been silent (a live one speaks every second; one silent past
+``silence_timeout_s`` is ended as hung), the wave, deaths and restarts, and the
+API servers with their URLs. Works for any
 cluster running on the Ray cluster (launched detached, or by another process
 that is still up); ``--json`` prints the same for machines. Creates nothing.
 """
@@ -85,6 +87,7 @@ def report(status: ClusterStatus) -> dict[str, Any]:
                 "adapters": _adapters(state.adapters, r),
                 "deaths": state.deaths[r],
                 "hangs": state.hangs[r] if r < len(state.hangs) else 0,
+                "silent_s": _silent(state.silent_s, r),
                 "restarts": state.restarts[r],
                 "state": f"dead ({state.dead[r]})" if r in state.dead else "serving",
             }
@@ -107,6 +110,13 @@ def report(status: ClusterStatus) -> dict[str, Any]:
         "autoscale": msgspec.to_builtins(info.autoscale) if info.autoscale is not None else None,
         "prefill_autoscale": msgspec.to_builtins(info.prefill_autoscale) if info.prefill_autoscale else None,
     }
+
+
+def _silent(seconds: list[float], rank: int) -> float | None:
+    """Seconds since the rank last spoke to the coordinator; None before its first word (or from an old one)."""
+    if rank >= len(seconds) or seconds[rank] <= 0.0:
+        return None
+    return round(seconds[rank], 1)
 
 
 def _hit_rate(counts: list[list[int]], rank: int) -> float | None:
@@ -151,15 +161,15 @@ def format_report(report: dict[str, Any]) -> str:
         f"cluster {report['name']}: {report['dp_size']} ranks, {mode}, {wave}, "
         f"engine {report['engine']}, capacity {report['capacity']}, {report['health']}"
     ]
-    rows = [
-        ["rank", "node", "devices", "waiting", "running", "work", "cache hits", "deaths", "hangs", "restarts", "state"]
-    ]
+    header = ["rank", "node", "devices", "waiting", "running", "work", "cache hits", "silent", "deaths", "hangs"]
+    rows = [[*header, "restarts", "state"]]
     if any(pools):
         rows[0].insert(1, "pool")
     for r in report["ranks"]:
         devices = f"{report['accelerator']} {','.join(r['devices'])}" if r["devices"] else "-"
         work = "-" if r.get("work") is None else str(r["work"])
         hits = "-" if r.get("prefix_cache_hit_rate") is None else f"{100 * r['prefix_cache_hit_rate']:.0f}%"
+        silent = "-" if r.get("silent_s") is None else f"{r['silent_s']:.0f}s"
         rows.append(
             [
                 str(r["rank"]),
@@ -169,6 +179,7 @@ def format_report(report: dict[str, Any]) -> str:
                 str(r["running"]),
                 work,
                 hits,
+                silent,
                 str(r["deaths"]),
                 str(r["hangs"]),
                 str(r["restarts"]),

@@ -52,6 +52,7 @@ def test_the_panels_cover_what_the_operations_issue_asks_for() -> None:
         "ray_raydp_rank_work",
         "ray_raydp_rank_deaths",
         "ray_raydp_rank_restarts",
+        "ray_raydp_rank_silent_seconds",
         "ray_raydp_wave",
     ):
         assert metric in text, metric
