@@ -52,7 +52,7 @@ class ActorManager(HostsRemoteAPIServers):
         sock_opts = socket_options(config, self.curve)
         self._owned = Owned(name=self.ipc_prefix)
         if not config.detached:  # a detached cluster outlives its launcher: only close() ends it
-            weakref.finalize(self, self._owned.release)  # at garbage collection and at exit
+            weakref.finalize(self, self._owned.collected)  # at garbage collection and at exit
         self.driver_node_id: str = ray.get_runtime_context().get_node_id()
         self.runtime = RayRuntime(
             config,

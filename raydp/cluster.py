@@ -214,7 +214,9 @@ class Cluster:
         self, servers: APIServerGroup, mode: str, node_id: str | None, ranks: list[int] | None, count: int
     ) -> None:
         """Watch ``servers`` like the engines, close them with the cluster, list them in ``raydp status``."""
-        servers.on_death(weakly(self._on_death))
+        # Held strongly, unlike the backend's listeners: API servers that serve keep their cluster, as a
+        # client does (their watch thread holds them, and through this the handle, until they close).
+        servers.on_death(self._on_death)
         with self._lock:
             self._api_servers.append(servers)
         self._manager.register_api_servers(APIServerRecord(mode, servers.url, count, node_id, ranks))

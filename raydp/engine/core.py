@@ -33,6 +33,9 @@ class EngineContext:
     # The rank's device workers, when the engine class names a ``worker_class``
     # (see raydp.engine.executor); None otherwise.
     executor: Executor | None = None
+    # A private (0700) directory of the rank's, for files of its own: removed with the rank, a killed
+    # one's at the next sweep of its node's raydp directories or at the cluster's close. None: none given.
+    scratch_dir: str | None = None
 
 
 @runtime_checkable

@@ -93,7 +93,14 @@ class EngineHost:
             with startup_deadline(config.startup_timeout_s, f"engine rank {rank} on node {node_id[:12]}"):
                 self.executor = self._start_workers(factory, device_ids, executor_factory)
                 context = EngineContext(
-                    rank, local_rank, config.dp_size, config.world_size_of(rank), node_id, device_ids, self.executor
+                    rank,
+                    local_rank,
+                    config.dp_size,
+                    config.world_size_of(rank),
+                    node_id,
+                    device_ids,
+                    self.executor,
+                    scratch_dir=str(self.ipc_dir.path),
                 )
                 if self.executor is None:  # with workers, each worker sees only its own device
                     set_device_visibility(config.accelerator, device_ids)

@@ -10,7 +10,8 @@ Modules:
 
 - ``manager``: ``ProcessManager``, the mp backend over the shared orchestration;
 - ``runtime``: ``ProcessRuntime``, the orchestration's runtime over local processes;
-- ``children``: the child processes' entry points (a rank, the coordinator) and the control pipe;
+- ``children``: the child processes' entry points (a rank, the coordinator);
+- ``control``: the coordinator's control pipe: numbered questions, their answers, late ones dropped;
 - ``executor``: ``MPExecutor``, a rank's device workers as child processes of its engine.
 """
 

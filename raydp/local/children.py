@@ -2,9 +2,8 @@
 
 Each child is spawned with a death pipe (:func:`raydp.processes.spawn`): it
 ends when the parent goes, and leaves its last words there (why it failed,
-as msgpack) before it exits. The coordinator answers commands on a msgpack
-control pipe (``wait_for_engines``, ``wait_for_rank``, ``state``,
-``shutdown``): no pickle crosses either pipe.
+as msgpack) before it exits. The coordinator answers numbered commands on a
+msgpack control pipe (:mod:`raydp.local.control`): no pickle crosses either pipe.
 """
 
 from __future__ import annotations
@@ -12,26 +11,17 @@ from __future__ import annotations
 import os
 import threading
 from multiprocessing.connection import Connection
-from typing import Any
 
 import msgspec
 
 from raydp.config import RaydpConfig
 from raydp.errors import ComponentDeadError, DeathCause, EngineHungError
+from raydp.local.control import answer_commands, send
 from raydp.processes import leave_last_words, on_stop_signals, set_process_title, watch_parent
 from raydp.wire.transport import socket_options
 
 LOCAL_NODE = "local"
 HUNG_EXIT_CODE = 70  # EX_SOFTWARE; the death pipe carries the reason
-
-
-def send(conn: Connection, value: Any) -> None:
-    """Control messages are msgpack too: no pickle crosses this socketpair either."""
-    conn.send_bytes(msgspec.msgpack.encode(value))
-
-
-def recv(conn: Connection, kind: Any) -> Any:
-    return msgspec.msgpack.decode(conn.recv_bytes(), type=kind)
 
 
 def engine_main(config: RaydpConfig, rank: int, addresses: list[str], prefix: str, death_pipe: Connection) -> None:
@@ -98,23 +88,5 @@ def coordinator_main(config: RaydpConfig, prefix: str, conn: Connection, death_p
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
     send(conn, loop.endpoints)
-    serve_coordinator_commands(loop, conn, thread)
+    answer_commands(loop, conn, thread)
     loop.close()
-
-
-def serve_coordinator_commands(loop: Any, conn: Connection, thread: threading.Thread) -> None:
-    while thread.is_alive():
-        if not conn.poll(0.1):
-            continue
-        try:
-            command, *args = recv(conn, list[Any])
-        except EOFError:
-            return
-        if command == "wait_for_engines":
-            send(conn, loop.wait_for_engines(*args))
-        elif command == "wait_for_rank":
-            send(conn, loop.wait_for_rank(*args))
-        elif command == "state":
-            send(conn, loop.describe())
-        elif command == "shutdown":
-            return  # the caller's loop.close() stops the loop and waits for its teardown

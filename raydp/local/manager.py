@@ -46,7 +46,7 @@ class ProcessManager:
         self._progress = progress
         self.ipc_prefix = ipc_prefix(config.name)
         self._owned = LocalOwned(name=self.ipc_prefix)
-        self._finalizer = weakref.finalize(self, self._owned.release)
+        weakref.finalize(self, self._owned.collected)  # at garbage collection and at exit
         table = RankTable()
         self.runtime = ProcessRuntime(config, self._owned, table, ipc_prefix=self.ipc_prefix)
         self.orchestrator = Orchestrator(
@@ -111,4 +111,4 @@ class ProcessManager:
         return self.orchestrator.scale(dp_size, drain_timeout_s, pool)
 
     def close(self) -> None:
-        self._finalizer()
+        self._owned.release()

@@ -12,13 +12,11 @@ reported, not restarted.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing as mp
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from typing import Any
 
 import msgspec
@@ -27,7 +25,8 @@ import zmq
 from raydp.config import RaydpConfig
 from raydp.coordinator.resync import Restored
 from raydp.errors import DeathCause, ProcessDeadError, StartupError, describe_exit
-from raydp.local.children import LOCAL_NODE, coordinator_main, decode_death, engine_main, recv, send
+from raydp.local.children import LOCAL_NODE, coordinator_main, decode_death, engine_main
+from raydp.local.control import ControlPipe, recv
 from raydp.local.executor import check_device_count, rank_device_ids
 from raydp.names import coordinator_name, rank_name
 from raydp.orchestration.owned import OwnedResources
@@ -50,17 +49,16 @@ class LocalOwned(OwnedResources):
     """The processes of one local launch, and the coordinator's control pipe."""
 
     procs: list[Proc] = field(default_factory=list)
-    conn: Connection | None = None
+    control: ControlPipe | None = None
 
     def stop_components(self) -> None:
-        if self.conn is not None:
-            with contextlib.suppress(OSError, ValueError):
-                send(self.conn, ["shutdown"])
+        if self.control is not None:
+            self.control.stop()
         shutdown(self.procs)
         if self.name:
             remove_cluster_ipc_dirs(self.name)
-        if self.conn is not None:
-            self.conn.close()
+        if self.control is not None:
+            self.control.close()
 
 
 class ProcessRuntime:
@@ -85,7 +83,6 @@ class ProcessRuntime:
         # would otherwise close its pipes from two threads at once, one fd closed twice.
         self._ending = threading.RLock()
         self.coordinator: Proc | None = None
-        self.control_lock = threading.Lock()
         self.autoscale: AutoscaleDecision | None = None
         self.prefill_autoscale: AutoscaleDecision | None = None  # P/D: the prefill pool's autoscaler
 
@@ -246,7 +243,7 @@ class ProcessRuntime:
         parent, child = self.mp.Pipe()
         proc = self._spawn(coordinator_name(self.config.name), coordinator_main, self.config, self.ipc_prefix, child)
         self.coordinator = proc
-        self.owned.conn = parent
+        self.owned.control = ControlPipe(parent)
         if not parent.poll(self.config.component_start_s):
             raise StartupError(f"the coordinator did not start ({describe_exit(proc.process.exitcode)})")
         endpoints: CoordinatorEndpoints = recv(parent, CoordinatorEndpoints)
@@ -269,17 +266,9 @@ class ProcessRuntime:
         return bool(self.ask(*command, wait_s, timeout_s=wait_s + CONTROL_TIMEOUT_S))
 
     def ask(self, *command: Any, timeout_s: float = CONTROL_TIMEOUT_S) -> Any:
-        with self.control_lock:
-            conn = self.owned.conn
-            if conn is None:
-                raise StartupError("the coordinator process stopped answering")
-            send(conn, list(command))
-            if not conn.poll(timeout_s):
-                # A late answer would be read as the reply to the next question.
-                conn.close()
-                self.owned.conn = None
-                raise StartupError(f"the coordinator process did not answer {command[0]!r}")
-            return recv(conn, Any)
+        if self.owned.control is None:
+            raise StartupError("the coordinator process has not started")
+        return self.owned.control.ask(*command, timeout_s=timeout_s)
 
     def record_autoscale(self, decision: AutoscaleDecision) -> None:
         """Kept for :attr:`autoscale` (:attr:`prefill_autoscale`) only: ``raydp status`` reads Ray clusters."""

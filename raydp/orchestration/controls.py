@@ -155,9 +155,19 @@ class Controls:
             except Exception:
                 logger.exception("scale listener failed")
 
-    def kill_ranks(self, except_rank: int) -> None:
-        """A broken collective would hold the surviving ranks forever: end them now."""
-        self.rt.kill([r for r in self.table if r.rank != except_rank])
+    def kill_ranks(self) -> None:
+        """End every rank now: a broken collective would hold the survivors forever, and a dead rank's
+        process may still run (hung, or its step raised), holding its devices."""
+        self.rt.kill(list(self.table))
+
+    def end_quietly(self, record: RankRecord) -> None:
+        """End one rank's process, unless the cluster closes meanwhile (close ends it); never raises."""
+        if self.closing():
+            return
+        try:
+            self.rt.kill([record])
+        except Exception:
+            logger.warning("ending engine rank %d failed", record.rank, exc_info=True)
 
 
 __all__ = ["Controls", "Report"]

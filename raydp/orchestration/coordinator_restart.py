@@ -46,7 +46,7 @@ class CoordinatorRestarts:
         c.reports.died(CoordinatorDeadError(f"of cluster {c.config.name!r}", node, cause, detail, restarting))
         if not restarting:
             if c.config.lockstep:  # no wave could start again: the ranks would wait forever
-                c.kill_ranks(except_rank=-1)
+                c.kill_ranks()
             return
         self.left -= 1
         c.in_background("raydp-coordinator-restart", self.restart, cause is DeathCause.NODE_DIED)

@@ -58,7 +58,7 @@ class GangRestarts:
         if delay is None:
             if not self.stopped:
                 self.stopped = True
-                c.kill_ranks(except_rank=rank)
+                c.kill_ranks()
             return
         self.restarting = True
         c.in_background("raydp-gang-restart", self.restart, rank, delay)

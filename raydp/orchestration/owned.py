@@ -1,7 +1,8 @@
 """What one launch owns on the launching side: :class:`OwnedResources`, released exactly once.
 
-Released by ``close()``, by garbage collection or at interpreter exit,
-whichever comes first; each backend subclasses it to stop its components.
+Released by ``close()``, by garbage collection (:meth:`OwnedResources.collected`)
+or at interpreter exit, whichever comes first; each backend subclasses it to
+stop its components.
 """
 
 from __future__ import annotations
@@ -50,6 +51,21 @@ class OwnedResources:
             self.ctx.destroy(linger=0)
         if self.ipc_dir is not None:
             self.ipc_dir.remove()
+
+    def collected(self) -> None:
+        """:meth:`release`, as its backend's finalizer runs it: on whatever thread collected the backend.
+
+        That may be one of the backend's own threads, holding this launch's lock (a restart telling
+        the listeners) or one :meth:`release` joins; off the main thread (where exit runs it) the
+        release runs on a thread of its own.
+        """
+        if threading.current_thread() is threading.main_thread():
+            self.release()
+            return
+        try:
+            threading.Thread(target=self.release, name=f"raydp-release-{self.name}", daemon=True).start()
+        except RuntimeError:  # the interpreter is shutting down: no new thread starts
+            self.release()
 
     def stop_components(self) -> None:
         """End the processes or actors this launch started (the backend's part)."""

@@ -25,9 +25,6 @@ from raydp.orchestration.runtime import CoordinatorUnavailableError
 
 logger = logging.getLogger("raydp.manager")
 
-# Ends whose process may still run: a watchdog's verdict, a step that raised, a start that failed.
-LIVE_AFTER = frozenset({DeathCause.HUNG, DeathCause.ENGINE_ERROR, DeathCause.INIT_FAILED, DeathCause.UNKNOWN})
-
 
 class DenseRestarts:
     """The dense restart policy of one cluster (callers hold the report lock); its budget is ``controls.budget``."""
@@ -44,10 +41,11 @@ class DenseRestarts:
         c.reports.died(engine_death(rank, c.table[rank].node_id, cause, detail, delay is not None))
         if delay is not None:
             c.in_background(f"raydp-restart-{rank}", self.restart, rank, cause, delay)
-        elif cause in LIVE_AFTER and not c.closing():
-            # A rank that stays down may still be a process (hung, or its step raised) holding its
-            # devices and memory: end it now, as a restart would, rather than at close().
-            c.in_background(f"raydp-end-{rank}", c.rt.kill, [c.table[rank]])
+        elif not c.closing():
+            # A rank that stays down may still be a process (hung, its step raised, a worker of it died)
+            # holding its devices and memory: end it now, as a restart would, rather than at close().
+            # Ending one already gone does nothing.
+            c.in_background(f"raydp-end-{rank}", c.end_quietly, c.table[rank])
 
     def may_restart(self, rank: int, cause: DeathCause) -> float | None:
         """The backoff before restarting ``rank``, or None when it stays down."""

@@ -16,7 +16,7 @@ import pytest
 import raydp
 from raydp.errors import ProcessDeadError
 from raydp.serve.settings import ServerSettings
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import running, wait_until
 
 
 def post(url: str, payload: dict[str, object]) -> tuple[int, dict[str, Any]]:
@@ -133,3 +133,21 @@ def test_closed_api_servers_leave_no_semaphore_in_dev_shm_while_their_manager_li
         servers.close()
         assert [f for f in files if f.exists()] == [], "close() unlinked them; the manager is still held"
         assert servers.procs and not any(p.process.is_alive() for p in servers.procs)
+
+
+@pytest.mark.timeout(120)
+def test_serving_api_servers_keep_their_dropped_cluster_and_it_closes_once_they_go() -> None:
+    import gc
+
+    cluster = raydp.launch(name="apikeep", dp_size=1, backend="mp", progress=False)
+    pid = cluster.client().call_utility(0, "describe")["pid"]
+    servers = cluster.serve_api(1)
+    del cluster
+    gc.collect()
+    assert post(f"{servers.url}/v1/generate", {"prompt_token_ids": [3], "max_tokens": 2}) == (
+        200,
+        {"token_ids": [3, 3]},
+    ), "API servers that serve keep their cluster, as a client does"
+    del servers
+    gc.collect()
+    assert wait_until(lambda: not running(pid), timeout=30), "with nothing held, the cluster closed"

@@ -108,7 +108,8 @@ def test_a_killed_rank_restarts_while_max_restarts_allows_then_stays_dead() -> N
         with pytest.raises(EngineDeadError):
             client.generate([7], max_tokens=1, rank=1, timeout=10)
         time.sleep(1.0)
-        assert [p.process.pid for p in cluster._manager.procs if p.rank == 1] == [second.process.pid]
+        # No third process: it stays dead (and what is left of the second, if anything, is ended).
+        assert all(p.process.pid == second.process.pid for p in cluster._manager.procs if p.rank == 1)
     assert socket_dirs("mprestart") == []
 
 

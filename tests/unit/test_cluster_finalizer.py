@@ -26,3 +26,29 @@ def test_a_handle_collected_in_a_clients_io_thread_closes_the_client_from_anothe
     io.start()
     assert closed.wait(20), "the client was closed"
     assert errors == []
+
+
+@pytest.mark.timeout(30)
+def test_a_backend_collected_on_a_thread_that_holds_its_lock_is_released_once_the_lock_is_free() -> None:
+    """A restart tells the listeners under the launch's lock; if the last handle goes in that call, the
+    backend's finalizer runs right there, and a release in place would wait on that lock forever."""
+    from raydp.orchestration.owned import OwnedResources
+
+    stopped = threading.Event()
+
+    class Recorded(OwnedResources):
+        def stop_components(self) -> None:
+            stopped.set()
+
+    owned = Recorded(name="x")
+
+    def restart_telling_the_listeners() -> None:
+        with owned.lock:
+            owned.collected()  # the finalizer, run by a collection on this very thread
+            assert not stopped.is_set()
+
+    worker = threading.Thread(target=restart_telling_the_listeners)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "the finalizer did not wait on the lock its own thread holds"
+    assert stopped.wait(10) and owned.released

@@ -51,7 +51,7 @@ def test_a_gang_restarts_within_its_budget_then_stops_every_rank() -> None:
     o.report(1, DeathCause.KILLED, "SIGKILL")
     _settle(o)
     assert [d.restarting for d in _first_deaths(o)] == [True, True, False]
-    assert runtime.alive == {1}, "past its budget the gang stops: the other ranks are ended"
+    assert runtime.alive == set(), "past its budget the gang stops: every rank is ended, the dead one's process too"
     assert [r.restarts for r in o.table] == [2, 2]
 
 
@@ -103,9 +103,10 @@ def test_a_rank_that_never_starts_stays_down_once_its_budget_is_spent(lockstep: 
     assert runtime.alive == (set() if lockstep else {0}), "a dense cluster serves on degraded; a gang stops"
 
 
-@pytest.mark.parametrize("cause", [DeathCause.HUNG, DeathCause.ENGINE_ERROR])
-def test_a_dense_rank_that_stays_down_is_ended_when_its_process_may_still_run(cause: DeathCause) -> None:
-    """With no restart left, a hung rank (or one whose step raised) must not keep its devices until close()."""
+@pytest.mark.parametrize("cause", [DeathCause.HUNG, DeathCause.ENGINE_ERROR, DeathCause.PROCESS_DIED])
+def test_a_dense_rank_that_stays_down_is_ended_at_once(cause: DeathCause) -> None:
+    """With no restart left, a rank's process must not keep its devices until close(): a hung one, one whose
+    step raised, or one that lives on after a worker of it died (a worker's death is the cause reported)."""
     o, runtime = _dense(max_restarts=0)
     o.report(1, cause, "no progress for 2.0s")
     _settle(o)

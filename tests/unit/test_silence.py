@@ -89,7 +89,7 @@ def test_a_rank_silent_past_the_bound_is_killed_and_its_end_reported_as_hung() -
 
 
 def test_a_rank_already_dead_a_held_gang_or_a_scale_change_is_left_alone() -> None:
-    o, runtime, silent = _dense(max_restarts=0)
+    o, _, silent = _dense(max_restarts=0)
     scale_lock = threading.Lock()
     watch = SilenceWatch(o.controls, bound_s=5.0, scale_lock=scale_lock)
     silent.silent_s = [0.5, 30.0]
@@ -99,7 +99,7 @@ def test_a_rank_already_dead_a_held_gang_or_a_scale_change_is_left_alone() -> No
     assert watch.check() == [], "the gang re-forms its DP group"
     silent.hold = None
     o.report(1, DeathCause.KILLED, "SIGKILL")  # reported dead by its watcher first
-    assert watch.check() == [] and len(o.reports.deaths) == 1 and 1 in runtime.alive, "no second end"
+    assert watch.check() == [] and len(o.reports.deaths) == 1 and 1 not in o.controls.frozen, "no second end"
 
 
 def test_a_ticker_holds_its_owner_weakly_and_ends_once_it_is_collected() -> None:

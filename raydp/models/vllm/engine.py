@@ -105,7 +105,7 @@ class VllmEngine:
         args = vllm_config.engine_args(events_config(engine_kwargs), context.world_size, 1)
         self.config = vllm_config.create_config(args)
         self.context = context
-        self.core = _build_core(self.config, executor_cls)
+        self.core = _build_core(self.config, executor_cls, context.scratch_dir)
         self._cache = self._follow_cache()
         lora = self.config.lora_config
         self._adapters = VllmAdapters(self.core, lora.max_cpu_loras or lora.max_loras) if lora is not None else None
@@ -331,13 +331,14 @@ def _check_version() -> None:
         logger.warning("vLLM %s: this adapter is built for %d.%d.x", vllm.__version__, *SUPPORTED_VLLM)
 
 
-def _build_core(config: Any, executor_cls: type[Any] | None) -> Any:
+def _build_core(config: Any, executor_cls: type[Any] | None, scratch_dir: str | None) -> Any:
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.executor import Executor
 
     from raydp.models.vllm.executor import one_process_class
 
-    return EngineCore(config, executor_cls or one_process_class(Executor.get_class(config)), log_stats=False)
+    executor = executor_cls or one_process_class(Executor.get_class(config), scratch_dir)
+    return EngineCore(config, executor, log_stats=False)
 
 
 def dist_ident(pid: int, rank: int) -> str:

@@ -12,14 +12,16 @@ channel, never a Ray call. What crosses, and how it is encoded, is in
 raydp's executor (``WorkerDeadError``), which fails the rank as for any engine.
 
 :func:`one_process_class` is what a one-device rank runs instead of vLLM's
-``UniProcExecutor``: the same, but its one-process torch rendezvous listens on
-a loopback port rather than in a file vLLM makes in the temp folder, which
-torch removes only at a clean exit; a killed rank, and every restart is one,
-would leave one behind.
+``UniProcExecutor``: the same, but its one-process torch rendezvous file is in
+the rank's own scratch directory (``EngineContext.scratch_dir``) rather than in
+the temp folder, where only a clean exit removes it; a killed rank, and every
+restart is one, would leave one behind. (A TCP rendezvous would leave no file,
+but torch's store listens on every interface, unauthenticated.)
 """
 
 from __future__ import annotations
 
+import secrets
 from concurrent.futures import Future
 from typing import Any
 
@@ -83,20 +85,20 @@ def _done(value: Any) -> Future[Any]:
     return future
 
 
-def one_process_class(default: type[Any]) -> type[Any]:
-    """vLLM's one-process executor with its rendezvous on loopback (see the module docstring); other
-    executors (a user's choice of ``distributed_executor_backend``) as they are."""
-    from vllm.utils.network_utils import get_distributed_init_method, get_open_port
+def one_process_class(default: type[Any], scratch_dir: str | None) -> type[Any]:
+    """vLLM's one-process executor with its rendezvous file in ``scratch_dir`` (see the module docstring);
+    other executors (a user's choice of ``distributed_executor_backend``), or no directory, as they are."""
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
-    if default is not UniProcExecutor:
+    if default is not UniProcExecutor or scratch_dir is None:
         return default
+    init_method = f"file://{scratch_dir}/vllm-dist-{secrets.token_hex(8)}"
 
-    class LoopbackUniProcExecutor(UniProcExecutor):  # type: ignore[misc]
-        """``UniProcExecutor`` whose rendezvous leaves no file behind."""
+    class ScratchUniProcExecutor(UniProcExecutor):  # type: ignore[misc]
+        """``UniProcExecutor`` whose rendezvous file lives in the rank's own directory."""
 
         def _distributed_args(self) -> tuple[str, int, int]:
             _, rank, local_rank = super()._distributed_args()
-            return get_distributed_init_method("127.0.0.1", get_open_port()), rank, local_rank
+            return init_method, rank, local_rank
 
-    return LoopbackUniProcExecutor
+    return ScratchUniProcExecutor
