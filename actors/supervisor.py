@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,27 +119,40 @@ class SupervisedBackend(AttachedBackend):
         """The supervisor's typed deaths, polled from it: the launcher's ``wait()`` and ``deaths`` see them."""
         self._listeners.append(listener)
         if self._watcher is None:
-            self._watcher = threading.Thread(target=self._poll_deaths, name="raydp-supervised-deaths", daemon=True)
+            # The thread holds this backend weakly: once its handle is gone (a detached cluster lives
+            # on), nobody is left to tell, and the polling ends.
+            args = (weakref.ref(self), self._stop, self.name)
+            name = "raydp-supervised-deaths"
+            self._watcher = threading.Thread(target=_poll_deaths, args=args, name=name, daemon=True)
             self._watcher.start()
 
-    def _poll_deaths(self) -> None:
-        seen = 0
-        while not self._stop.wait(DEATH_POLL_S):
-            supervisor = find_supervisor(self.name)
-            if supervisor is None:
-                return
-            try:
-                deaths: list[ComponentDeadError] = ray.get(supervisor.deaths.remote(), timeout=CALL_TIMEOUT_S)
-            except ray.exceptions.RayError:
-                return  # it ended (a close from another process) or its node went
-            for err in deaths[seen:]:
-                for listener in list(self._listeners):
-                    listener(err)
-            seen = max(seen, len(deaths))
+    def tell(self, deaths: Sequence[ComponentDeadError]) -> None:
+        """Tell this handle's listeners of ``deaths`` (the polling thread's call)."""
+        for err in deaths:
+            for listener in list(self._listeners):
+                listener(err)
 
     def close(self) -> None:
         self._stop.set()
         self.terminate()
+
+
+def _poll_deaths(backend: weakref.ref[SupervisedBackend], stop: threading.Event, name: str) -> None:
+    seen = 0
+    while not stop.wait(DEATH_POLL_S):
+        supervisor = find_supervisor(name)
+        if supervisor is None:
+            return
+        try:
+            deaths: list[ComponentDeadError] = ray.get(supervisor.deaths.remote(), timeout=CALL_TIMEOUT_S)
+        except ray.exceptions.RayError:
+            return  # it ended (a close from another process) or its node went
+        listening = backend()
+        if listening is None:
+            return
+        listening.tell(deaths[seen:])
+        del listening
+        seen = max(seen, len(deaths))
 
 
 def supervised_scale(name: str, dp_size: int, drain_timeout_s: float, pool: str | None = None) -> ClusterEndpoints:

@@ -190,3 +190,27 @@ def test_a_detached_cluster_autoscales_after_its_launcher_exited(two_nodes: Any)
     bad = [o for o in outcomes if o != "ok"]
     assert not bad, f"{len(bad)} of {len(outcomes)} requests failed: {bad[:3]}"
     assert len(outcomes) >= 6, "the load barely ran"
+
+
+@pytest.mark.timeout(180)
+def test_a_dropped_handle_of_a_detached_cluster_stops_watching_it_and_leaves_it_serving(two_nodes: Any) -> None:
+    """The launcher polls the supervisor for deaths to tell its handle; once the handle is gone, nobody is
+    left to tell, and a notebook that dropped it must not poll a cluster forever."""
+    import gc
+
+    name = "dropsup"
+    cluster = raydp.launch(name=name, dp_size=1, detached=True, progress=False)
+    try:
+        assert cluster.client().generate([2], max_tokens=1, timeout=60) == [2]
+
+        def polling() -> bool:
+            return any(t.name == "raydp-supervised-deaths" for t in threading.enumerate())
+
+        assert polling(), "deaths are watched while the handle lives"
+        del cluster
+        gc.collect()
+        assert wait_until(lambda: not polling(), timeout=30), "the watch ended with the handle"
+        assert raydp.attach(name).client().generate([3], max_tokens=1, timeout=60) == [3], "a detached one serves on"
+    finally:
+        raydp.attach(name).shutdown()
+    assert_nothing_left(name, timeout=30)
