@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -107,31 +109,58 @@ class RemoteAPIServers:
         except BaseException:
             ray.kill(self._actor, no_restart=True)
             raise
-        self._watch_ref = self._actor.watch.remote()
-        threading.Thread(target=self._watch, name=f"raydp-{label}-watch", daemon=True).start()
+        # The watch holds this group weakly, and a group nobody holds ends its host: dropped servers do
+        # not serve on (nor keep their cluster alive, through its listener) until the process exits.
+        watch = (weakref.ref(self), self._actor.watch.remote(), self._closed)
+        threading.Thread(target=_watch, args=watch, name=f"raydp-{label}-watch", daemon=True).start()
+        weakref.finalize(self, _end_host, self._actor, self._closed)
 
     def on_death(self, listener: DeathListener) -> None:
         self._listeners.append(listener)
 
-    def _watch(self) -> None:
-        try:
-            why = ray.get(self._watch_ref)
-        except Exception as exc:  # the host actor (or its node) died
-            why = f"host actor died: {exc!r:.300}"
-        if not self._closed.is_set():
-            notify(
-                self._listeners, ProcessDeadError(f"API servers {self.label} at {self.url} ({why})", None, self.node_id)
-            )
+    def tell(self, why: str) -> None:
+        """The host's servers died (``why``): tell the listeners."""
+        notify(self._listeners, ProcessDeadError(f"API servers {self.label} at {self.url} ({why})", None, self.node_id))
 
     def close(self) -> None:
         if self._closed.is_set():
             return
         self._closed.set()
-        try:
-            ray.get(self._actor.shutdown.remote(), timeout=10)
-        except Exception as exc:  # already dead: nothing left to stop
-            logger.debug("API server host shutdown: %r", exc)
-        ray.kill(self._actor, no_restart=True)
+        _shut_host(self._actor)
+
+
+def _watch(group: weakref.ref[RemoteAPIServers], watch_ref: Any, closed: threading.Event) -> None:
+    try:
+        why = ray.get(watch_ref)
+    except Exception as exc:  # the host actor (or its node) died
+        why = f"host actor died: {exc!r:.300}"
+    servers = group()
+    if servers is not None and not closed.is_set():
+        servers.tell(why)
+
+
+def _end_host(actor: Any, closed: threading.Event) -> None:
+    """A dropped group's finalizer, on whatever thread collected it: end the host as close() does, on a
+    thread of its own (it waits for the servers' drain)."""
+    if closed.is_set() or not ray.is_initialized():
+        return
+    closed.set()
+    try:
+        threading.Thread(target=_shut_host, args=(actor,), name="raydp-api-host-end", daemon=True).start()
+    except RuntimeError:  # the interpreter is shutting down: no new thread starts
+        _shut_host(actor)
+
+
+def _shut_host(actor: Any) -> None:
+    """Stop the host's servers (they drain and release what they hold), then end the host actor."""
+    try:
+        ray.get(actor.shutdown.remote(), timeout=10)
+    except Exception as exc:  # already dead: nothing left to stop
+        logger.debug("API server host shutdown: %r", exc)
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception as exc:  # Ray is shutting down
+        logger.debug("API server host kill: %r", exc)
 
 
 class HostsRemoteAPIServers:

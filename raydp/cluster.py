@@ -215,7 +215,7 @@ class Cluster:
     ) -> None:
         """Watch ``servers`` like the engines, close them with the cluster, list them in ``raydp status``."""
         # Held strongly, unlike the backend's listeners: API servers that serve keep their cluster, as a
-        # client does (their watch thread holds them, and through this the handle, until they close).
+        # client does. Their watch threads hold them weakly, so servers and cluster go once neither is held.
         servers.on_death(self._on_death)
         with self._lock:
             self._api_servers.append(servers)

@@ -6,6 +6,8 @@ an autoscaler mid-round, a restart) must hold its listeners weakly
 (:func:`weakly`): a strong one would keep a dropped handle alive for as long
 as they run, and its cluster would close at some later collection, on
 whatever thread ran it. Its finalizer (:func:`close_all`) closes its clients.
+What it made holds it strongly, on purpose: a client, and the API server
+groups it started (serving ones keep their cluster, until they are dropped too).
 """
 
 from __future__ import annotations

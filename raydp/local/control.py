@@ -76,7 +76,8 @@ class ControlPipe:
     def close(self) -> None:
         """Close this end (after :meth:`stop`, once the coordinator process has ended)."""
         self.closed = True
-        self.conn.close()
+        with self._sending:
+            self.conn.close()
 
 
 def answer_commands(loop: Any, conn: Connection, thread: threading.Thread) -> None:

@@ -50,11 +50,15 @@ class LocalOwned(OwnedResources):
 
     procs: list[Proc] = field(default_factory=list)
     control: ControlPipe | None = None
+    # One ending at a time (close's included): two threads ending the same process (the silence
+    # watch's kill, a restart's, a stays-down end) would close its pipes twice, one fd closed twice.
+    ending: threading.RLock = field(default_factory=threading.RLock)
 
     def stop_components(self) -> None:
         if self.control is not None:
             self.control.stop()
-        shutdown(self.procs)
+        with self.ending:
+            shutdown(list(self.procs))
         if self.name:
             remove_cluster_ipc_dirs(self.name)
         if self.control is not None:
@@ -79,9 +83,6 @@ class ProcessRuntime:
         self.report_process: Callable[[ProcessDeadError], None] | None = None  # the coordinator's: final
         self.retired: set[int] = set()  # ids of processes raydp ended: not deaths
         self.watchers: dict[int, threading.Thread] = {}
-        # One ending at a time: the silence watch's kill and the restart's kill of the same process
-        # would otherwise close its pipes from two threads at once, one fd closed twice.
-        self._ending = threading.RLock()
         self.coordinator: Proc | None = None
         self.autoscale: AutoscaleDecision | None = None
         self.prefill_autoscale: AutoscaleDecision | None = None  # P/D: the prefill pool's autoscaler
@@ -172,7 +173,7 @@ class ProcessRuntime:
 
     def _end(self, procs: list[Proc], grace_s: float) -> None:
         """Terminate, and let each watcher see the exit before the death pipes close."""
-        with self._ending:
+        with self.owned.ending:
             for proc in procs:
                 if proc.process.is_alive():
                     proc.process.terminate()

@@ -112,7 +112,8 @@ class Controls:
         return self.owned.stop.is_set()
 
     def in_background(self, name: str, target: Callable[..., None], *args: Any) -> None:
-        """Run a restart on a thread of its own, joined by the backend's close."""
+        """Run ``target`` (a restart, an end) on a thread of its own: the Ray backend's close joins these
+        threads; the ``mp`` backend's close ends processes under the same lock as they do."""
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         self.threads.append(thread)
         thread.start()

@@ -47,7 +47,8 @@ class Orchestrator:
 
     ``report`` takes every death (rank -1: the coordinator) from the runtime's
     watchers; callers of the sequences hold nothing. ``threads`` collects the
-    restart threads, for the backend's close to join. The policies get
+    restart threads, for the Ray backend's close to join (the ``mp`` backend
+    passes none: its close ends processes under the lock they take). The policies get
     :attr:`controls`, never the orchestrator.
     """
 

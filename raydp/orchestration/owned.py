@@ -63,7 +63,9 @@ class OwnedResources:
             self.release()
             return
         try:
-            threading.Thread(target=self.release, name=f"raydp-release-{self.name}", daemon=True).start()
+            # Not a daemon: an exit that comes meanwhile waits for it (its finalizer has run: exit will
+            # not release this launch again).
+            threading.Thread(target=self.release, name=f"raydp-release-{self.name}", daemon=False).start()
         except RuntimeError:  # the interpreter is shutting down: no new thread starts
             self.release()
 

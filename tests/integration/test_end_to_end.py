@@ -170,3 +170,24 @@ def test_user_placement_groups_are_used_and_left_to_their_owner(two_nodes) -> No
     finally:
         for g in groups:
             remove_placement_group(g)
+
+
+@pytest.mark.timeout(180)
+def test_api_servers_on_the_nodes_keep_a_dropped_cluster_and_all_go_once_they_are_dropped(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    import gc
+    import json
+    import urllib.request
+
+    cluster = raydp.launch(name="apidrop", dp_size=2, progress=False)
+    groups = cluster.serve_api_per_node(1)
+    del cluster
+    gc.collect()
+    body = json.dumps({"prompt_token_ids": [4], "max_tokens": 2}).encode()
+    for group in groups:  # serving servers keep their cluster, as a client does
+        request = urllib.request.Request(f"{group.url}/v1/generate", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert json.loads(answer.read()) == {"token_ids": [4, 4]}
+    assert any("-api-" in actor for actor in live_actors("apidrop")), "the servers' host actors run"
+    del groups, group
+    gc.collect()
+    assert_nothing_left("apidrop", timeout=60, wait_sockets=True)  # host actors, engines, coordinator

@@ -203,13 +203,11 @@ def test_a_dropped_handle_of_a_detached_cluster_stops_watching_it_and_leaves_it_
     try:
         assert cluster.client().generate([2], max_tokens=1, timeout=60) == [2]
 
-        def polling() -> bool:
-            return any(t.name == "raydp-supervised-deaths" for t in threading.enumerate())
-
-        assert polling(), "deaths are watched while the handle lives"
+        watch = cluster._manager._watcher  # this handle's own death watch
+        assert watch is not None and watch.is_alive(), "deaths are watched while the handle lives"
         del cluster
         gc.collect()
-        assert wait_until(lambda: not polling(), timeout=30), "the watch ended with the handle"
+        assert wait_until(lambda: not watch.is_alive(), timeout=30), "the watch ended with the handle"
         assert raydp.attach(name).client().generate([3], max_tokens=1, timeout=60) == [3], "a detached one serves on"
     finally:
         raydp.attach(name).shutdown()

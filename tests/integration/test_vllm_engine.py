@@ -198,7 +198,7 @@ def test_a_killed_vllm_rank_fails_its_requests_typed_migrates_opted_in_streams_a
     assert wait_until(lambda: _serves(client, 1), timeout=180), "the rank restarts, model reload included"
     assert time.monotonic() - started < 180
     # vLLM's one-process executor meets torch in a file it makes there, which a killed process never
-    # removes: every restart would leave one. A rank's rendezvous is on loopback instead.
+    # removes: every restart would leave one. A rank's rendezvous file is in its own IPC directory.
     assert set(Path(tempfile.gettempdir()).glob("vllm_dist_*")) - rendezvous == set()
 
 

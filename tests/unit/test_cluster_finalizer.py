@@ -41,14 +41,16 @@ def test_a_backend_collected_on_a_thread_that_holds_its_lock_is_released_once_th
             stopped.set()
 
     owned = Recorded(name="x")
+    while_held: list[bool] = []
 
     def restart_telling_the_listeners() -> None:
         with owned.lock:
             owned.collected()  # the finalizer, run by a collection on this very thread
-            assert not stopped.is_set()
+            while_held.append(stopped.is_set())
 
-    worker = threading.Thread(target=restart_telling_the_listeners)
+    worker = threading.Thread(target=restart_telling_the_listeners, daemon=True)
     worker.start()
     worker.join(10)
     assert not worker.is_alive(), "the finalizer did not wait on the lock its own thread holds"
+    assert while_held == [False], "nothing was released under the lock"
     assert stopped.wait(10) and owned.released

@@ -98,7 +98,8 @@ def one_process_class(default: type[Any], scratch_dir: str | None) -> type[Any]:
         """``UniProcExecutor`` whose rendezvous file lives in the rank's own directory."""
 
         def _distributed_args(self) -> tuple[str, int, int]:
-            _, rank, local_rank = super()._distributed_args()
-            return init_method, rank, local_rank
+            method, rank, local_rank = super()._distributed_args()
+            # vLLM's TCP rendezvous (ROCm's AITER all-reduce asserts on a file store) stays as it is.
+            return (init_method if method.startswith("file://") else method), rank, local_rank
 
     return ScratchUniProcExecutor
