@@ -12,10 +12,11 @@ groups it started (serving ones keep their cluster, until they are dropped too).
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable
 from typing import ParamSpec
+
+from raydp.orchestration.owned import off_the_collectors_thread
 
 P = ParamSpec("P")
 
@@ -42,10 +43,4 @@ def close_all(closers: list[Callable[[], None]]) -> None:
         for close in work:
             close()
 
-    if threading.current_thread() is threading.main_thread():
-        run()
-        return
-    try:
-        threading.Thread(target=run, name="raydp-close-clients", daemon=True).start()
-    except RuntimeError:  # the interpreter is shutting down: no new thread starts
-        run()
+    off_the_collectors_thread(run, "raydp-close-clients", daemon=True)

@@ -59,18 +59,25 @@ class OwnedResources:
         the listeners) or one :meth:`release` joins; off the main thread (where exit runs it) the
         release runs on a thread of its own.
         """
-        if threading.current_thread() is threading.main_thread():
-            self.release()
-            return
-        try:
-            # Not a daemon: an exit that comes meanwhile waits for it (its finalizer has run: exit will
-            # not release this launch again).
-            threading.Thread(target=self.release, name=f"raydp-release-{self.name}", daemon=False).start()
-        except RuntimeError:  # the interpreter is shutting down: no new thread starts
-            self.release()
+        # Not a daemon: an exit that comes meanwhile waits for it (its finalizer has run: exit will
+        # not release this launch again).
+        off_the_collectors_thread(self.release, f"raydp-release-{self.name}", daemon=False)
 
     def stop_components(self) -> None:
         """End the processes or actors this launch started (the backend's part)."""
 
 
-__all__ = ["OwnedResources"]
+def off_the_collectors_thread(work: Callable[[], None], name: str, *, daemon: bool) -> None:
+    """Run a finalizer's ``work`` now on the main thread (where exit runs finalizers), else on a thread
+    of its own: the collector runs finalizers on whatever thread it runs on, which may hold locks the
+    work takes, or be a thread the work joins."""
+    if threading.current_thread() is threading.main_thread():
+        work()
+        return
+    try:
+        threading.Thread(target=work, name=name, daemon=daemon).start()
+    except RuntimeError:  # the interpreter is shutting down: no new thread starts
+        work()
+
+
+__all__ = ["OwnedResources", "off_the_collectors_thread"]
