@@ -166,7 +166,7 @@ def soak(seed: int, minutes: float, hosts: str = "local", pace: Pace = Pace(), m
             run_faults(cluster, local, servers, rng, seed, minutes, summary, mode, pace, answers)
         finally:
             cluster.close()
-        summary.leftovers = leftovers(name, servers.procs, gcs=hosts == "netns")
+        summary.leftovers = leftovers(name, servers.procs)
     finally:
         local.shutdown()
     if hosts == "netns":
@@ -273,15 +273,10 @@ def check(summary: Summary, ledger: Ledger, rss0: int, rss1: int, fds0: int, fds
     v.extend(f"example: {e}" for e in ledger.examples)
 
 
-def leftovers(name: str, procs: list[Any], gcs: bool = False) -> list[str]:
-    """What a closed cluster left behind: actors, groups, socket directories, API server processes.
-
-    ``gcs`` reads actors and groups from the GCS (a namespace-host Ray runs no dashboard for the state API).
-    """
+def leftovers(name: str, procs: list[Any]) -> list[str]:
+    """What a closed cluster left behind: actors, groups, socket directories, API server processes."""
 
     def in_ray() -> list[str]:
-        if gcs:
-            return netns_ray.gcs_leftovers(name)
         return [f"actor {a}" for a in live_actors(name)] + [f"placement group {g}" for g in live_groups(name)]
 
     wait_until(lambda: not in_ray() and not socket_dirs(name), timeout=30)

@@ -70,7 +70,10 @@ ENGINE_KINDS = ("rank-skip-allreduce", "restart-wedge")
 # given a port; nothing here connects with ray://), the log monitor (its only reader is a driver that logs
 # its workers' output, and these drivers run with log_to_driver=False) and Ray's autoscaler monitor
 # (raydp's own autoscaler is what scales here; nothing asks Ray's). The integration tests' Rays use it too.
-LEAN_HEAD: dict[str, bool] = {"include_log_monitor": False, "no_monitor": True}
+# A test head without the daemons no test reads: the log monitor, the autoscaler's monitor and the
+# dashboard (its head and ten module processes cost seconds of CPU per cluster on a 2-core machine; the
+# leftover checks read the GCS instead, and only the Jobs tests ask for a dashboard).
+LEAN_HEAD: dict[str, bool] = {"include_log_monitor": False, "no_monitor": True, "include_dashboard": False}
 
 
 class LocalRay:

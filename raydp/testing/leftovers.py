@@ -7,43 +7,30 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any
 
 import ray
-from ray.util.state import list_actors, list_placement_groups
 
-T = TypeVar("T")
-
-
-def _retry(fn: Callable[[], T], attempts: int = 5) -> T:
-    """The state API goes through the dashboard, which may lag on a busy 2-core box."""
-    for attempt in range(attempts):
-        try:
-            return fn()
-        except ConnectionError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(1 + attempt)
-    raise AssertionError("unreachable")
-
-
-def _address() -> str:
-    """This driver's cluster: without it the state API may query another cluster on the host."""
-    return str(ray.get_runtime_context().gcs_address)
+# Both read this driver's GCS, not the state API: that goes through the dashboard, which the test Rays
+# do not start (it costs seconds of CPU per cluster on a 2-core machine) and which lags when busy.
 
 
 def live_actors(name: str) -> list[str]:
-    """Cluster ``name``'s actors that are not dead, by name (the state API: the Ray needs its dashboard)."""
-    actors = _retry(
-        lambda: list_actors(address=_address(), filters=[("state", "!=", "DEAD")], raise_on_missing_output=False)
-    )
-    return [a.name for a in actors if a.name and a.name.startswith(f"{name}-")]
+    """Cluster ``name``'s actors that are not dead, by name."""
+    from ray._private.state import actors  # the GCS's actor table: no public API reads it without a dashboard
+
+    table: dict[str, Any] = actors()
+    return [str(a["Name"]) for a in table.values() if str(a["Name"]).startswith(f"{name}-") and a["State"] != "DEAD"]
 
 
 def live_groups(name: str) -> list[str]:
     """Cluster ``name``'s placement groups not removed, by name."""
-    groups = _retry(lambda: list_placement_groups(address=_address(), raise_on_missing_output=False))
-    return [g.name for g in groups if g.name.startswith(f"{name}-") and g.state != "REMOVED"]
+    groups: dict[str, Any] = ray.util.placement_group_table()
+    return [
+        str(g["name"])
+        for g in groups.values()
+        if str(g.get("name", "")).startswith(f"{name}-") and g.get("state") != "REMOVED"
+    ]
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 15.0) -> bool:

@@ -22,7 +22,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import ray
 
@@ -119,21 +118,3 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def gcs_leftovers(name: str) -> list[str]:
-    """Cluster ``name``'s actors not dead and placement groups not removed, from the GCS (no dashboard here)."""
-    from ray._private.state import actors
-
-    left = [
-        f"actor {a['Name']}"
-        for a in actors().values()
-        if str(a["Name"]).startswith(f"{name}-") and a["State"] != "DEAD"
-    ]
-    groups: dict[str, Any] = ray.util.placement_group_table()
-    left += [
-        f"placement group {g['name']}"
-        for g in groups.values()
-        if str(g.get("name", "")).startswith(f"{name}-") and g.get("state") != "REMOVED"
-    ]
-    return left

@@ -26,8 +26,8 @@ Shape = tuple[int, ...]  # logical GPUs per node, head first
 # Under pytest-xdist each worker keeps its own Rays and files: its own Ray temp dir (where "the latest
 # cluster" of ray.init() and of the CLI's subprocesses is written), its own temp dir (raydp's socket
 # directories, which the leftover checks list by cluster name), and its own ports for what a Ray head
-# binds at fixed defaults (the dashboard, whose state API the leftover checks read, and its agent, which
-# serves the Jobs API). Without xdist nothing changes.
+# binds at fixed defaults (the dashboard, which only the Jobs tests start, and its agent, which serves
+# the Jobs API). Without xdist nothing changes.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 HEAD_PORTS: dict[str, int] = {}
 if WORKER:
@@ -62,10 +62,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 class ClusterPool:
     def __init__(self) -> None:
         self.cluster: Cluster | None = None
-        self.shape: Shape | None = None
+        self.key: tuple[Shape, bool] | None = None  # the kept cluster's shape, and whether it has a dashboard
 
-    def get(self, shape: Shape, *, fresh: bool = False, cpus_per_node: int = 4) -> Cluster:
-        if self.cluster is not None and self.shape == shape and not fresh:
+    def get(self, shape: Shape, *, fresh: bool = False, cpus_per_node: int = 4, dashboard: bool = False) -> Cluster:
+        """A cluster of ``shape``, the kept one where it fits; ``dashboard`` for tests that need one (Jobs)."""
+        if self.cluster is not None and self.key == (shape, dashboard) and not fresh:
             return self.cluster
         self.shutdown()
         cluster = Cluster(
@@ -75,20 +76,21 @@ class ClusterPool:
                 "num_gpus": shape[0],
                 **HEAD_PORTS,
                 **LEAN_HEAD,
+                "include_dashboard": dashboard,
             },
         )
         for gpus in shape[1:]:
             cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus)
         ray.init(address=cluster.address, log_to_driver=False)
         cluster.wait_for_nodes()
-        self.cluster, self.shape = cluster, shape
+        self.cluster, self.key = cluster, (shape, dashboard)
         return cluster
 
     def shutdown(self) -> None:
         if self.cluster is not None:
             ray.shutdown()
             self.cluster.shutdown()
-        self.cluster = self.shape = None
+        self.cluster = self.key = None
 
 
 @pytest.fixture(scope="session")
@@ -102,3 +104,9 @@ def cluster_pool() -> Iterator[ClusterPool]:
 def two_nodes(cluster_pool: ClusterPool) -> Cluster:
     """Two nodes of 4 logical GPUs each, sharing one IP."""
     return cluster_pool.get((4, 4))
+
+
+@pytest.fixture(scope="module")
+def two_nodes_with_dashboard(cluster_pool: ClusterPool) -> Cluster:
+    """:func:`two_nodes` with Ray's dashboard, which serves the Jobs API."""
+    return cluster_pool.get((4, 4), dashboard=True)

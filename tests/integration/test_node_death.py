@@ -42,7 +42,7 @@ def test_removing_a_node_reports_its_ranks_as_node_died(cluster_pool: ClusterPoo
         assert client.generate([5], max_tokens=2, timeout=30) == [5, 5]
     finally:
         cluster.close()
-        cluster_pool.shape = None  # this cluster lost a node: nobody else may reuse it
+        cluster_pool.key = None  # this cluster lost a node: nobody else may reuse it
     assert wait_until(lambda: not live_groups("nodedeath"), timeout=30)
 
 
@@ -80,7 +80,7 @@ def test_ranks_of_a_dead_node_are_re_placed_on_the_nodes_that_remain(cluster_poo
         assert cluster.wait(timeout=0.1) is None, "a recovered death does not end the cluster"
     finally:
         cluster.close()
-        cluster_pool.shape = None  # this cluster lost a node: nobody else may reuse it
+        cluster_pool.key = None  # this cluster lost a node: nobody else may reuse it
     assert wait_until(lambda: not live_groups("replace"), timeout=30)
 
 
@@ -159,5 +159,5 @@ def test_the_coordinators_node_dying_moves_it_to_a_live_node_and_every_client_fo
         if attached is not None:
             attached.close()
         cluster.close()
-        cluster_pool.shape = None
+        cluster_pool.key = None
     assert wait_until(lambda: not live_groups("coordnode"), timeout=30)

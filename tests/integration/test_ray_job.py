@@ -28,7 +28,7 @@ JOB_ENV = {
 
 
 @pytest.mark.timeout(300)  # may pay for a fresh Ray cluster, then a 200 s job deadline
-def test_demo_runs_as_a_ray_job(two_nodes: Any) -> None:
+def test_demo_runs_as_a_ray_job(two_nodes_with_dashboard: Any) -> None:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     webui = ray._private.worker.global_worker.node.address_info["webui_url"]
@@ -85,7 +85,7 @@ def _clean_exit(logs: str, command: str) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_ray_job_stop_ends_a_serving_job_after_answering_its_requests(two_nodes: Any) -> None:
+def test_ray_job_stop_ends_a_serving_job_after_answering_its_requests(two_nodes_with_dashboard: Any) -> None:
     client = _jobs()
     name = "jobserve"
     job_id = client.submit_job(
@@ -112,7 +112,7 @@ def test_ray_job_stop_ends_a_serving_job_after_answering_its_requests(two_nodes:
 
 
 @pytest.mark.timeout(300)
-def test_ray_job_stop_ends_a_running_demo_cleanly(two_nodes: Any) -> None:
+def test_ray_job_stop_ends_a_running_demo_cleanly(two_nodes_with_dashboard: Any) -> None:
     client = _jobs()
     job_id = client.submit_job(
         entrypoint=f"{sys.executable} -m raydp demo --dp-size 2 --engine echo --requests 5000 --max-tokens 1000 "
