@@ -187,7 +187,7 @@ def job_stop_row(trials: int) -> FaultRow:
         "placement group or IPC dir left"
     )
     tally = Tally()
-    local = LocalRay((2, 2))
+    local = LocalRay((2, 2), dashboard=True)  # the Jobs API is the dashboard's
     try:
         jobs = JobSubmissionClient(f"http://{ray._private.worker.global_worker.node.address_info['webui_url']}")
         env = {"PYTHONPATH": str(REPO), "RAY_JOB_STOP_WAIT_TIME_S": "10", "RAYDP_ENGINE_KWARGS": SLOW_ENGINE}

@@ -79,13 +79,20 @@ LEAN_HEAD: dict[str, bool] = {"include_log_monitor": False, "no_monitor": True, 
 class LocalRay:
     """A local Ray of several nodes (logical GPUs), started and connected to by this driver."""
 
-    def __init__(self, gpus_per_node: tuple[int, ...], cpus_per_node: int = 4) -> None:
+    def __init__(self, gpus_per_node: tuple[int, ...], cpus_per_node: int = 4, *, dashboard: bool = False) -> None:
+        """``dashboard``: start Ray's dashboard, for those that use the Jobs API."""
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         self.cpus = cpus_per_node
         # The head's listeners that Ray binds at fixed defaults get free ports: another soak's or test's
         # local Ray may run on this machine at the same time (the dashboard looks for a free port itself).
         ports = {"dashboard_agent_listen_port": free_port("")}
-        head = {"num_cpus": cpus_per_node, "num_gpus": gpus_per_node[0], **LEAN_HEAD, **ports}
+        head = {
+            "num_cpus": cpus_per_node,
+            "num_gpus": gpus_per_node[0],
+            **LEAN_HEAD,
+            **ports,
+            "include_dashboard": dashboard,
+        }
         self.cluster = RayTestCluster(initialize_head=True, head_node_args=head)
         self._gpus: dict[str, int] = {}  # worker node id -> its logical GPUs
         for gpus in gpus_per_node[1:]:

@@ -6,25 +6,47 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 
-# Both read this driver's GCS, not the state API: that goes through the dashboard, which the test Rays
-# do not start (it costs seconds of CPU per cluster on a 2-core machine) and which lags when busy.
+
+@dataclass(frozen=True)
+class ActorRow:
+    """One actor as the GCS's actor table has it."""
+
+    actor_id: str
+    name: str
+    class_name: str
+    state: str  # ALIVE, DEAD, RESTARTING, PENDING_CREATION, ...
+    pid: int
+
+
+def actor_table() -> list[ActorRow]:
+    """Every actor this driver's cluster knows of, dead ones included, from the GCS.
+
+    Not the state API (``ray.util.state``): that goes through the dashboard,
+    which the test Rays do not start (its processes cost seconds of CPU per
+    cluster on a 2-core machine) and which lags when the machine is busy.
+    """
+    from ray._private.state import actors  # the GCS's table: no public API reads it without a dashboard
+
+    table: dict[str, Any] = actors()
+    return [
+        ActorRow(str(a["ActorID"]), str(a["Name"]), str(a["ActorClassName"]), str(a["State"]), int(a["Pid"]))
+        for a in table.values()
+    ]
 
 
 def live_actors(name: str) -> list[str]:
     """Cluster ``name``'s actors that are not dead, by name."""
-    from ray._private.state import actors  # the GCS's actor table: no public API reads it without a dashboard
-
-    table: dict[str, Any] = actors()
-    return [str(a["Name"]) for a in table.values() if str(a["Name"]).startswith(f"{name}-") and a["State"] != "DEAD"]
+    return [a.name for a in actor_table() if a.name.startswith(f"{name}-") and a.state != "DEAD"]
 
 
 def live_groups(name: str) -> list[str]:
-    """Cluster ``name``'s placement groups not removed, by name."""
+    """Cluster ``name``'s placement groups not removed, by name (the GCS's table)."""
     groups: dict[str, Any] = ray.util.placement_group_table()
     return [
         str(g["name"])

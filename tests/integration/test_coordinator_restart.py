@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import ray
-from ray.util.state import list_actors
 
 import raydp
 from raydp.errors import CoordinatorDeadError
 from raydp.names import NAMESPACE, coordinator_name
+from raydp.testing.leftovers import actor_table
 from tests.integration.helpers import assert_nothing_left, wait_until
 
 ECHO_SLOW = {"step_delay_s": 0.01}
@@ -22,9 +22,9 @@ ECHO_SLOW = {"step_delay_s": 0.01}
 def coordinator_pid(name: str) -> int:
     actor = ray.get_actor(coordinator_name(name), namespace=NAMESPACE)
     actor_id = actor._actor_id.hex()
-    found = list_actors(address=str(ray.get_runtime_context().gcs_address), filters=[("actor_id", "=", actor_id)])
+    found = [a for a in actor_table() if a.actor_id == actor_id]
     assert found and found[0].pid, f"no pid for the coordinator of {name!r}"
-    return int(found[0].pid)
+    return found[0].pid
 
 
 def restarted(cluster: Any, engines: int, deaths: int = 1) -> bool:

@@ -14,6 +14,7 @@ import ray
 import raydp
 from raydp.errors import DeathCause, EngineDeadError, RaydpError, StartupError
 from raydp.names import NAMESPACE
+from raydp.testing.leftovers import ActorRow, actor_table
 from tests.integration.engines import MissingWorkerEngine
 from tests.integration.helpers import assert_nothing_left, socket_dirs, wait_until
 
@@ -24,13 +25,8 @@ def _title(pid: int) -> str:
     return " ".join(psutil.Process(pid).cmdline())
 
 
-def _worker_actors_alive() -> list[int]:
-    from ray.util.state import list_actors
-
-    found = list_actors(
-        filters=[("class_name", "=", "WorkerActor"), ("state", "=", "ALIVE")], raise_on_missing_output=False
-    )
-    return [a.pid for a in found]
+def _worker_actors_alive() -> list[ActorRow]:
+    return [a for a in actor_table() if a.class_name == "WorkerActor" and a.state == "ALIVE"]
 
 
 def _kill_when(cluster: raydp.Cluster, kill: Any) -> tuple[EngineDeadError, float]:
@@ -96,18 +92,12 @@ def test_killing_a_worker_actor_fails_its_rank_at_once(two_nodes) -> None:  # ty
 
 @pytest.mark.timeout(240)
 def test_ray_kill_of_a_worker_is_reported_as_killed_and_a_dense_restart_brings_workers_back(two_nodes) -> None:  # type: ignore[no-untyped-def]
-    from ray.util.state import list_actors
-
     with raydp.launch(
         name="wrst", dp_size=1, tensor_parallel_size=2, engine=ECHO_WORKERS, max_restarts=1, progress=False
     ) as cluster:
         client = cluster.client()
         before = client.call_utility(0, "describe_workers")
-        actor = next(
-            a
-            for a in list_actors(filters=[("class_name", "=", "WorkerActor"), ("state", "=", "ALIVE")])
-            if a.pid == before[0]["pid"]
-        )
+        actor = next(a for a in _worker_actors_alive() if a.pid == before[0]["pid"])
         assert actor.name.startswith("wrst-dp0-tp0-"), "workers are named by cluster, DP rank and TP rank"
         ray.kill(ray.get_actor(actor.name, namespace=NAMESPACE), no_restart=True)
         assert wait_until(lambda: bool(cluster.deaths), timeout=20)  # event-driven; generous for a busy machine
