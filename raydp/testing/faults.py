@@ -69,10 +69,9 @@ ENGINE_KINDS = ("rank-skip-allreduce", "restart-wedge")
 # What a test Ray's head leaves out, to spare the cores: the Ray client server (Ray starts it only when
 # given a port; nothing here connects with ray://), the log monitor (its only reader is a driver that logs
 # its workers' output, and these drivers run with log_to_driver=False) and Ray's autoscaler monitor
-# (raydp's own autoscaler is what scales here; nothing asks Ray's). The integration tests' Rays use it too.
-# A test head without the daemons no test reads: the log monitor, the autoscaler's monitor and the
-# dashboard (its head and ten module processes cost seconds of CPU per cluster on a 2-core machine; the
-# leftover checks read the GCS instead, and only the Jobs tests ask for a dashboard).
+# (raydp's own autoscaler is what scales here; nothing asks Ray's), and the dashboard (a head and ten module
+# processes; the leftover checks read the GCS, and only the Jobs tests ask for one). The integration tests'
+# Rays use it too.
 LEAN_HEAD: dict[str, bool] = {"include_log_monitor": False, "no_monitor": True, "include_dashboard": False}
 
 
@@ -86,13 +85,8 @@ class LocalRay:
         # The head's listeners that Ray binds at fixed defaults get free ports: another soak's or test's
         # local Ray may run on this machine at the same time (the dashboard looks for a free port itself).
         ports = {"dashboard_agent_listen_port": free_port("")}
-        head = {
-            "num_cpus": cpus_per_node,
-            "num_gpus": gpus_per_node[0],
-            **LEAN_HEAD,
-            **ports,
-            "include_dashboard": dashboard,
-        }
+        head = {"num_cpus": cpus_per_node, "num_gpus": gpus_per_node[0], **LEAN_HEAD, **ports}
+        head["include_dashboard"] = dashboard
         self.cluster = RayTestCluster(initialize_head=True, head_node_args=head)
         self._gpus: dict[str, int] = {}  # worker node id -> its logical GPUs
         for gpus in gpus_per_node[1:]:

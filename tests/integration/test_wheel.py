@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -16,15 +17,33 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    out, source = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("source")
+    _copy_checkout(source)  # setuptools writes build/ beside the sources: not into the user's checkout
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
         check=True,
         cwd=out,
         timeout=240,
     )
     (found,) = out.glob("*.whl")
     return found
+
+
+def _copy_checkout(dest: Path) -> None:
+    """The checkout's files as git sees them (tracked, and new ones it does not ignore), links kept."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        src, dst = ROOT / name, dest / name
+        if not src.exists() and not src.is_symlink():  # deleted in the working tree, not yet in git
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst, follow_symlinks=False)
 
 
 @pytest.mark.timeout(300)
