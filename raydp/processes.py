@@ -2,7 +2,9 @@
 
 Shared by the multiprocessing backend (:mod:`raydp.local`) and the HTTP API
 servers (:mod:`raydp.serve`). Children are spawned (no forked Ray or ZMQ
-state) as daemons, each in a process group of its own: a terminal's Ctrl-C
+state), or, for engines that name modules to preload, forked from a fork
+server that has imported them (:func:`child_context`). Each is a daemon in a
+process group of its own: a terminal's Ctrl-C
 reaches the launcher alone, which stops them in order (API servers answer
 their running requests before the engines go). Each holds the read end of a
 parent-death pipe: when the parent dies, however it died, the pipe closes and
@@ -14,8 +16,10 @@ process tree. No Ray here.
 from __future__ import annotations
 
 import contextlib
+import glob
 import inspect
 import logging
+import multiprocessing as mp
 import os
 import signal
 import sys
@@ -25,12 +29,17 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 logger = logging.getLogger("raydp.processes")
 GRACE_S = 5.0
 WATCH_TIMEOUT_S = 0.05
+# Device nodes of the GPU drivers (NVIDIA's, AMD's): where any exists, children are spawned.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/kfd")
+_preload_lock = threading.Lock()
+_preloaded: tuple[str, ...] | None = None  # what this process's fork server imported, once started
 
 
 @dataclass
@@ -43,6 +52,35 @@ class Proc:
     death_pipe: Connection | None = None
 
 
+def child_context(preload: Sequence[str] = ()) -> BaseContext:
+    """Where this process's children come from: spawned, or forked from a server that imported ``preload``.
+
+    A vLLM process spends ~10 CPU-seconds importing torch's compiler stack and
+    transformers before any work; forked from a server that has imported them
+    once, each of a cluster's ranks, device workers and API servers starts
+    without. The fork server is a fresh interpreter, so nothing of this
+    process (threads, Ray, ZMQ) is forked. It is one per process, and the
+    first caller's ``preload`` is what it imports: a later caller naming other
+    modules still forks from it and imports them itself. Where a GPU driver
+    is present children are spawned, as before: CUDA must not be initialised
+    in a process that forks, and nothing there has run forked.
+    """
+    global _preloaded
+    if not preload or gpu_driver_present():
+        return mp.get_context("spawn")
+    context = mp.get_context("forkserver")
+    with _preload_lock:
+        if _preloaded is None:
+            context.set_forkserver_preload(list(preload))
+            _preloaded = tuple(preload)
+    return context
+
+
+def gpu_driver_present() -> bool:
+    """Whether a GPU driver's device nodes exist here (then :func:`child_context` always spawns)."""
+    return any(glob.glob(pattern) for pattern in GPU_DEVICE_NODES)
+
+
 def spawn(mp_ctx: Any, name: str, target: Callable[..., None], *args: Any, rank: int | None = None) -> Proc:
     """Start ``target(*args, death_pipe)`` as a daemon process; the parent keeps the pipe's writer.
 
@@ -50,14 +88,19 @@ def spawn(mp_ctx: Any, name: str, target: Callable[..., None], *args: Any, rank:
     """
     # Duplex, so that the child can leave its last words (why it failed) before it exits.
     reader, writer = mp_ctx.Pipe(duplex=True)
-    process = mp_ctx.Process(target=_in_own_group, args=(target, *args, reader), name=name, daemon=True)
+    # A forked child has its fork server's environment: it takes this process's, as a spawned one has.
+    env = dict(os.environ)
+    process = mp_ctx.Process(target=_in_own_group, args=(env, target, *args, reader), name=name, daemon=True)
     process.start()
     reader.close()
     return Proc(name, process, rank, writer)
 
 
-def _in_own_group(target: Callable[..., None], *args: Any) -> None:
+def _in_own_group(env: dict[str, str], target: Callable[..., None], *args: Any) -> None:
     os.setpgid(0, 0)  # out of the terminal's foreground group: see the module docstring
+    if os.environ != env:
+        os.environ.clear()
+        os.environ.update(env)
     target(*args)
 
 

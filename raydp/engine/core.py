@@ -62,7 +62,11 @@ class EngineCore(Protocol):
     :mod:`raydp.engine.cache_report`. ``adapters() -> AdapterState | None``
     reports the LoRA adapters it holds, least recently used first, with its
     slots and load, eviction and hit counts (None: it serves none), for
-    adapter-aware routing; see :mod:`raydp.engine.adapter_report`.
+    adapter-aware routing; see :mod:`raydp.engine.adapter_report`. A
+    class attribute ``preload_modules`` (module names) lets the mp backend
+    fork the engine's processes from a server that has imported them, on
+    machines without a GPU driver (:func:`raydp.processes.child_context`):
+    for engines whose imports cost more than their start.
     """
 
     def add_request(self, request: Request) -> None: ...
@@ -92,6 +96,11 @@ def load_engine_class(path: str) -> Callable[..., EngineCore]:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"engine={path!r}: cannot import it ({exc})") from None
     return check_engine_class(obj, path)
+
+
+def preload_modules(cls: object) -> tuple[str, ...]:
+    """The modules an engine or worker class asks its processes' fork server to import (none by default)."""
+    return tuple(getattr(cls, "preload_modules", ()))
 
 
 def check_engine_class(obj: Any, label: str) -> Callable[..., EngineCore]:

@@ -18,12 +18,15 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from raydp.config import RaydpConfig
+from raydp.engine.core import preload_modules
 from raydp.engine.executor import WorkerContext, WorkerGroupSpec
 from raydp.engine.host import set_device_visibility
 from raydp.errors import ConfigError, DeathCause, StartupError, describe_exit
 from raydp.logs import configure_component_logging
 from raydp.processes import (
     Proc,
+    child_context,
+    gpu_driver_present,
     last_words,
     on_stop_signals,
     set_process_title,
@@ -35,6 +38,7 @@ from raydp.processes import (
 from raydp.wire.transport import SocketOptions
 from raydp.workers.channel import ChannelServer, connect_worker
 from raydp.workers.executor import ChannelExecutor, DeathHandler
+from raydp.workers.runtime import load_worker_class
 
 STOP_GRACE_S = 2.0
 
@@ -47,6 +51,8 @@ def check_device_count(accelerator: str, needed: int, what: str, have: int | Non
     if accelerator != "GPU":
         return
     if have is None:
+        if not gpu_driver_present():  # no driver, no CUDA: known without importing torch (~2 CPU-seconds)
+            return
         import torch
 
         if not torch.cuda.is_available():
@@ -117,7 +123,7 @@ class MPExecutor(ChannelExecutor):
         # The engine runs in a daemon process, which multiprocessing forbids to have
         # children; its workers still end with it (parent-death pipes, daemon flag).
         mp.current_process().daemon = False
-        ctx = mp.get_context("spawn")
+        ctx = child_context(preload_modules(load_worker_class(spec.worker_class)))
         readers = []
         try:
             for context in self.contexts:

@@ -13,7 +13,6 @@ reported, not restarted.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import zmq
 
 from raydp.config import RaydpConfig
 from raydp.coordinator.resync import Restored
+from raydp.engine.core import load_engine_class, preload_modules
 from raydp.errors import DeathCause, ProcessDeadError, StartupError, describe_exit
 from raydp.local.children import LOCAL_NODE, coordinator_main, decode_death, engine_main
 from raydp.local.control import ControlPipe, recv
@@ -32,7 +32,7 @@ from raydp.names import coordinator_name, rank_name
 from raydp.orchestration.owned import OwnedResources
 from raydp.orchestration.ranks import RankRecord, RankTable
 from raydp.orchestration.runtime import InitFor, Progress, join_ranks
-from raydp.processes import Proc, last_words, shutdown, spawn, watch_processes
+from raydp.processes import Proc, child_context, last_words, shutdown, spawn, watch_processes
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
 from raydp.wire.handshake import HandshakeResult, HandshakeServer
 from raydp.wire.records import AutoscaleDecision, CoordinatorStatus
@@ -78,7 +78,7 @@ class ProcessRuntime:
         self.stop = owned.stop
         self.ipc_prefix = ipc_prefix
         self.sock_opts = socket_options(config)
-        self.mp = mp.get_context("spawn")
+        self.mp = child_context(preload_modules(load_engine_class(config.engine)))
         self.report: Report | None = None  # set by the backend: where rank deaths go
         self.report_process: Callable[[ProcessDeadError], None] | None = None  # the coordinator's: final
         self.retired: set[int] = set()  # ids of processes raydp ended: not deaths

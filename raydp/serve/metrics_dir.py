@@ -19,6 +19,7 @@ import fcntl
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -74,3 +75,13 @@ def _remove_if_unowned(path: Path) -> bool:
         return not path.exists()
     finally:
         os.close(fd)
+
+
+def use_metrics_dir(path: str) -> None:
+    """In a front-end process, before its first metric: keep prometheus_client's values under ``path``."""
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None:
+        # Imported already (forked from a server that preloaded vLLM): prometheus_client picks its kind
+        # of value once, at import, from this variable, and vLLM makes its metrics only later.
+        values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
-import os
 import socket
 import threading
 import time
@@ -15,9 +13,19 @@ from multiprocessing.synchronize import Event
 
 from raydp.backend import DeathListener, notify
 from raydp.errors import ConfigError, ProcessDeadError, StartupError, describe_exit
-from raydp.processes import Proc, last_words, on_stop_signals, shutdown, spawn, watch_parent, watch_processes
+from raydp.models.vllm.config import FORK_SERVER_PRELOAD
+from raydp.processes import (
+    Proc,
+    child_context,
+    last_words,
+    on_stop_signals,
+    shutdown,
+    spawn,
+    watch_parent,
+    watch_processes,
+)
 from raydp.serve.draining import stop_bound_s
-from raydp.serve.metrics_dir import MetricsDir
+from raydp.serve.metrics_dir import MetricsDir, use_metrics_dir
 from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
 
@@ -36,8 +44,8 @@ def _api_main(
     serving: Event,
     death_pipe: Connection,
 ) -> None:
-    if metrics_dir is not None:  # before anything imports prometheus_client, which reads it once
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    if metrics_dir is not None:
+        use_metrics_dir(metrics_dir)
     from raydp.logs import configure_component_logging
 
     configure_component_logging(f"{endpoints.name} api{index}/{count}")
@@ -95,7 +103,8 @@ class APIServerProcessManager:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # a respawn and close() never interleave
         self._restarts_left = [self._settings.max_restarts] * count
-        self._mp = mp.get_context("spawn")
+        # vLLM's front-ends fork from a server that has imported vLLM, where the machine allows.
+        self._mp = child_context(FORK_SERVER_PRELOAD if self._settings.vllm_args else ())
         # vLLM's front-end serves /metrics for all N processes at once in prometheus_client's multiprocess
         # mode, over one directory of the processes' files (vLLM's own launcher does the same).
         self._metrics_dir = MetricsDir(endpoints.name) if self._settings.vllm_args and count > 1 else None

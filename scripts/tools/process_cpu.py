@@ -44,7 +44,8 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("ray: worker that ran nothing seen", r"default_worker\.py|ray::IDLE"),
     ("pytest", r"pytest|xdist"),
     ("raydp CLI", r"-m raydp |bin/raydp "),
-    ("spawned child", r"multiprocessing"),
+    ("spawned child", r"multiprocessing\.spawn"),
+    ("fork server or a child it forked", r"multiprocessing\.forkserver"),
     ("compiler", r"cc1plus|g\+\+"),
     ("python, other", r"python"),
 )
@@ -95,7 +96,7 @@ def kind_of(record: dict[str, Any]) -> str:
         if re.search(pattern, text):
             libraries = record.get("libraries") or []
             loaded = "vllm" if "vllm" in libraries else "torch" if "torch" in libraries else ""
-            return f"{kind} ({loaded})" if loaded and kind.startswith(("raydp", "spawned", "python")) else kind
+            return f"{kind} ({loaded})" if loaded and kind.startswith(("raydp", "spawned", "fork", "python")) else kind
     return f"kernel or other: {record.get('comm', '?')}" if not record.get("titles") else "other"
 
 

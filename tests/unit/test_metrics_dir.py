@@ -66,3 +66,15 @@ def test_a_new_directory_is_held_until_removed_and_clears_the_dead_first(tmp_pat
         made.remove()
         made.remove()
         assert list(tmp_path.iterdir()) == []
+
+
+def test_a_process_that_imported_prometheus_client_already_still_writes_its_metrics_there(tmp_path: Path) -> None:
+    # As a front-end forked from a server that preloaded vLLM (and so prometheus_client) does.
+    script = (
+        "import sys, prometheus_client\n"
+        "from raydp.serve.metrics_dir import use_metrics_dir\n"
+        "use_metrics_dir(sys.argv[1])\n"
+        "prometheus_client.Counter('raydp_probe', 'a probe').inc()\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, timeout=60)
+    assert [p.name for p in tmp_path.glob("counter_*.db")], "the counter's value is in the shared directory"

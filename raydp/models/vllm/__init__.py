@@ -19,7 +19,9 @@ Modules:
 - ``cache``: vLLM's KV-cache events in raydp's block names;
 - ``executor``: the vLLM ``Executor`` classes a rank runs: over raydp's executor, or in the
   rank's own process;
-- ``workers``: vLLM's workers inside raydp's device workers.
+- ``workers``: vLLM's workers inside raydp's device workers;
+- ``preload``: what a fork server imports before it forks vLLM's processes (the mp backend and
+  the API servers, on machines without a GPU driver; see :func:`raydp.processes.child_context`).
 """
 
 from raydp.models.vllm.engine import VllmEngine, VllmTPEngine

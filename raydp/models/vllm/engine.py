@@ -72,6 +72,9 @@ class VllmEngine:
     any engine.
     """
 
+    # On the mp backend a CPU machine forks this engine's processes from a server that has imported these.
+    preload_modules = vllm_config.FORK_SERVER_PRELOAD
+
     @classmethod
     def check_engine_kwargs(cls, config: Any) -> None:
         """Called by ``launch`` before anything starts: a bad field fails at once, named."""

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from raydp.engine.executor import WorkerContext
+from raydp.models.vllm.config import FORK_SERVER_PRELOAD, set_process_environment
 
 logger = logging.getLogger("raydp.models.vllm.workers")
 
@@ -67,9 +68,9 @@ class VllmWorker:
     worker; raydp returns it to the engine core as a ``WorkerError``.
     """
 
-    def __init__(self, context: WorkerContext) -> None:
-        from raydp.models.vllm.config import set_process_environment
+    preload_modules = FORK_SERVER_PRELOAD  # see VllmEngine
 
+    def __init__(self, context: WorkerContext) -> None:
         set_process_environment()
         self.context = context
         self._wrapper: Any = None

@@ -1,0 +1,77 @@
+"""Children forked from a preloading fork server: they start with its imports, but this process's environment.
+
+Each check runs in a fresh interpreter: a process has one fork server, and
+the first caller's preload is the one it keeps.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from multiprocessing.connection import Connection
+
+import pytest
+
+from raydp.processes import child_context, gpu_driver_present
+
+pytestmark = pytest.mark.timeout(120)
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    from multiprocessing import forkserver
+    from multiprocessing.connection import Connection
+
+    from raydp.processes import child_context, shutdown, spawn
+    from tests.unit.test_child_context import report
+
+
+    def main() -> None:
+        context = child_context(tuple(sys.argv[1:]))
+        if context.get_start_method() == "forkserver":
+            forkserver.ensure_running()  # started with this environment, before the variable below
+        os.environ["RAYDP_PROBE_SET_AFTER"] = "parent's"  # after the fork server started, or before a spawn
+        parent_end, child_end = context.Pipe(duplex=False)
+        proc = spawn(context, "probe", report, child_end)
+        child_end.close()
+        seen = parent_end.recv()
+        proc.process.join(30)
+        shutdown([proc])
+        print(json.dumps({"method": context.get_start_method(), **seen, "exitcode": proc.process.exitcode}))
+
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def report(out: Connection, death_pipe: Connection) -> None:
+    """In the child: what it found imported, and its environment."""
+    import os
+
+    out.send({"preloaded": "email.mime.text" in sys.modules, "env": os.environ.get("RAYDP_PROBE_SET_AFTER")})
+
+
+def probe(*preload: str) -> dict[str, object]:
+    run = subprocess.run(
+        [sys.executable, "-c", PROBE, *preload], capture_output=True, text=True, timeout=90, check=False
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result: dict[str, object] = json.loads(run.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_without_a_preload_children_are_spawned() -> None:
+    assert child_context().get_start_method() == "spawn"
+    seen = probe()
+    assert seen == {"method": "spawn", "preloaded": False, "env": "parent's", "exitcode": 0}
+
+
+def test_a_preloading_fork_server_hands_its_imports_and_this_process_environment_to_children() -> None:
+    seen = probe("email.mime.text")  # a module nothing imports on its own
+    forked = not gpu_driver_present()  # where a GPU driver is, children are spawned whatever the preload
+    method = "forkserver" if forked else "spawn"
+    assert seen == {"method": method, "preloaded": forked, "env": "parent's", "exitcode": 0}
