@@ -38,8 +38,18 @@ GRACE_S = 5.0
 WATCH_TIMEOUT_S = 0.05
 # Device nodes of the GPU drivers (NVIDIA's, AMD's): where any exists, children are spawned.
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/kfd")
-_preload_lock = threading.Lock()
-_preloaded: tuple[str, ...] | None = None  # what this process's fork server imported, once started
+
+
+@dataclass
+class _ForkServerState:
+    """This process's one fork server: what it preloads (set once), and whether it failed to start."""
+
+    lock: threading.Lock
+    preload: tuple[str, ...] | None = None
+    failed: bool = False
+
+
+_fork_server = _ForkServerState(threading.Lock())
 
 
 @dataclass
@@ -63,16 +73,17 @@ def child_context(preload: Sequence[str] = ()) -> BaseContext:
     first caller's ``preload`` is what it imports: a later caller naming other
     modules still forks from it and imports them itself. Where a GPU driver
     is present children are spawned, as before: CUDA must not be initialised
-    in a process that forks, and nothing there has run forked.
+    in a process that forks, and nothing there has run forked. A fork server
+    that cannot start (a preloaded module raised) is given up for spawning.
     """
-    global _preloaded
-    if not preload or gpu_driver_present():
+    usable = "forkserver" in mp.get_all_start_methods() and not gpu_driver_present()
+    if not preload or not usable or _fork_server.failed:
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
-    with _preload_lock:
-        if _preloaded is None:
+    with _fork_server.lock:
+        if _fork_server.preload is None:
             context.set_forkserver_preload(list(preload))
-            _preloaded = tuple(preload)
+            _fork_server.preload = tuple(preload)
     return context
 
 
@@ -90,10 +101,25 @@ def spawn(mp_ctx: Any, name: str, target: Callable[..., None], *args: Any, rank:
     reader, writer = mp_ctx.Pipe(duplex=True)
     # A forked child has its fork server's environment: it takes this process's, as a spawned one has.
     env = dict(os.environ)
-    process = mp_ctx.Process(target=_in_own_group, args=(env, target, *args, reader), name=name, daemon=True)
-    process.start()
+    process = _start(mp_ctx, name, (env, target, *args, reader))
     reader.close()
     return Proc(name, process, rank, writer)
+
+
+def _start(mp_ctx: Any, name: str, args: tuple[Any, ...]) -> BaseProcess:
+    process: BaseProcess = mp_ctx.Process(target=_in_own_group, args=args, name=name, daemon=True)
+    try:
+        process.start()
+    except (EOFError, OSError):
+        if mp_ctx.get_start_method() != "forkserver":
+            raise
+        # The server exited before it forked: a preloaded module raised (its traceback is on stderr). A
+        # spawned child imports the module itself, and fails with the reason where the import is bad.
+        _fork_server.failed = True
+        logger.warning("the fork server preloading %s exited; spawning children instead", _fork_server.preload)
+        process = mp.get_context("spawn").Process(target=_in_own_group, args=args, name=name, daemon=True)
+        process.start()
+    return process
 
 
 def _in_own_group(env: dict[str, str], target: Callable[..., None], *args: Any) -> None:

@@ -7,10 +7,12 @@ the first caller's preload is the one it keeps.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import pytest
 
@@ -39,7 +41,9 @@ PROBE = textwrap.dedent(
         seen = parent_end.recv()
         proc.process.join(30)
         shutdown([proc])
-        print(json.dumps({"method": context.get_start_method(), **seen, "exitcode": proc.process.exitcode}))
+        after = child_context(tuple(sys.argv[1:])).get_start_method()  # for the next child
+        method = context.get_start_method()
+        print(json.dumps({"method": method, **seen, "exitcode": proc.process.exitcode, "after": after}))
 
 
     if __name__ == "__main__":
@@ -55,9 +59,10 @@ def report(out: Connection, death_pipe: Connection) -> None:
     out.send({"preloaded": "email.mime.text" in sys.modules, "env": os.environ.get("RAYDP_PROBE_SET_AFTER")})
 
 
-def probe(*preload: str) -> dict[str, object]:
+def probe(*preload: str, path: str = "") -> dict[str, object]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH", "")]))}
     run = subprocess.run(
-        [sys.executable, "-c", PROBE, *preload], capture_output=True, text=True, timeout=90, check=False
+        [sys.executable, "-c", PROBE, *preload], capture_output=True, text=True, timeout=90, check=False, env=env
     )
     assert run.returncode == 0, run.stderr[-3000:]
     result: dict[str, object] = json.loads(run.stdout.strip().splitlines()[-1])
@@ -67,11 +72,18 @@ def probe(*preload: str) -> dict[str, object]:
 def test_without_a_preload_children_are_spawned() -> None:
     assert child_context().get_start_method() == "spawn"
     seen = probe()
-    assert seen == {"method": "spawn", "preloaded": False, "env": "parent's", "exitcode": 0}
+    assert seen == {"method": "spawn", "preloaded": False, "env": "parent's", "exitcode": 0, "after": "spawn"}
 
 
 def test_a_preloading_fork_server_hands_its_imports_and_this_process_environment_to_children() -> None:
     seen = probe("email.mime.text")  # a module nothing imports on its own
     forked = not gpu_driver_present()  # where a GPU driver is, children are spawned whatever the preload
     method = "forkserver" if forked else "spawn"
-    assert seen == {"method": method, "preloaded": forked, "env": "parent's", "exitcode": 0}
+    assert seen == {"method": method, "preloaded": forked, "env": "parent's", "exitcode": 0, "after": method}
+
+
+def test_a_fork_server_whose_preload_raises_is_given_up_and_the_child_is_spawned(tmp_path: Path) -> None:
+    (tmp_path / "raydp_probe_broken.py").write_text("import email.mime.text\nraise RuntimeError('broken at import')\n")
+    seen = probe("raydp_probe_broken", path=str(tmp_path))
+    method = "spawn" if gpu_driver_present() else "forkserver"  # what was asked for the first child
+    assert seen == {"method": method, "preloaded": False, "env": "parent's", "exitcode": 0, "after": "spawn"}
