@@ -3,7 +3,7 @@
 Shared by the multiprocessing backend (:mod:`raydp.local`) and the HTTP API
 servers (:mod:`raydp.serve`). Children are spawned (no forked Ray or ZMQ
 state), or, for engines that name modules to preload, forked from a fork
-server that has imported them (:func:`child_context`). Each is a daemon in a
+server that has imported them (:mod:`raydp.fork_server`). Each is a daemon in a
 process group of its own: a terminal's Ctrl-C
 reaches the launcher alone, which stops them in order (API servers answer
 their running requests before the engines go). Each holds the read end of a
@@ -16,10 +16,8 @@ process tree. No Ray here.
 from __future__ import annotations
 
 import contextlib
-import glob
 import inspect
 import logging
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -29,27 +27,14 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
+
+from raydp.fork_server import HELD_SIGNALS, start_process
 
 logger = logging.getLogger("raydp.processes")
 GRACE_S = 5.0
 WATCH_TIMEOUT_S = 0.05
-# Device nodes of the GPU drivers (NVIDIA's, AMD's): where any exists, children are spawned.
-GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/kfd")
-
-
-@dataclass
-class _ForkServerState:
-    """This process's one fork server: what it preloads (set once), and whether it failed to start."""
-
-    lock: threading.Lock
-    preload: tuple[str, ...] | None = None
-    failed: bool = False
-
-
-_fork_server = _ForkServerState(threading.Lock())
 
 
 @dataclass
@@ -62,36 +47,6 @@ class Proc:
     death_pipe: Connection | None = None
 
 
-def child_context(preload: Sequence[str] = ()) -> BaseContext:
-    """Where this process's children come from: spawned, or forked from a server that imported ``preload``.
-
-    A vLLM process spends ~10 CPU-seconds importing torch's compiler stack and
-    transformers before any work; forked from a server that has imported them
-    once, each of a cluster's ranks, device workers and API servers starts
-    without. The fork server is a fresh interpreter, so nothing of this
-    process (threads, Ray, ZMQ) is forked. It is one per process, and the
-    first caller's ``preload`` is what it imports: a later caller naming other
-    modules still forks from it and imports them itself. Where a GPU driver
-    is present children are spawned, as before: CUDA must not be initialised
-    in a process that forks, and nothing there has run forked. A fork server
-    that cannot start (a preloaded module raised) is given up for spawning.
-    """
-    usable = "forkserver" in mp.get_all_start_methods() and not gpu_driver_present()
-    if not preload or not usable or _fork_server.failed:
-        return mp.get_context("spawn")
-    context = mp.get_context("forkserver")
-    with _fork_server.lock:
-        if _fork_server.preload is None:
-            context.set_forkserver_preload(list(preload))
-            _fork_server.preload = tuple(preload)
-    return context
-
-
-def gpu_driver_present() -> bool:
-    """Whether a GPU driver's device nodes exist here (then :func:`child_context` always spawns)."""
-    return any(glob.glob(pattern) for pattern in GPU_DEVICE_NODES)
-
-
 def spawn(mp_ctx: Any, name: str, target: Callable[..., None], *args: Any, rank: int | None = None) -> Proc:
     """Start ``target(*args, death_pipe)`` as a daemon process; the parent keeps the pipe's writer.
 
@@ -101,29 +56,16 @@ def spawn(mp_ctx: Any, name: str, target: Callable[..., None], *args: Any, rank:
     reader, writer = mp_ctx.Pipe(duplex=True)
     # A forked child has its fork server's environment: it takes this process's, as a spawned one has.
     env = dict(os.environ)
-    process = _start(mp_ctx, name, (env, target, *args, reader))
+    process = start_process(
+        mp_ctx, lambda ctx: ctx.Process(target=_in_own_group, args=(env, target, *args, reader), name=name, daemon=True)
+    )
     reader.close()
     return Proc(name, process, rank, writer)
 
 
-def _start(mp_ctx: Any, name: str, args: tuple[Any, ...]) -> BaseProcess:
-    process: BaseProcess = mp_ctx.Process(target=_in_own_group, args=args, name=name, daemon=True)
-    try:
-        process.start()
-    except (EOFError, OSError):
-        if mp_ctx.get_start_method() != "forkserver":
-            raise
-        # The server exited before it forked: a preloaded module raised (its traceback is on stderr). A
-        # spawned child imports the module itself, and fails with the reason where the import is bad.
-        _fork_server.failed = True
-        logger.warning("the fork server preloading %s exited; spawning children instead", _fork_server.preload)
-        process = mp.get_context("spawn").Process(target=_in_own_group, args=args, name=name, daemon=True)
-        process.start()
-    return process
-
-
 def _in_own_group(env: dict[str, str], target: Callable[..., None], *args: Any) -> None:
     os.setpgid(0, 0)  # out of the terminal's foreground group: see the module docstring
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)  # a fork server's child: see raydp.fork_server
     if os.environ != env:
         os.environ.clear()
         os.environ.update(env)

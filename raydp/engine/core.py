@@ -65,7 +65,7 @@ class EngineCore(Protocol):
     adapter-aware routing; see :mod:`raydp.engine.adapter_report`. A
     class attribute ``preload_modules`` (module names) lets the mp backend
     fork the engine's processes from a server that has imported them, on
-    machines without a GPU driver (:func:`raydp.processes.child_context`):
+    machines without a GPU driver (:func:`raydp.fork_server.child_context`):
     for engines whose imports cost more than their start.
     """
 

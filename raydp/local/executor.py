@@ -22,11 +22,10 @@ from raydp.engine.core import preload_modules
 from raydp.engine.executor import WorkerContext, WorkerGroupSpec
 from raydp.engine.host import set_device_visibility
 from raydp.errors import ConfigError, DeathCause, StartupError, describe_exit
+from raydp.fork_server import child_context, gpu_driver_present
 from raydp.logs import configure_component_logging
 from raydp.processes import (
     Proc,
-    child_context,
-    gpu_driver_present,
     last_words,
     on_stop_signals,
     set_process_title,

@@ -25,6 +25,7 @@ from raydp.config import RaydpConfig
 from raydp.coordinator.resync import Restored
 from raydp.engine.core import load_engine_class, preload_modules
 from raydp.errors import DeathCause, ProcessDeadError, StartupError, describe_exit
+from raydp.fork_server import child_context
 from raydp.local.children import LOCAL_NODE, coordinator_main, decode_death, engine_main
 from raydp.local.control import ControlPipe, recv
 from raydp.local.executor import check_device_count, rank_device_ids
@@ -32,7 +33,7 @@ from raydp.names import coordinator_name, rank_name
 from raydp.orchestration.owned import OwnedResources
 from raydp.orchestration.ranks import RankRecord, RankTable
 from raydp.orchestration.runtime import InitFor, Progress, join_ranks
-from raydp.processes import Proc, child_context, last_words, shutdown, spawn, watch_processes
+from raydp.processes import Proc, last_words, shutdown, spawn, watch_processes
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
 from raydp.wire.handshake import HandshakeResult, HandshakeServer
 from raydp.wire.records import AutoscaleDecision, CoordinatorStatus

@@ -13,10 +13,10 @@ from multiprocessing.synchronize import Event
 
 from raydp.backend import DeathListener, notify
 from raydp.errors import ConfigError, ProcessDeadError, StartupError, describe_exit
+from raydp.fork_server import child_context
 from raydp.models.vllm.config import FORK_SERVER_PRELOAD
 from raydp.processes import (
     Proc,
-    child_context,
     last_words,
     on_stop_signals,
     shutdown,

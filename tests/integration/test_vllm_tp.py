@@ -61,6 +61,9 @@ def test_tp2_on_ray_gives_tp1s_tokens_and_a_killed_worker_fails_its_rank_typed(
         max_restarts=0,
         engine="raydp.models.vllm:VllmTPEngine",
         engine_kwargs={"model": model, **ENGINE_KWARGS},
+        # Three processes (the rank and its two workers) import vLLM at once, on two cores the other xdist
+        # worker shares: a clean run starts in ~40 s, and a busy machine's start must not read as a wedge.
+        startup_timeout_s=240,
         progress=False,
     ) as cluster:
         assert _answers(cluster) == reference

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from raydp.processes import child_context, gpu_driver_present
+from raydp.fork_server import child_context, gpu_driver_present
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,7 +27,8 @@ PROBE = textwrap.dedent(
     from multiprocessing import forkserver
     from multiprocessing.connection import Connection
 
-    from raydp.processes import child_context, shutdown, spawn
+    from raydp.fork_server import child_context
+    from raydp.processes import shutdown, spawn
     from tests.unit.test_child_context import report
 
 
@@ -87,3 +89,72 @@ def test_a_fork_server_whose_preload_raises_is_given_up_and_the_child_is_spawned
     seen = probe("raydp_probe_broken", path=str(tmp_path))
     method = "spawn" if gpu_driver_present() else "forkserver"  # what was asked for the first child
     assert seen == {"method": method, "preloaded": False, "env": "parent's", "exitcode": 0, "after": "spawn"}
+
+
+SIGNALLED = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+
+    import psutil
+
+    from raydp.fork_server import child_context
+    from raydp.processes import shutdown, spawn
+    from tests.unit.test_child_context import echo_mask, pending, status_mask
+
+
+    context = child_context(("email.mime.text",))
+    ours, theirs = context.Pipe()
+    proc = spawn(context, "waiter", echo_mask, theirs)
+    mask = ours.recv()
+    server = next(p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline()))
+    blocked = status_mask(server.pid, "SigBlk")
+    for signum in (signal.SIGHUP, signal.SIGTERM):  # as `kill -- -PGID` or a closed terminal would send them
+        os.kill(server.pid, signum)
+    deadline = time.monotonic() + 30
+    while pending(server.pid) & 1 << (signal.SIGTERM - 1) == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    held = pending(server.pid)
+    ours.send("still there?")
+    reply = ours.recv()
+    running = server.is_running() and server.status() != psutil.STATUS_ZOMBIE
+    seen = {"child_mask": mask, "server_blocked": blocked, "server_held": held, "reply": reply}
+    print(json.dumps({**seen, "server_running": running, "alive": proc.process.is_alive()}))
+    shutdown([proc])
+    """
+)
+
+
+def echo_mask(pipe: Connection, death_pipe: Connection) -> None:
+    """In the child: its blocked signals, then an answer to each message until the parent goes."""
+    pipe.send(status_mask(os.getpid(), "SigBlk"))
+    while True:
+        pipe.send(f"yes: {pipe.recv()}")
+
+
+def pending(pid: int) -> int:
+    """The signals sent to process ``pid`` and not yet delivered (0 once it is gone)."""
+    try:
+        return status_mask(pid, "ShdPnd")
+    except FileNotFoundError:
+        return 0
+
+
+def status_mask(pid: int, field: str) -> int:
+    """A signal mask of ``/proc/PID/status`` (``SigBlk``, ``ShdPnd``, ...): bit ``n - 1`` for signal ``n``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1], 16)
+    raise LookupError(field)
+
+
+@pytest.mark.skipif(gpu_driver_present(), reason="a GPU driver is present: children are spawned, no fork server")
+def test_the_fork_server_outlives_a_sigterm_to_its_group_and_its_children_take_signals() -> None:
+    run = subprocess.run([sys.executable, "-c", SIGNALLED], capture_output=True, text=True, timeout=90, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    both = 1 << (signal.SIGTERM - 1) | 1 << (signal.SIGHUP - 1)
+    assert seen["server_blocked"] & both == both, "the server holds SIGTERM and SIGHUP, whatever their handlers"
+    assert seen["server_held"] & 1 << (signal.SIGTERM - 1), "a SIGTERM reached the server, which did not act on it"
+    assert seen["server_running"], "the server outlived both signals"
+    assert seen["reply"] == "yes: still there?" and seen["alive"], "its child serves on, and is seen alive"
+    assert seen["child_mask"] & both == 0, "the child takes SIGTERM and SIGHUP"

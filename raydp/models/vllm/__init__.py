@@ -21,7 +21,7 @@ Modules:
   rank's own process;
 - ``workers``: vLLM's workers inside raydp's device workers;
 - ``preload``: what a fork server imports before it forks vLLM's processes (the mp backend and
-  the API servers, on machines without a GPU driver; see :func:`raydp.processes.child_context`).
+  the API servers, on machines without a GPU driver; see :func:`raydp.fork_server.child_context`).
 """
 
 from raydp.models.vllm.engine import VllmEngine, VllmTPEngine

@@ -39,7 +39,7 @@ OWNED_BY_RAYDP: Final = {
 CPU_KV_CACHE_BYTES: Final = 1 << 30
 # raydp's own parallel config decides these; a different value in engine_kwargs would disagree with the placement.
 SET_BY_RAYDP: Final = ("tensor_parallel_size", "pipeline_parallel_size")
-# What a fork server imports before it forks vLLM's processes (raydp.processes.child_context).
+# What a fork server imports before it forks vLLM's processes (raydp.fork_server.child_context).
 FORK_SERVER_PRELOAD: Final = ("raydp.models.vllm.preload",)
 
 

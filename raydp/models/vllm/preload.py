@@ -1,4 +1,4 @@
-"""What a fork server imports before it forks vLLM's processes (:func:`raydp.processes.child_context`).
+"""What a fork server imports before it forks vLLM's processes (:func:`raydp.fork_server.child_context`).
 
 Importing this module is the work: vLLM's engine core (the ranks and their
 device workers), its model executor and CPU worker, and its OpenAI front-end
