@@ -76,7 +76,8 @@ def gpu_driver_present() -> bool:
 def start_process(context: Any, make: Callable[[Any], BaseProcess]) -> BaseProcess:
     """Start the process ``make(context)`` builds (from a multiprocessing context); spawned instead where the
     fork server was given up."""
-    if context.get_start_method() == "forkserver" and not _state.failed:
+    forked = context.get_start_method() == "forkserver"
+    if forked and not _state.failed:
         process = make(context)
         try:
             _ensure_running()
@@ -87,10 +88,7 @@ def start_process(context: Any, make: Callable[[Any], BaseProcess]) -> BaseProce
             # A spawned child imports the module itself, and fails with the reason where the import is bad.
             _state.failed = True
             logger.warning("the fork server preloading %s exited; spawning children instead", _state.preload)
-        context = mp.get_context("spawn")
-    elif context.get_start_method() == "forkserver":
-        context = mp.get_context("spawn")
-    process = make(context)
+    process = make(mp.get_context("spawn") if forked else context)
     process.start()
     return process
 

@@ -3,12 +3,11 @@
 Shared by the multiprocessing backend (:mod:`raydp.local`) and the HTTP API
 servers (:mod:`raydp.serve`). Children are spawned (no forked Ray or ZMQ
 state), or, for engines that name modules to preload, forked from a fork
-server that has imported them (:mod:`raydp.fork_server`). Each is a daemon in a
-process group of its own: a terminal's Ctrl-C
-reaches the launcher alone, which stops them in order (API servers answer
-their running requests before the engines go). Each holds the read end of a
-parent-death pipe: when the parent dies, however it died, the pipe closes and
-the child shuts down.
+server that has imported them (:mod:`raydp.fork_server`). Each is a daemon
+in a process group of its own: a terminal's Ctrl-C reaches the launcher
+alone, which stops them in order (API servers answer their running requests
+before the engines go). Each holds the read end of a parent-death pipe: when
+the parent dies, however it died, the pipe closes and the child shuts down.
 :func:`shutdown` terminates, waits out a grace period, then kills the whole
 process tree. No Ray here.
 """
