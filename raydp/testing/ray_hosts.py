@@ -76,9 +76,11 @@ class Processes:
         self.children.append(proc)
         return proc
 
-    def start_head(self, ip: str, port: int, env: Mapping[str, str]) -> None:
+    def start_head(self, ip: str, port: int, env: Mapping[str, str], timeout_s: float = 180.0) -> None:
+        """Starts the head and returns once its GCS accepts connections: a node started sooner gives up
+        after ``ray start``'s ~20 s of retries, and a busy machine can take longer than that to start a GCS."""
         # Ports Ray would otherwise take by default get free ones: another cluster on this host may hold those.
-        self.start(
+        head = self.start(
             [
                 RAY,
                 "start",
@@ -96,6 +98,14 @@ class Processes:
             "head.log",
             env,
         )
+        deadline = time.monotonic() + timeout_s
+        while not _accepts(ip, port):
+            if head.poll() is not None or time.monotonic() > deadline:
+                state = f"exited {head.returncode}" if head.poll() is not None else f"no GCS within {timeout_s:g} s"
+                raise RuntimeError(
+                    f"the Ray head at {ip}:{port} did not start ({state}); its log:\n{self.log_tail('head.log')}"
+                )
+            time.sleep(0.2)
 
     def start_node(self, host: netns.Host, head: str, gpus: int, env: Mapping[str, str]) -> None:
         self.hosts.append(host)
@@ -159,6 +169,14 @@ class Processes:
     def log_tail(self, name: str, chars: int = 3000) -> str:
         path = self.workdir / name
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+def _accepts(ip: str, port: int) -> bool:
+    try:
+        socket.create_connection((ip, port), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
 
 
 def _stat(proc_dir: Path) -> tuple[str, int, int, int] | None:
