@@ -124,7 +124,7 @@ def test_adapters_loaded_through_different_api_servers_answer_as_themselves_thro
     while the corpus ran; ``ad3`` and ``ad4``, loaded now through one server each, take the next numbers
     there, so one of them has ``ad2``'s number in the other server. Through every server each adapter
     still gives its own text (the ranks see one numbering), and ``ad2`` gives vLLM's own answer."""
-    fresh = {name: str(lora_adapter(model, name, seed)) for name, seed in (("ad3", 3), ("ad4", 4))}
+    fresh = {name: str(lora_adapter(model, name)) for name in ("ad3", "ad4")}
     conns = connection_to_each_api_server(raydp)  # after the adapters: the servers close idle connections
     assert len(conns) == 2
     for conn, (name, path) in zip(conns.values(), fresh.items(), strict=True):
@@ -144,7 +144,7 @@ def test_an_adapter_unloaded_through_one_api_server_is_gone_from_every_one_until
 ) -> None:
     """vLLM's unload forgets a name in the one front-end that answers it; raydp makes it the cluster's:
     the ranks forget the adapter, and every other server drops it from its table."""
-    path = str(lora_adapter(model, "ad5", 5))
+    path = str(lora_adapter(model, "ad5"))
     pids = sorted(connection_to_each_api_server(raydp))
     assert len(pids) == 2
     first, second = pids

@@ -134,7 +134,7 @@ RUNTIME_LORA = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}  # vLLM's switch for /v
 
 def corpus_adapters(model: Path) -> dict[str, str]:
     """The corpus's LoRA adapters, made with peft on the test model (cached on disk)."""
-    return {name: str(lora_adapter(model, name, seed)) for name, seed in (("ad1", 1), ("ad2", 2))}
+    return {name: str(lora_adapter(model, name)) for name in ("ad1", "ad2")}
 
 
 def corpus_flags(adapters: dict[str, str]) -> list[str]:

@@ -204,28 +204,37 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def lora_adapter(model: Path, name: str, seed: int) -> Path:
-    """A LoRA adapter for ``model`` made with ``peft`` (random, non-zero weights from ``seed``), built once."""
-    out = model.parent / f"{model.name}-lora-{name}-{seed}"
-    with machine_lock(out):  # both xdist workers may ask at once
-        if not out.exists():
-            tmp = out.with_name(f"{out.name}.tmp")
-            shutil.rmtree(tmp, ignore_errors=True)  # a killed build's
+# The test LoRA adapters, by name: the seed of each one's random, non-zero weights.
+ADAPTER_SEEDS = {"ad1": 1, "ad2": 2, "ad3": 3, "ad4": 4, "ad5": 5}
+
+
+def lora_adapter(model: Path, name: str) -> Path:
+    """The test adapter ``name`` for ``model``, made with ``peft``. The first ask builds every one of
+    :data:`ADAPTER_SEEDS` in one process (each process pays ~5 s of torch and peft imports)."""
+    paths = {n: model.parent / f"{model.name}-lora-{n}-{seed}" for n, seed in ADAPTER_SEEDS.items()}
+    with machine_lock(model.parent / f"{model.name}-lora"):  # both xdist workers may ask at once
+        missing = {paths[n]: seed for n, seed in ADAPTER_SEEDS.items() if not paths[n].exists()}
+        if missing:
+            builds = [(str(out.with_name(f"{out.name}.tmp")), seed) for out, seed in missing.items()]
+            for tmp, _ in builds:
+                shutil.rmtree(tmp, ignore_errors=True)  # a killed build's
             done = subprocess.run(
-                [sys.executable, "-c", _LORA, str(model), str(tmp), str(seed)],
+                [sys.executable, "-c", _LORA, str(model), json.dumps(builds)],
                 capture_output=True,
                 text=True,
                 timeout=240,
                 check=False,
             )
             assert done.returncode == 0, done.stderr[-3000:]
-            tmp.rename(out)  # atomic: never a half-written adapter
-    return out
+            for out, (tmp, _) in zip(missing, builds, strict=True):
+                Path(tmp).rename(out)  # atomic: never a half-written adapter
+    return paths[name]
 
 
 # In a process of its own: peft and the model's weights stay out of the test process.
 _LORA = """
-import sys
+import json, sys
 from raydp.models.checkpoint import make_lora_adapter
-make_lora_adapter(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+for out, seed in json.loads(sys.argv[2]):
+    make_lora_adapter(sys.argv[1], out, seed)
 """
