@@ -187,12 +187,11 @@ def lint_and_test(py: Path, args: list[str]) -> int:
         return pytest_step(py, args)
     # One pytest run on two workers (pytest-xdist), a module at a time on each, then the chaos soaks. The
     # unit modules go first, then the integration modules, longest first (tests/integration/conftest.py),
-    # so the two workers finish together; each worker keeps its own Rays. The soaks last minutes each: a
-    # step of their own, after everything else has passed or failed, each soak on a worker of its own (one
-    # at a time they leave half of the two cores idle: their faults and loads run on the clock).
+    # so the two workers finish together; each worker keeps its own Rays. The soaks last minutes each and
+    # load both cores by themselves: a step of their own, after everything else has passed or failed.
     steps = (
         ["tests/unit", "tests/integration", "-m", "not soak", "-n", "2", *XDIST_BY_MODULE],
-        ["tests/integration", "-m", "soak", "-n", "3", *XDIST_BY_MODULE],
+        ["tests", "-m", "soak"],
     )
     return max(pytest_step(py, step) for step in steps)
 
