@@ -133,18 +133,3 @@ def stop(procs: Processes, timeout_s: float = 30.0) -> list[int]:
                 pass
         time.sleep(0.2)
     return procs.alive()
-
-
-def wait_for_head(address: str, timeout_s: float = 60.0) -> None:
-    """Until the head's GCS answers at ``address``."""
-    import socket
-
-    host, port = address.rsplit(":", 1)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, int(port)), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"no Ray head answered at {address} within {timeout_s:g}s")

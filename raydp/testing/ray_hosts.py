@@ -41,6 +41,22 @@ def free_port(ip: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_for_head(address: str, timeout_s: float = 60.0, head: subprocess.Popen[str] | None = None) -> None:
+    """Until the head's GCS accepts connections at ``address``; TimeoutError past ``timeout_s``, or at once
+    when the ``head`` process (if given) has exited."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, int(port)), timeout=1):
+                return
+        except OSError:
+            if head is not None and head.poll() is not None:
+                raise TimeoutError(f"the Ray head at {address} exited ({head.returncode}) before it answered") from None
+            time.sleep(0.2)
+    raise TimeoutError(f"no Ray head answered at {address} within {timeout_s:g}s")
+
+
 def clean_env(extra: Mapping[str, str]) -> dict[str, str]:
     """This environment without any ``RAY_*`` setting of the caller (an address, say), plus ``extra``.
 
@@ -98,14 +114,10 @@ class Processes:
             "head.log",
             env,
         )
-        deadline = time.monotonic() + timeout_s
-        while not _accepts(ip, port):
-            if head.poll() is not None or time.monotonic() > deadline:
-                state = f"exited {head.returncode}" if head.poll() is not None else f"no GCS within {timeout_s:g} s"
-                raise RuntimeError(
-                    f"the Ray head at {ip}:{port} did not start ({state}); its log:\n{self.log_tail('head.log')}"
-                )
-            time.sleep(0.2)
+        try:
+            wait_for_head(f"{ip}:{port}", timeout_s, head)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; its log:\n{self.log_tail('head.log')}") from None
 
     def start_node(self, host: netns.Host, head: str, gpus: int, env: Mapping[str, str]) -> None:
         self.hosts.append(host)
@@ -169,14 +181,6 @@ class Processes:
     def log_tail(self, name: str, chars: int = 3000) -> str:
         path = self.workdir / name
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
-
-
-def _accepts(ip: str, port: int) -> bool:
-    try:
-        socket.create_connection((ip, port), timeout=1.0).close()
-    except OSError:
-        return False
-    return True
 
 
 def _stat(proc_dir: Path) -> tuple[str, int, int, int] | None:

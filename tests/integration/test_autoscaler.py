@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from raydp.testing import fake_autoscaler
+from raydp.testing.ray_hosts import wait_for_head
 
 
 @pytest.mark.slow
@@ -21,7 +22,7 @@ def test_a_load_step_adds_ranks_on_new_nodes_and_they_go_when_it_falls() -> None
         workdir = Path(tmp)
         procs, address = fake_autoscaler.start(workdir, worker_gpus=1, min_workers=1, max_workers=3)
         try:
-            fake_autoscaler.wait_for_head(address)
+            wait_for_head(address)
             out = subprocess.run(
                 [sys.executable, "-m", "tests.integration.autoscale_driver", address],
                 env={**os.environ, "PYTHONPATH": os.getcwd(), "RAY_AUTH_MODE": "disabled"},
