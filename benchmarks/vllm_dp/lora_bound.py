@@ -16,6 +16,12 @@ three numbers on the same request sequences:
   which knows every future request. No routing over 2 ranks of 2 slots can
   load fewer adapters: a split cache only restricts what a pooled one may hold.
 
+Two pooled caches put the adapter-aware rule among online policies (neither
+is a bound): **pooled LRU**, one least-recently-used cache of all 4 slots;
+and **pooled, popularity known**, the 3 adapters asked for most over the
+whole sequence pinned and the fourth slot cycling (it knows the popularity
+in advance, which no router does).
+
 It needs no engine: the loads depend only on the order of adapters asked
 for, so this is a count, not a timing, and it is exact for each sequence.
 """
@@ -25,7 +31,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 
 from benchmarks.vllm_dp.loras import ADAPTERS, SLOTS, zipf_picks
@@ -90,20 +96,43 @@ def clairvoyant_loads(sequence: Sequence[str], slots: int) -> int:
     return loads
 
 
+def pooled_lru_loads(sequence: Sequence[str], slots: int) -> int:
+    cache = Slots(slots)
+    for adapter in sequence:
+        cache.use(adapter)
+    return cache.loads
+
+
+def pooled_popular_loads(sequence: Sequence[str], slots: int) -> int:
+    """The ``slots - 1`` adapters asked for most stay loaded (each loaded once); the rest share the last slot."""
+    pinned = {adapter for adapter, _ in Counter(sequence).most_common(slots - 1)}
+    loads, cycling = len(pinned & set(sequence)), ""
+    for adapter in sequence:
+        if adapter not in pinned and adapter != cycling:
+            loads, cycling = loads + 1, adapter
+    return loads
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--requests", type=int, default=200, help="as the LoRA benchmark's default")
     parser.add_argument("--seeds", type=int, default=5)
     args = parser.parse_args(argv)
     picks = zipf_picks([f"ad{i}" for i in range(1, ADAPTERS + 1)])
-    print("| seed | least-loaded | adapter-aware | clairvoyant bound | aware / least | bound / least |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| seed | least-loaded | adapter-aware | pooled LRU | pooled, popularity known | clairvoyant bound "
+        "| aware / least | pooled LRU / least | popularity known / least | bound / least |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for seed in range(args.seeds):
         sequence = random.Random(seed).choices(picks, k=args.requests)
         base = routed_loads(sequence, least_loaded, seed)
         aware = routed_loads(sequence, adapter_aware, seed)
+        lru, popular = pooled_lru_loads(sequence, RANKS * SLOTS), pooled_popular_loads(sequence, RANKS * SLOTS)
         bound = clairvoyant_loads(sequence, RANKS * SLOTS)
-        print(f"| {seed} | {base} | {aware} | {bound} | {aware / base:.2f}x | {bound / base:.2f}x |")
+        counts = (base, aware, lru, popular, bound)
+        ratios = " | ".join(f"{n / base:.2f}x" for n in counts[1:])
+        print(f"| {seed} | {' | '.join(map(str, counts))} | {ratios} |")
     return 0
 
 

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.vllm_dp.lora_bound import adapter_aware, clairvoyant_loads, least_loaded, routed_loads
+from benchmarks.vllm_dp.lora_bound import (
+    adapter_aware,
+    clairvoyant_loads,
+    least_loaded,
+    pooled_lru_loads,
+    pooled_popular_loads,
+    routed_loads,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,9 +32,19 @@ def test_no_routing_over_two_ranks_of_two_slots_loads_fewer_than_the_bound(seque
     bound = clairvoyant_loads(sequence, 4)
     assert bound <= routed_loads(sequence, adapter_aware, seed)
     assert bound <= routed_loads(sequence, least_loaded, seed)
+    assert bound <= pooled_lru_loads(sequence, 4)
+    assert bound <= pooled_popular_loads(sequence, 4)
     assert bound >= len(set(sequence)), "each adapter asked for loads at least once"
 
 
 def test_adapter_aware_routing_keeps_a_hot_adapter_where_it_is() -> None:
     sequence = random.Random(0).choices("aaaaab", k=200)
     assert routed_loads(sequence, adapter_aware, 0) == 2, "a and b each load once: 4 slots hold both"
+
+
+def test_the_pooled_caches_count_their_own_evictions() -> None:
+    # LRU of 2: a, b load; c evicts a; a evicts b; b evicts c.
+    assert pooled_lru_loads(list("abcab"), 2) == 5
+    # Popularity known, 2 slots: a (asked for most) is pinned and loads once; b, c, b share the other slot.
+    assert pooled_popular_loads(list("abacaba"), 2) == 4
+    assert pooled_popular_loads([], 4) == 0
