@@ -262,8 +262,16 @@ class ProcessDeadError(ComponentDeadError):
 
     component = "process"
 
-    def __init__(self, name: str, exitcode: int | None, node_id: str | None = None, restarting: bool = False) -> None:
-        super().__init__(name, node_id, DeathCause.of_exit(exitcode), describe_exit(exitcode))
+    def __init__(
+        self,
+        name: str,
+        exitcode: int | None,
+        node_id: str | None = None,
+        restarting: bool = False,
+        detail: str | None = None,
+    ) -> None:
+        # ``detail``: the exit in words where the code alone misleads (a child killed once its fork server died).
+        super().__init__(name, node_id, DeathCause.of_exit(exitcode), detail or describe_exit(exitcode))
         if restarting:
             self.args = (f"{self.args[0]}; restarting it",)
         self.exitcode = exitcode

@@ -73,16 +73,16 @@ def gpu_driver_present() -> bool:
     return any(glob.glob(pattern) for pattern in GPU_DEVICE_NODES)
 
 
-def start_process(context: Any, make: Callable[[Any], BaseProcess]) -> BaseProcess:
+def start_process(context: Any, make: Callable[[Any], BaseProcess]) -> tuple[BaseProcess, bool]:
     """Start the process ``make(context)`` builds (from a multiprocessing context); spawned instead where the
-    fork server was given up."""
+    fork server was given up. Also says whether it was forked from the fork server."""
     forked = context.get_start_method() == "forkserver"
     if forked and not _state.failed:
         process = make(context)
         try:
             _ensure_running()
             process.start()
-            return process
+            return process, True
         except (EOFError, OSError):
             # The server exited before it forked: a preloaded module raised (its traceback is on stderr).
             # A spawned child imports the module itself, and fails with the reason where the import is bad.
@@ -90,7 +90,7 @@ def start_process(context: Any, make: Callable[[Any], BaseProcess]) -> BaseProce
             logger.warning("the fork server preloading %s exited; spawning children instead", _state.preload)
     process = make(mp.get_context("spawn") if forked else context)
     process.start()
-    return process
+    return process, False
 
 
 def _ensure_running() -> None:

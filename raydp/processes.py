@@ -9,7 +9,14 @@ alone, which stops them in order (API servers answer their running requests
 before the engines go). Each holds the read end of a parent-death pipe: when
 the parent dies, however it died, the pipe closes and the child shuts down.
 :func:`shutdown` terminates, waits out a grace period, then kills the whole
-process tree. No Ray here.
+process tree.
+
+A forked child's exit reaches this process through its fork server, so a
+server killed alone (the OOM killer, a stray ``kill -9``) makes each of its
+live children look exited (multiprocessing reads exit code 255). Such a
+child would serve on beside the successor it gets: the watcher and
+:func:`shutdown` kill it and wait until it is gone, and report it as killed
+(:attr:`Proc.orphaned`). No Ray here.
 """
 
 from __future__ import annotations
@@ -29,11 +36,13 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from raydp.errors import describe_exit
 from raydp.fork_server import HELD_SIGNALS, start_process
 
 logger = logging.getLogger("raydp.processes")
 GRACE_S = 5.0
 WATCH_TIMEOUT_S = 0.05
+LOST_SERVER_EXIT = 255  # what multiprocessing reads as a forked child's exit code once its fork server is gone
 
 
 @dataclass
@@ -44,6 +53,18 @@ class Proc:
     process: BaseProcess
     rank: int | None = None
     death_pipe: Connection | None = None
+    created: float | None = None  # a forked child's start time, to know it again once its fork server is gone
+    orphaned: bool = False  # it outlived its fork server, and was killed for it (module docstring)
+
+    @property
+    def exitcode(self) -> int | None:
+        """Its exit code; an orphan's is SIGKILL's (multiprocessing's 255 only says the server went)."""
+        return -int(signal.SIGKILL) if self.orphaned else self.process.exitcode
+
+    def exit_text(self) -> str:
+        """'exit code 3', or for an orphan, why it was killed."""
+        text = describe_exit(self.exitcode)
+        return f"{text}: raydp killed it once its fork server died" if self.orphaned else text
 
 
 def spawn(mp_ctx: Any, name: str, target: Callable[..., None], *args: Any, rank: int | None = None) -> Proc:
@@ -55,11 +76,20 @@ def spawn(mp_ctx: Any, name: str, target: Callable[..., None], *args: Any, rank:
     reader, writer = mp_ctx.Pipe(duplex=True)
     # A forked child has its fork server's environment: it takes this process's, as a spawned one has.
     env = dict(os.environ)
-    process = start_process(
+    process, forked = start_process(
         mp_ctx, lambda ctx: ctx.Process(target=_in_own_group, args=(env, target, *args, reader), name=name, daemon=True)
     )
     reader.close()
-    return Proc(name, process, rank, writer)
+    return Proc(name, process, rank, writer, _created(process) if forked else None)
+
+
+def _created(process: BaseProcess) -> float | None:
+    import psutil
+
+    try:
+        return float(psutil.Process(process.pid).create_time())
+    except (psutil.NoSuchProcess, ValueError):
+        return None
 
 
 def _in_own_group(env: dict[str, str], target: Callable[..., None], *args: Any) -> None:
@@ -73,6 +103,8 @@ def _in_own_group(env: dict[str, str], target: Callable[..., None], *args: Any) 
 
 def shutdown(procs: Sequence[Proc], grace_s: float = GRACE_S) -> None:
     """Terminate, wait up to ``grace_s``, then kill every survivor and its children."""
+    for p in procs:
+        end_orphan(p)
     alive = [p for p in procs if p.process.is_alive()]
     for p in alive:
         p.process.terminate()
@@ -105,6 +137,32 @@ def _kill_tree(pid: int | None) -> None:
             proc.kill()
 
 
+def end_orphan(proc: Proc, timeout_s: float = GRACE_S) -> bool:
+    """If ``proc`` looks exited only because its fork server died, kill it and its children and wait (up to
+    ``timeout_s``) until it is gone; whether it was such an orphan."""
+    if proc.orphaned:
+        return True
+    if proc.created is None or proc.process.exitcode != LOST_SERVER_EXIT:
+        return False
+    import psutil
+
+    try:
+        child = psutil.Process(proc.process.pid)
+        if child.create_time() != proc.created or child.status() == psutil.STATUS_ZOMBIE:
+            return False  # it did exit (with 255), or the pid is another process's now
+    except psutil.NoSuchProcess:
+        return False
+    proc.orphaned = True
+    logger.warning("%s (pid %d) outlived its fork server: killing it", proc.name, child.pid)
+    _kill_tree(child.pid)
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(psutil.NoSuchProcess):
+        # Not this process's child, so no wait(): gone, or a zombie of whoever adopted it.
+        while child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return True
+
+
 def watch_processes(
     procs: Sequence[Proc], stop: threading.Event, on_exit: Callable[[Proc], None], name: str
 ) -> threading.Thread:
@@ -128,6 +186,7 @@ def watch_processes(
                 if proc is None:
                     continue  # its other handle fired in this same round
                 alive = {k: p for k, p in alive.items() if p is not proc}
+                end_orphan(proc)
                 callback = ref()
                 if stop.is_set() or callback is None:
                     return

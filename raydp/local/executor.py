@@ -168,9 +168,9 @@ class MPExecutor(ChannelExecutor):
 
     def _on_exit(self, proc: Proc) -> None:
         proc.process.join(timeout=1)
-        code = proc.process.exitcode
+        code = proc.exitcode
         words = last_words(proc)
-        detail = f"pid {proc.process.pid} {describe_exit(code)}" + (f": {words.decode()}" if words else "")
+        detail = f"pid {proc.process.pid} {proc.exit_text()}" + (f": {words.decode()}" if words else "")
         assert proc.rank is not None
         self.mark_dead(proc.rank, DeathCause.of_exit(code), detail)
 

@@ -211,17 +211,17 @@ class ProcessRuntime:
         words = decode_death(last_words(proc)) if proc.rank is not None else None
         if words is None:
             proc.process.join(timeout=1)
-        code = proc.process.exitcode
+        code = proc.exitcode
         if proc.rank is None:
             if self.report_process is not None:
-                self.report_process(ProcessDeadError(f"{proc.name} (pid {proc.process.pid})", code, LOCAL_NODE))
+                name = f"{proc.name} (pid {proc.process.pid})"
+                self.report_process(ProcessDeadError(name, code, LOCAL_NODE, detail=proc.exit_text()))
         elif self.report is not None:
             if words is not None:  # it said why (e.g. one of its workers died), and is exiting now
                 self.report(proc.rank, DeathCause(words.cause), f"{proc.name} pid {proc.process.pid}: {words.message}")
             else:
-                self.report(
-                    proc.rank, DeathCause.of_exit(code), f"{proc.name} pid {proc.process.pid} {describe_exit(code)}"
-                )
+                detail = f"{proc.name} pid {proc.process.pid} {proc.exit_text()}"
+                self.report(proc.rank, DeathCause.of_exit(code), detail)
 
     def in_flight(self, ranks: Sequence[int]) -> int:
         """What the coordinator last heard from the ranks: waiting plus running."""

@@ -171,8 +171,9 @@ class APIServerProcessManager:
             self._listeners,
             ProcessDeadError(
                 f"API server {proc.name} (pid {proc.process.pid})",
-                proc.process.exitcode,
+                proc.exitcode,
                 restarting=restarting,
+                detail=proc.exit_text(),
             ),
         )
         if not restarting:

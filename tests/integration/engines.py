@@ -41,3 +41,9 @@ class MissingWorkerEngine(WorkerEchoEngine):
     """Names a worker class that cannot be imported: startup must fail, naming it."""
 
     worker_class = "raydp_nowhere.module:NoWorker"
+
+
+class PreloadingEchoEngine(EchoEngine):
+    """Names a module to preload, so that the ``mp`` backend forks its processes from a fork server."""
+
+    preload_modules = ("email.mime.text",)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -12,6 +16,7 @@ import pytest
 
 import raydp
 from raydp.errors import DeathCause, EngineDeadError
+from raydp.fork_server import gpu_driver_present
 from tests.integration.helpers import socket_dirs, wait_until
 
 
@@ -219,3 +224,53 @@ def test_mp_autoscales_up_under_a_load_step_and_back_down_when_it_falls() -> Non
     bad = [o for o in outcomes if o != "ok"]
     assert not bad, f"{len(bad)} of {len(outcomes)} requests failed: {bad[:5]}"
     assert socket_dirs("mpauto") == []
+
+
+FORK_SERVER_KILLED = textwrap.dedent(
+    """
+    import json, time
+
+    import psutil
+
+    import raydp
+
+
+    def main() -> None:
+        engine = "tests.integration.engines:PreloadingEchoEngine"
+        cluster = raydp.launch(name="mpfork", dp_size=2, backend="mp", progress=False, engine=engine)
+        assert cluster.client().generate([1], max_tokens=1) == [1]
+        procs = list(cluster._manager.procs)
+        server = next(p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline()))
+        server.kill()
+        deadline = time.monotonic() + 30
+        while len(cluster.deaths) < len(procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        deaths = [(type(d).__name__, d.cause.value, str(d)) for d in cluster.deaths]
+        cluster.close()
+        running = [p for p in procs if psutil.pid_exists(p.process.pid)]
+        left = [p.name for p in running if psutil.Process(p.process.pid).status() != psutil.STATUS_ZOMBIE]
+        print(json.dumps({"forked": [p.created is not None for p in procs], "deaths": deaths, "left": left}))
+
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(gpu_driver_present(), reason="a GPU driver is present: children are spawned, no fork server")
+def test_a_killed_fork_server_ends_its_children_and_each_death_says_so() -> None:
+    # In a fresh interpreter: a process has one fork server, and this one's may serve other tests' clusters.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run(
+        [sys.executable, "-c", FORK_SERVER_KILLED], capture_output=True, text=True, timeout=100, check=False, env=env
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["forked"] == [True, True, True], "the coordinator and both ranks came from the fork server"
+    kinds = sorted((kind, cause) for kind, cause, _ in seen["deaths"])
+    assert kinds == [("EngineDeadError", "killed"), ("EngineDeadError", "killed"), ("ProcessDeadError", "killed")]
+    assert all("fork server died" in text and "SIGKILL" in text for _, _, text in seen["deaths"]), seen["deaths"]
+    assert seen["left"] == [], "no child serves on after close()"
+    assert socket_dirs("mpfork") == []

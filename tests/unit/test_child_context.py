@@ -158,3 +158,53 @@ def test_the_fork_server_outlives_a_sigterm_to_its_group_and_its_children_take_s
     assert seen["server_running"], "the server outlived both signals"
     assert seen["reply"] == "yes: still there?" and seen["alive"], "its child serves on, and is seen alive"
     assert seen["child_mask"] & both == 0, "the child takes SIGTERM and SIGHUP"
+
+
+SERVER_KILLED = textwrap.dedent(
+    """
+    import json, queue, threading
+
+    import psutil
+
+    from raydp.fork_server import child_context
+    from raydp.processes import shutdown, spawn, watch_processes
+    from tests.unit.test_child_context import echo_mask
+
+
+    context = child_context(("email.mime.text",))
+    ours, theirs = context.Pipe()
+    proc = spawn(context, "waiter", echo_mask, theirs)
+    ours.recv()
+    exits = queue.Queue()
+    stop = threading.Event()
+    watch_processes([proc], stop, lambda p: exits.put((p.exitcode, p.exit_text())), "probe-watcher")
+    server = next(p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline()))
+    server.kill()  # alone, as the OOM killer would: its child runs on
+    code, text = exits.get(timeout=30)
+    try:
+        child = psutil.Process(proc.process.pid)
+        gone = child.status() == psutil.STATUS_ZOMBIE or child.create_time() != proc.created
+    except psutil.NoSuchProcess:
+        gone = True
+    ours, theirs = context.Pipe()
+    successor = spawn(child_context(("email.mime.text",)), "successor", echo_mask, theirs)
+    ours.recv()
+    ours.send("and you?")
+    after = {"successor_forked": successor.created is not None, "successor_reply": ours.recv()}
+    stop.set()
+    shutdown([proc, successor])
+    print(json.dumps({"exitcode": code, "text": text, "gone": gone, **after}))
+    """
+)
+
+
+@pytest.mark.skipif(gpu_driver_present(), reason="a GPU driver is present: children are spawned, no fork server")
+def test_a_child_whose_fork_server_was_killed_is_killed_and_reported_so() -> None:
+    run = subprocess.run([sys.executable, "-c", SERVER_KILLED], capture_output=True, text=True, timeout=90, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["gone"], "the child that looked exited is gone when its exit is reported: no orphan serves on"
+    assert seen["exitcode"] == -signal.SIGKILL, "reported as killed, not as multiprocessing's 255"
+    assert "its fork server died" in seen["text"], seen["text"]
+    assert seen["successor_forked"], "the next child forks from a new server"
+    assert seen["successor_reply"] == "yes: and you?", "and it runs"
