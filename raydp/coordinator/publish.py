@@ -1,24 +1,50 @@
 """What the coordinator's state tells others: the snapshot clients get, the status operators get.
 
 Pure record-building over :class:`~raydp.coordinator.state.CoordinatorState`;
-when to publish stays with the state.
+when to publish stays with the state. What is read of the state is
+:class:`Published`, so that the state can call this module without this
+module importing it back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
+from raydp.coordinator.cache import CachePictures
+from raydp.coordinator.resync import ResyncTracker
+from raydp.wire.adapters import AdapterState
 from raydp.wire.control import StatsSnapshot
 from raydp.wire.records import CoordinatorStatus
 
-if TYPE_CHECKING:
-    from raydp.coordinator.state import CoordinatorState
+
+class Published(Protocol):
+    """What the snapshot and the status read of the coordinator's state (see its fields for their meaning)."""
+
+    engine_count: int
+    wave: int
+    running: bool
+    counts: list[list[int]]
+    work: list[int]
+    dead: dict[int, str]
+    moved: dict[int, list[str]]
+    deaths: list[int]
+    restarts: list[int]
+    hangs: list[int]
+    rejected: int
+    size: int
+    prefill_ranks: int
+    nodes: dict[int, str]
+    resync: ResyncTracker | None
+    cache: CachePictures
+    adapters: list[AdapterState]
+
+    def hold_phase(self) -> str | None: ...
 
 
-def snapshot(state: CoordinatorState, seq: int, now: float) -> StatsSnapshot:
+def snapshot(state: Published, seq: int, now: float) -> StatsSnapshot:
     """The snapshot numbered ``seq``; takes the cache changes pending at ``now`` (they are published once)."""
     cache = state.cache
     return StatsSnapshot(
@@ -42,7 +68,7 @@ def snapshot(state: CoordinatorState, seq: int, now: float) -> StatsSnapshot:
 
 
 def describe(
-    state: CoordinatorState, *, dropped: int = 0, broadcasts: int = 0, subscribed: Iterable[int] = ()
+    state: Published, *, dropped: int = 0, broadcasts: int = 0, subscribed: Iterable[int] = ()
 ) -> CoordinatorStatus:
     """The state as the coordinator describes it; the loop adds its socket counters and subscribers."""
     return CoordinatorStatus(
@@ -67,6 +93,6 @@ def describe(
     )
 
 
-def _adapters_reported(state: CoordinatorState) -> bool:
+def _adapters_reported(state: Published) -> bool:
     """Whether any rank holds (or can hold) a LoRA adapter: snapshots and the status carry them only then."""
     return any(a.slots or a.resident for a in state.adapters)
