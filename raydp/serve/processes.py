@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
-from multiprocessing.synchronize import Event
 
 from raydp.backend import DeathListener, notify
 from raydp.errors import ConfigError, ProcessDeadError, StartupError, describe_exit
@@ -41,7 +41,7 @@ def _api_main(
     ranks: list[int] | None,
     settings: ServerSettings,
     metrics_dir: str | None,
-    serving: Event,
+    serving: Connection,
     death_pipe: Connection,
 ) -> None:
     if metrics_dir is not None:
@@ -58,14 +58,26 @@ def _api_main(
         from raydp.serve.vllm_server import serve_vllm_forever
 
         serve_vllm_forever(
-            sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop, on_serving=serving.set
+            sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop, on_serving=_say(serving)
         )
         return
     from raydp.serve.server import serve_forever
 
     serve_forever(
-        sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop, on_serving=serving.set
+        sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop, on_serving=_say(serving)
     )
+
+
+def _say(serving: Connection) -> Callable[[], None]:
+    """Tell the manager this server serves: one message on a pipe (no named semaphore that a SIGKILL to
+    the whole tree would leave in /dev/shm)."""
+
+    def said() -> None:
+        with contextlib.suppress(OSError, ValueError):  # nobody waits any more (a successor, or a close)
+            serving.send_bytes(b"serving")
+            serving.close()
+
+    return said
 
 
 class APIServerProcessManager:
@@ -108,10 +120,11 @@ class APIServerProcessManager:
         # vLLM's front-end serves /metrics for all N processes at once in prometheus_client's multiprocess
         # mode, over one directory of the processes' files (vLLM's own launcher does the same).
         self._metrics_dir = MetricsDir(endpoints.name) if self._settings.vllm_args and count > 1 else None
-        # Held for as long as their processes may read them: a collected Event unlinks its semaphore, and a
-        # child still unpickling its arguments then fails to start.
-        self._serving = [self._mp.Event() for _ in range(count)]
-        self.procs.extend(self._spawn(index, self._serving[index]) for index in range(count))
+        self._serving: list[Connection] = []  # per server: where it says it serves
+        for index in range(count):
+            proc, serving = self._spawn(index)
+            self.procs.append(proc)
+            self._serving.append(serving)
         # A stopping server answers its running requests before it exits: wait that long before killing it.
         self._finalizer = weakref.finalize(
             self,
@@ -131,9 +144,10 @@ class APIServerProcessManager:
             raise
         watch_processes(self.procs, self._stop, self._report, "raydp-api-watcher")
 
-    def _spawn(self, index: int, serving: Event) -> Proc:
+    def _spawn(self, index: int) -> tuple[Proc, Connection]:
         endpoints, count, node_id, ranks, settings = self._args
-        return spawn(
+        reader, writer = self._mp.Pipe(duplex=False)
+        proc = spawn(
             self._mp,
             f"{endpoints.name}-api{index}",
             _api_main,
@@ -145,8 +159,10 @@ class APIServerProcessManager:
             ranks,
             settings,
             self._metrics_dir.path if self._metrics_dir is not None else None,
-            serving,
+            writer,
         )
+        writer.close()
+        return proc, reader
 
     @property
     def url(self) -> str:
@@ -182,8 +198,9 @@ class APIServerProcessManager:
             if self._stop.is_set():  # closed meanwhile
                 return
             # Not waited for: the other servers go on answering on the shared socket meanwhile.
-            self._serving[index] = self._mp.Event()
-            self.procs[index] = successor = self._spawn(index, self._serving[index])
+            self._serving[index].close()
+            successor, self._serving[index] = self._spawn(index)
+            self.procs[index] = successor
         if proc.death_pipe is not None:
             proc.death_pipe.close()
         logger.warning("API server %s respawned as pid %s", proc.name, successor.process.pid)
@@ -193,14 +210,25 @@ class APIServerProcessManager:
         self._finalizer()
 
 
-def _wait_serving(procs: Sequence[Proc], serving: Sequence[Event], timeout_s: float) -> None:
+def _wait_serving(procs: Sequence[Proc], serving: Sequence[Connection], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    for proc, event in zip(procs, serving, strict=True):
-        while not event.wait(timeout=0.1):
+    for proc, said in zip(procs, serving, strict=True):
+        while not _said_serving(said):
             if not proc.process.is_alive() or last_words(proc) is not None:
                 raise StartupError(_not_serving(proc, f"exited ({describe_exit(proc.process.exitcode)})"))
             if time.monotonic() > deadline:
                 raise StartupError(_not_serving(proc, f"was not serving within startup_timeout_s={timeout_s:g}"))
+
+
+def _said_serving(said: Connection) -> bool:
+    """Whether the server said it serves, waiting up to 0.1 s (False once it closed the pipe unsaid: died)."""
+    if not said.poll(0.1):
+        return False
+    try:
+        return said.recv_bytes() == b"serving"
+    except (EOFError, OSError):
+        time.sleep(0.1)  # it died: the caller's liveness check sees it now
+        return False
 
 
 def _not_serving(proc: Proc, what: str) -> str:
@@ -214,7 +242,7 @@ def _release(
     lock: threading.Lock,
     grace_s: float,
     metrics_dir: MetricsDir | None,
-    serving: list[Event],
+    serving: list[Connection],
 ) -> None:
     with lock:  # after this no respawn starts, and ``procs`` holds every process there is
         stop.set()
@@ -222,9 +250,7 @@ def _release(
     # is gone, so a new connection is refused at once instead of waiting in the backlog for a reset.
     sock.close()
     shutdown(procs, grace_s)
-    # No process reads them now. Dropped, their semaphores' names are unlinked at once, rather than at
-    # this process's exit: a host actor that Ray kills, resource tracker and all, would leave them in
-    # /dev/shm for good.
-    serving.clear()
+    for said in serving:
+        said.close()
     if metrics_dir is not None:
         metrics_dir.remove()

@@ -44,8 +44,15 @@ def test_the_servers_answer_once_the_manager_returns() -> None:
         assert all(proc.process.is_alive() for proc in servers.procs)
         reply = httpx.get(f"{servers.url}/health", timeout=30)
         assert reply.status_code == 200 and reply.json()["client_count"] == 2
+        # A named semaphore (a multiprocessing Event) would outlive a SIGKILL of the whole tree in /dev/shm.
+        assert [_named_semaphores(proc.process.pid) for proc in servers.procs] == [[], []]
     finally:
         servers.close()
+
+
+def _named_semaphores(pid: int | None) -> list[str]:
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return sorted({line.split()[-1] for line in maps if "/dev/shm/sem." in line})
 
 
 def test_a_server_that_cannot_start_fails_the_start_by_name_and_leaves_nothing(tmp_path: Path) -> None:
