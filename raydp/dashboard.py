@@ -208,6 +208,8 @@ LEFT_OUT: Final[dict[str, str]] = {
     "raydp_rank_adapter_evictions": "as raydp_rank_waiting",
     "raydp_rank_adapter_hit_rate": "as raydp_rank_waiting",
     "raydp_router_cached_blocks": "what one API server process knows of the ranks' caches: for debugging its routing",
+    "raydp_router_in_flight": "the API servers' own count, per scrape target and with no cluster label; the load "
+    "panels read the coordinator's, through Ray's export",
     "raydp_rank_deaths": "deaths each API server saw; ray_raydp_rank_deaths counts them once per cluster",
     "raydp_rank_hangs": "hangs each API server saw; ray_raydp_rank_hangs counts them once per cluster",
 }

@@ -218,6 +218,12 @@ class Client:
         cache = self._router.balancer.cache
         return [cache.blocks(rank) for rank in range(self._router.balancer.engine_count)]
 
+    def in_flight(self) -> list[int]:
+        """Per rank, this client's requests sent there and not finished: known at once, where the coordinator's
+        snapshot counts lag by a stats interval (and stay at their last value while an engine is stopped)."""
+        balancer = self._router.balancer
+        return [balancer.in_flight(rank) for rank in range(balancer.engine_count)]
+
     def adapter_paths(self) -> dict[str, str]:
         """The LoRA adapters the ranks were given by name (vLLM's ``add_lora``), with their paths."""
         return self._router.balancer.adapters.known()

@@ -110,6 +110,7 @@ class APIServerProcessManager:
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         self._settings = settings or ServerSettings()
         self._args = (endpoints, count, node_id, list(ranks) if ranks is not None else None, self._settings)
+        self._node_id = node_id  # where they serve: a death names it
         self.procs: list[Proc] = []
         self._listeners: list[DeathListener] = []
         self._stop = threading.Event()
@@ -188,6 +189,7 @@ class APIServerProcessManager:
             ProcessDeadError(
                 f"API server {proc.name} (pid {proc.process.pid})",
                 proc.exitcode,
+                self._node_id,
                 restarting=restarting,
                 detail=proc.exit_text(),
             ),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from prometheus_client import Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -32,11 +33,14 @@ PUSH_INTERVAL_S = 0.5
 
 @dataclass(frozen=True)
 class RankGauge:
-    """One per-rank gauge: its name, its help, and its ``(rank, value)`` pairs from a client."""
+    """One per-rank gauge: its name, its help, its ``(rank, value)`` pairs from a client, and how N API
+    server processes' values make one in prometheus_client's multiprocess mode."""
 
     name: str
     help: str
     values: Callable[[Client], Iterable[tuple[int, float]]]
+    # Default: the same snapshot in every process, so any one of them says it.
+    multiprocess_mode: Literal["mostrecent", "livesum"] = "mostrecent"
 
 
 def _counts(client: Client, index: int) -> Iterable[tuple[int, float]]:
@@ -107,6 +111,13 @@ RANK_GAUGES = (
         lambda c: _adapters(c, _adapter_hits),
     ),
     RankGauge(
+        "raydp_router_in_flight",
+        "requests this API server sent to each rank that have not finished, known at once (raydp_rank_running "
+        "follows the coordinator's snapshots); vLLM's /metrics sums it over the API servers",
+        lambda c: list(enumerate(c.in_flight())),
+        multiprocess_mode="livesum",
+    ),
+    RankGauge(
         "raydp_router_cached_blocks",
         "prefix-cache blocks this API server knows each rank holds (what the prefix balancer routes on)",
         lambda c: list(enumerate(c.cached_blocks())),
@@ -174,7 +185,9 @@ class PushedRankSeries:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self._gauges = [(g, Gauge(g.name, g.help, ["rank"], multiprocess_mode="mostrecent")) for g in RANK_GAUGES]
+        self._gauges = [
+            (g, Gauge(g.name, g.help, ["rank"], multiprocess_mode=g.multiprocess_mode)) for g in RANK_GAUGES
+        ]
         self._migrations = Counter(*MIGRATIONS)
         self._deaths = Counter(*DEATHS, ["rank"])
         self._hangs = Counter(*HANGS, ["rank"])

@@ -34,6 +34,7 @@ def test_mp_dp2_serves_on_its_own_devices_and_a_sigkill_is_reported() -> None:
         assert [(d["device_ids"], d["cuda_visible_devices"]) for d in seen] == [(["0"], "0"), (["1"], "1")]
         victim = next(p for p in procs if p.rank == 1)
         pending = client.submit([1], max_tokens=1_000_000, rank=1)
+        assert wait_until(lambda: client.in_flight() == [0, 1], timeout=10), client.in_flight()
         killed_at = time.monotonic()
         os.kill(victim.process.pid, signal.SIGKILL)
         with pytest.raises(EngineDeadError) as info:
@@ -44,6 +45,7 @@ def test_mp_dp2_serves_on_its_own_devices_and_a_sigkill_is_reported() -> None:
         assert "SIGKILL" in str(info.value) and str(victim.process.pid) in str(info.value)
         with pytest.raises(EngineDeadError):
             pending.result(timeout=5)
+        assert client.in_flight() == [0, 0], "its failed request no longer counts"
     finally:
         cluster.close()
     assert not any(psutil.pid_exists(p.process.pid) and p.process.is_alive() for p in procs)

@@ -287,6 +287,9 @@ def test_a_stream_whose_rank_dies_goes_on_with_an_unbroken_runs_text(raydp: Serv
         _settled(pieces)
         streaming = 0 if _streams_alone(engines[0], pieces) else 1
         assert streaming == 0 or _streams_alone(engines[1], pieces), "neither engine, let go alone, streamed on"
+        # The API servers' own count names that rank too, summed over both servers, with the engines stopped.
+        want = {str(streaming): 1.0, str(1 - streaming): 0.0}
+        assert _wait_for(lambda: _per_rank(raydp, "raydp_router_in_flight") == want, 10), want
         before_kill = len(pieces)
         os.kill(engines[streaming], signal.SIGKILL)
     finally:
@@ -297,6 +300,7 @@ def test_a_stream_whose_rank_dies_goes_on_with_an_unbroken_runs_text(raydp: Serv
     assert not reader.is_alive()
     assert len(pieces) > before_kill, "the stream went on after its rank was killed"
     assert "".join(pieces) == unbroken
+    assert _wait_for(lambda: set(_per_rank(raydp, "raydp_router_in_flight").values()) == {0.0}, 10)
     assert _metric(raydp, "raydp_stream_migrations_total") >= 1
     # Back from its restart, the killed rank holds again what it held (the first API server loads it).
     assert _wait_for(lambda: _gauge(raydp, "raydp_rank_dead") == 0, 240), "the killed rank came back"

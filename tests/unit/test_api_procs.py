@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gc
+import os
 import pickle
+import queue
+import signal
 import socket
 from pathlib import Path
 
@@ -11,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from raydp.errors import StartupError
+from raydp.errors import ComponentDeadError, DeathCause, ProcessDeadError, StartupError
 from raydp.serve.processes import APIServerProcessManager
 from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints, EngineEndpoint
@@ -68,3 +71,19 @@ def test_a_server_not_serving_within_startup_timeout_s_fails_the_start() -> None
     # No interpreter starts and imports in 10 ms, however fast the machine.
     with pytest.raises(StartupError, match=r"was not serving within startup_timeout_s=0.01"):
         APIServerProcessManager(_endpoints(), 1, settings=ServerSettings(startup_timeout_s=0.01))
+
+
+def test_a_dead_server_is_reported_with_its_node_and_cause_and_respawned() -> None:
+    deaths: queue.Queue[ComponentDeadError] = queue.Queue()
+    servers = APIServerProcessManager(_endpoints(), 1, node_id="node-a", settings=ServerSettings(max_restarts=1))
+    try:
+        servers.on_death(deaths.put)
+        victim = servers.procs[0].process.pid
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        death = deaths.get(timeout=30)
+        assert isinstance(death, ProcessDeadError)
+        assert (death.node_id, death.cause, death.restarting) == ("node-a", DeathCause.KILLED, True)
+        assert f"pid {victim}" in str(death) and "on node node-a" in str(death) and "SIGKILL" in str(death)
+    finally:
+        servers.close()
