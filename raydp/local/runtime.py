@@ -13,6 +13,7 @@ reported, not restarted.
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -149,8 +150,10 @@ class ProcessRuntime:
             server, records, start, lambda r: True, init_for, cfg, lambda: self.check_alive(records), progress
         )
 
-    def _spawn(self, name: str, target: Callable[..., None], *args: Any, rank: int | None = None) -> Proc:
-        proc = spawn(self.mp, name, target, *args, rank=rank)
+    def _spawn(
+        self, name: str, target: Callable[..., None], *args: Any, rank: int | None = None, context: Any = None
+    ) -> Proc:
+        proc = spawn(context or self.mp, name, target, *args, rank=rank)
         self.owned.procs.append(proc)
         return proc
 
@@ -243,7 +246,10 @@ class ProcessRuntime:
         if successor_of is not None:
             raise StartupError("backend='mp' does not restart its coordinator")
         parent, child = self.mp.Pipe()
-        proc = self._spawn(coordinator_name(self.config.name), coordinator_main, self.config, self.ipc_prefix, child)
+        # Spawned, never forked: it needs none of the engine's preload, and this backend cannot restart it,
+        # so the fork server's death (which ends what it forked: raydp.processes) must not take it along.
+        name = coordinator_name(self.config.name)
+        proc = self._spawn(name, coordinator_main, self.config, self.ipc_prefix, child, context=mp.get_context("spawn"))
         self.coordinator = proc
         self.owned.control = ControlPipe(parent)
         if not parent.poll(self.config.component_start_s):
