@@ -53,7 +53,7 @@ class Proc:
     process: BaseProcess
     rank: int | None = None
     death_pipe: Connection | None = None
-    created: float | None = None  # a forked child's start time, to know it again once its fork server is gone
+    started: int | None = None  # a forked child's start (start_ticks), to know it again once its server is gone
     orphaned: bool = False  # it outlived its fork server, and was killed for it (module docstring)
 
     @property
@@ -80,16 +80,31 @@ def spawn(mp_ctx: Any, name: str, target: Callable[..., None], *args: Any, rank:
         mp_ctx, lambda ctx: ctx.Process(target=_in_own_group, args=(env, target, *args, reader), name=name, daemon=True)
     )
     reader.close()
-    return Proc(name, process, rank, writer, _created(process) if forked else None)
+    return Proc(name, process, rank, writer, start_ticks(process.pid) if forked else None)
 
 
-def _created(process: BaseProcess) -> float | None:
-    import psutil
+def start_ticks(pid: int | None) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot: unlike a wall-clock start time, no clock
+    step changes it. None where it is gone, or where there is no ``/proc`` (then orphans go unnoticed)."""
+    stat = _stat(pid)
+    return stat[1] if stat is not None else None
 
+
+def _stat(pid: int | None) -> tuple[bytes, int] | None:
+    """Process ``pid``'s state letter and start ticks, from ``/proc/PID/stat`` (fields 3 and 22 of proc(5))."""
     try:
-        return float(psutil.Process(process.pid).create_time())
-    except (psutil.NoSuchProcess, ValueError):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
         return None
+    fields = stat[stat.rindex(b")") + 2 :].split()  # after the name, which may hold spaces and parentheses
+    return fields[0], int(fields[19])
+
+
+def _runs(pid: int | None, started: int) -> bool:
+    """Whether the process ``pid`` that started at ``started`` still runs (a zombie has ended)."""
+    stat = _stat(pid)
+    return stat is not None and stat[1] == started and stat[0] != b"Z"
 
 
 def _in_own_group(env: dict[str, str], target: Callable[..., None], *args: Any) -> None:
@@ -104,7 +119,7 @@ def _in_own_group(env: dict[str, str], target: Callable[..., None], *args: Any) 
 def shutdown(procs: Sequence[Proc], grace_s: float = GRACE_S) -> None:
     """Terminate, wait up to ``grace_s``, then kill every survivor and its children."""
     for p in procs:
-        end_orphan(p)
+        end_orphan(p, timeout_s=max(grace_s, 1.0))  # killed at once: the wait ends as soon as it is gone
     alive = [p for p in procs if p.process.is_alive()]
     for p in alive:
         p.process.terminate()
@@ -142,24 +157,19 @@ def end_orphan(proc: Proc, timeout_s: float = GRACE_S) -> bool:
     ``timeout_s``) until it is gone; whether it was such an orphan."""
     if proc.orphaned:
         return True
-    if proc.created is None or proc.process.exitcode != LOST_SERVER_EXIT:
-        return False
-    import psutil
-
-    try:
-        child = psutil.Process(proc.process.pid)
-        if child.create_time() != proc.created or child.status() == psutil.STATUS_ZOMBIE:
-            return False  # it did exit (with 255), or the pid is another process's now
-    except psutil.NoSuchProcess:
-        return False
+    pid, started = proc.process.pid, proc.started
+    if pid is None or started is None or proc.process.exitcode != LOST_SERVER_EXIT or not _runs(pid, started):
+        return False  # not forked, or it did exit (with 255), or the pid is another process's now
     proc.orphaned = True
-    logger.warning("%s (pid %d) outlived its fork server: killing it", proc.name, child.pid)
-    _kill_tree(child.pid)
+    logger.warning("%s (pid %d) outlived its fork server: killing it", proc.name, pid)
+    _kill_tree(pid)
     deadline = time.monotonic() + timeout_s
-    with contextlib.suppress(psutil.NoSuchProcess):
-        # Not this process's child, so no wait(): gone, or a zombie of whoever adopted it.
-        while child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
-            time.sleep(0.01)
+    while _runs(pid, started) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):  # this process's child only where it adopts orphans
+            os.waitpid(pid, os.WNOHANG)  # (PID 1, a subreaper): reaped here, or it stays a zombie
+        time.sleep(0.01)
+    if _runs(pid, started):
+        logger.error("%s (pid %d) still runs %.1f s after its SIGKILL", proc.name, pid, timeout_s)
     return True
 
 

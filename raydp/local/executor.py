@@ -21,11 +21,12 @@ from raydp.config import RaydpConfig
 from raydp.engine.core import preload_modules
 from raydp.engine.executor import WorkerContext, WorkerGroupSpec
 from raydp.engine.host import set_device_visibility
-from raydp.errors import ConfigError, DeathCause, StartupError, describe_exit
+from raydp.errors import ConfigError, DeathCause, StartupError
 from raydp.fork_server import child_context, gpu_driver_present
 from raydp.logs import configure_component_logging
 from raydp.processes import (
     Proc,
+    end_orphan,
     last_words,
     on_stop_signals,
     set_process_title,
@@ -156,15 +157,16 @@ class MPExecutor(ChannelExecutor):
         try:
             words = reader.recv_bytes()
         except EOFError:
-            words = f"it exited first ({describe_exit(self.procs[tp].process.exitcode)})".encode()
+            end_orphan(self.procs[tp])
+            words = f"it exited first ({self.procs[tp].exit_text()})".encode()
         if words:
             raise StartupError(f"worker {self.spec.label(tp)} failed to start:\n{words.decode(errors='replace')}")
 
     def _check_started(self) -> None:
         for proc in self.procs:
-            code = proc.process.exitcode
-            if code is not None:
-                raise StartupError(f"worker {proc.name} exited during startup ({describe_exit(code)})")
+            if proc.process.exitcode is not None:
+                end_orphan(proc)
+                raise StartupError(f"worker {proc.name} exited during startup ({proc.exit_text()})")
 
     def _on_exit(self, proc: Proc) -> None:
         proc.process.join(timeout=1)

@@ -34,7 +34,7 @@ from raydp.names import coordinator_name, rank_name
 from raydp.orchestration.owned import OwnedResources
 from raydp.orchestration.ranks import RankRecord, RankTable
 from raydp.orchestration.runtime import InitFor, Progress, join_ranks
-from raydp.processes import Proc, last_words, shutdown, spawn, watch_processes
+from raydp.processes import Proc, end_orphan, last_words, shutdown, spawn, watch_processes
 from raydp.wire.endpoints import ClusterEndpoints, CoordinatorEndpoints
 from raydp.wire.handshake import HandshakeResult, HandshakeServer
 from raydp.wire.records import AutoscaleDecision, CoordinatorStatus
@@ -165,9 +165,10 @@ class ProcessRuntime:
         starting = self.coordinator is not None and id(self.coordinator) not in self.watchers
         for proc in [*procs, *([self.coordinator] if starting else [])]:
             if not proc.process.is_alive():
+                end_orphan(proc)
                 words = decode_death(last_words(proc))
                 why = f":\n{words.message}" if words else ""
-                raise StartupError(f"{proc.name} died during startup ({describe_exit(proc.process.exitcode)}){why}")
+                raise StartupError(f"{proc.name} died during startup ({proc.exit_text()}){why}")
 
     def kill(self, records: Sequence[RankRecord]) -> None:
         self._end([r.handle for r in records if r.handle is not None], grace_s=0.5)

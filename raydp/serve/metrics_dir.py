@@ -44,6 +44,13 @@ class MetricsDir:
         fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.rename(making, os.path.join(self.path, LOCK))
 
+    def forget(self, pid: int | None) -> None:
+        """A server process died: its live gauges (``livesum`` and the like) no longer count in the sum."""
+        if pid is not None:
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(pid, self.path)  # type: ignore[no-untyped-call]
+
     def remove(self) -> None:
         """Remove the directory, then let go of it (idempotent)."""
         shutil.rmtree(self.path, ignore_errors=True)

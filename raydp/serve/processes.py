@@ -12,11 +12,12 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 
 from raydp.backend import DeathListener, notify
-from raydp.errors import ConfigError, ProcessDeadError, StartupError, describe_exit
+from raydp.errors import ConfigError, ProcessDeadError, StartupError
 from raydp.fork_server import child_context
 from raydp.models.vllm.config import FORK_SERVER_PRELOAD
 from raydp.processes import (
     Proc,
+    end_orphan,
     last_words,
     on_stop_signals,
     shutdown,
@@ -30,6 +31,7 @@ from raydp.serve.settings import ServerSettings
 from raydp.wire.endpoints import ClusterEndpoints
 
 logger = logging.getLogger("raydp.api")
+SERVING = b"serving"  # what a server process says on its pipe once it serves
 
 
 def _api_main(
@@ -54,30 +56,31 @@ def _api_main(
     stop = threading.Event()
     on_stop_signals(stop.set)
     watch_parent(death_pipe, stop.set)
+    announce = _announce_serving(serving)
     if settings.vllm_args:  # vLLM's own front-end (raydp serve --engine vllm)
         from raydp.serve.vllm_server import serve_vllm_forever
 
         serve_vllm_forever(
-            sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop, on_serving=_say(serving)
+            sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop, on_serving=announce
         )
         return
     from raydp.serve.server import serve_forever
 
     serve_forever(
-        sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop, on_serving=_say(serving)
+        sock, endpoints, index, count, node_id, ranks=ranks, settings=settings, stop=stop, on_serving=announce
     )
 
 
-def _say(serving: Connection) -> Callable[[], None]:
+def _announce_serving(serving: Connection) -> Callable[[], None]:
     """Tell the manager this server serves: one message on a pipe (no named semaphore that a SIGKILL to
     the whole tree would leave in /dev/shm)."""
 
-    def said() -> None:
+    def announce() -> None:
         with contextlib.suppress(OSError, ValueError):  # nobody waits any more (a successor, or a close)
-            serving.send_bytes(b"serving")
+            serving.send_bytes(SERVING)
             serving.close()
 
-    return said
+    return announce
 
 
 class APIServerProcessManager:
@@ -179,6 +182,8 @@ class APIServerProcessManager:
         process takes its index and its share of new connections.
         """
         proc.process.join(timeout=1)
+        if self._metrics_dir is not None:
+            self._metrics_dir.forget(proc.process.pid)
         with self._lock:
             index = self.procs.index(proc) if proc in self.procs else -1
             restarting = index >= 0 and not self._stop.is_set() and self._restarts_left[index] > 0
@@ -214,23 +219,25 @@ class APIServerProcessManager:
 
 def _wait_serving(procs: Sequence[Proc], serving: Sequence[Connection], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    for proc, said in zip(procs, serving, strict=True):
-        while not _said_serving(said):
+    for proc, serving_reader in zip(procs, serving, strict=True):
+        while (said := _said_serving(serving_reader)) is not True:
+            if said is None:  # its end closed unsaid: it is exiting, so that the check below sees it soon
+                time.sleep(0.1)
             if not proc.process.is_alive() or last_words(proc) is not None:
-                raise StartupError(_not_serving(proc, f"exited ({describe_exit(proc.process.exitcode)})"))
+                end_orphan(proc)
+                raise StartupError(_not_serving(proc, f"exited ({proc.exit_text()})"))
             if time.monotonic() > deadline:
                 raise StartupError(_not_serving(proc, f"was not serving within startup_timeout_s={timeout_s:g}"))
 
 
-def _said_serving(said: Connection) -> bool:
-    """Whether the server said it serves, waiting up to 0.1 s (False once it closed the pipe unsaid: died)."""
-    if not said.poll(0.1):
+def _said_serving(serving_reader: Connection) -> bool | None:
+    """Whether the server said it serves, waiting up to 0.1 s for it; None once its end closed unsaid."""
+    if not serving_reader.poll(0.1):
         return False
     try:
-        return said.recv_bytes() == b"serving"
+        return serving_reader.recv_bytes() == SERVING
     except (EOFError, OSError):
-        time.sleep(0.1)  # it died: the caller's liveness check sees it now
-        return False
+        return None
 
 
 def _not_serving(proc: Proc, what: str) -> str:

@@ -112,7 +112,7 @@ RANK_GAUGES = (
     ),
     RankGauge(
         "raydp_router_in_flight",
-        "requests this API server sent to each rank that have not finished, known at once (raydp_rank_running "
+        "requests this API server sent to each rank that have not finished, from its own books (raydp_rank_running "
         "follows the coordinator's snapshots); vLLM's /metrics sums it over the API servers",
         lambda c: list(enumerate(c.in_flight())),
         multiprocess_mode="livesum",

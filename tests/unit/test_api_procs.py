@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import pickle
 import queue
 import signal
 import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -85,5 +87,20 @@ def test_a_dead_server_is_reported_with_its_node_and_cause_and_respawned() -> No
         assert isinstance(death, ProcessDeadError)
         assert (death.node_id, death.cause, death.restarting) == ("node-a", DeathCause.KILLED, True)
         assert f"pid {victim}" in str(death) and "on node node-a" in str(death) and "SIGKILL" in str(death)
+        deadline = time.monotonic() + 30  # the death is reported first, then the successor spawned
+        while servers.procs[0].process.pid == victim and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert servers.procs[0].process.pid != victim, "a successor was spawned"
+        assert _health_answers(servers.url), "and serves on the same port"
     finally:
         servers.close()
+
+
+def _health_answers(url: str, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{url}/health", timeout=10).status_code == 200:
+                return True
+        time.sleep(0.2)
+    return False

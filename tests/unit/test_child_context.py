@@ -181,16 +181,16 @@ SERVER_KILLED = textwrap.dedent(
     server = next(p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline()))
     server.kill()  # alone, as the OOM killer would: its child runs on
     code, text = exits.get(timeout=30)
-    try:
-        child = psutil.Process(proc.process.pid)
-        gone = child.status() == psutil.STATUS_ZOMBIE or child.create_time() != proc.created
-    except psutil.NoSuchProcess:
+    try:  # read here, not through raydp: a zombie has ended, and a new start is another process
+        fields = open(f"/proc/{proc.process.pid}/stat").read().rsplit(")", 1)[1].split()
+        gone = fields[0] == "Z" or int(fields[19]) != proc.started
+    except FileNotFoundError:
         gone = True
     ours, theirs = context.Pipe()
     successor = spawn(child_context(("email.mime.text",)), "successor", echo_mask, theirs)
     ours.recv()
     ours.send("and you?")
-    after = {"successor_forked": successor.created is not None, "successor_reply": ours.recv()}
+    after = {"successor_forked": successor.started is not None, "successor_reply": ours.recv()}
     stop.set()
     shutdown([proc, successor])
     print(json.dumps({"exitcode": code, "text": text, "gone": gone, **after}))

@@ -78,3 +78,33 @@ def test_a_process_that_imported_prometheus_client_already_still_writes_its_metr
     )
     subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, timeout=60)
     assert [p.name for p in tmp_path.glob("counter_*.db")], "the counter's value is in the shared directory"
+
+
+def test_a_dead_servers_live_gauge_leaves_the_sum_once_forgotten(tmp_path: Path) -> None:
+    # Two server processes each count a request in flight on rank 0, as raydp_router_in_flight does.
+    script = (
+        "import sys, prometheus_client\n"
+        "from raydp.serve.metrics_dir import use_metrics_dir\n"
+        "use_metrics_dir(sys.argv[1])\n"
+        "g = prometheus_client.Gauge('raydp_probe_in_flight', 'a probe', ['rank'], multiprocess_mode='livesum')\n"
+        "g.labels('0').set(1)\n"
+        "print(__import__('os').getpid())\n"
+    )
+    made = MetricsDir("sum", root=str(tmp_path))
+    try:
+        command = [sys.executable, "-c", script, made.path]
+        pids = [int(subprocess.check_output(command, text=True, timeout=60)) for _ in range(2)]
+        assert _in_flight(made.path) == 2.0
+        made.forget(pids[0])
+        assert _in_flight(made.path) == 1.0, "the dead one's count is gone, the other's stays"
+    finally:
+        made.remove()
+
+
+def _in_flight(path: str) -> float:
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=path)
+    value = registry.get_sample_value("raydp_probe_in_flight", {"rank": "0"})
+    return float(value or 0.0)
