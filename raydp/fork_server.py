@@ -68,6 +68,15 @@ def child_context(preload: Sequence[str] = ()) -> BaseContext:
     return context
 
 
+def start_early(preload: Sequence[str]) -> bool:
+    """Start this process's fork server now, importing ``preload`` while this process goes on with other
+    work (its own imports), so that the first child need not wait for them; whether one was started."""
+    if child_context(preload).get_start_method() != "forkserver":
+        return False
+    _ensure_running()  # a preload that raises ends the server: start_process then spawns (module docstring)
+    return True
+
+
 def gpu_driver_present() -> bool:
     """Whether a GPU driver's device nodes exist here (then :func:`child_context` always spawns)."""
     return any(glob.glob(pattern) for pattern in GPU_DEVICE_NODES)

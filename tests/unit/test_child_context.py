@@ -208,3 +208,26 @@ def test_a_child_whose_fork_server_was_killed_is_killed_and_reported_so() -> Non
     assert "its fork server died" in seen["text"], seen["text"]
     assert seen["successor_forked"], "the next child forks from a new server"
     assert seen["successor_reply"] == "yes: and you?", "and it runs"
+
+
+EARLY = textwrap.dedent(
+    """
+    import json
+
+    import psutil
+
+    from raydp.fork_server import start_early
+
+    nothing = start_early(())  # no preload: children are spawned, there is no server to start
+    started = start_early(("email.mime.text",))
+    servers = [p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+    print(json.dumps({"nothing": nothing, "started": started, "servers": len(servers)}))
+    """
+)
+
+
+@pytest.mark.skipif(gpu_driver_present(), reason="a GPU driver is present: children are spawned, no fork server")
+def test_a_fork_server_started_early_runs_before_any_child() -> None:
+    run = subprocess.run([sys.executable, "-c", EARLY], capture_output=True, text=True, timeout=90, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"nothing": False, "started": True, "servers": 1}
