@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import time
 from typing import Any
 
@@ -206,7 +205,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, CONFIG_FLAGS, PRESETS)
-    _start_fork_server_early(config, args)
+    vllm_flags.start_fork_server_early(config.engine, args)
     config = with_engine_flags(config, args, {})
     if args.fail_stop:
         if getattr(args, "max_restarts", 0):
@@ -229,20 +228,6 @@ def run(args: argparse.Namespace) -> int:
         )
         serve_until_down(cluster, fail_stop=args.fail_stop)  # a stop signal raises here; the with-block closes
     return 0
-
-
-def _start_fork_server_early(config: RaydpConfig, args: argparse.Namespace) -> None:
-    """vLLM's processes fork from a server that imports vLLM (:mod:`raydp.fork_server`). Started before this
-    process checks vLLM's flags (vLLM's parser, seconds of imports), its import runs beside that one instead
-    of after it. Only where this process forks them (the mp backend's ranks, API servers on this machine),
-    and only for a model directory that exists, so that a command refused at once starts nothing."""
-    forks_here = args.backend == "mp" or args.lb_mode == "internal"
-    model = getattr(args, "model", None)
-    if is_vllm(config.engine) and forks_here and model and os.path.isdir(model):
-        from raydp.fork_server import start_early
-        from raydp.models.vllm.config import FORK_SERVER_PRELOAD
-
-        start_early(FORK_SERVER_PRELOAD)
 
 
 def _start(config: RaydpConfig, args: argparse.Namespace, settings: ServerSettings) -> tuple[Any, list[str]]:

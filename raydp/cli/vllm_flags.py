@@ -10,12 +10,15 @@ API servers, which run vLLM's own front-end, get every flag
 (``--tensor-parallel-size``, ``--dp-size``, ``--host``, ``--port``,
 ``--api-key``, ``--ssl-*``) are raydp's and never reach here; the ones for
 vLLM's own data parallelism are refused, naming raydp's flag
-(:data:`RAYDP_OWNS`).
+(:data:`RAYDP_OWNS`). :func:`start_fork_server_early` starts the fork server
+vLLM's processes come from before those flags are checked.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -41,6 +44,20 @@ RAYDP_OWNS: Final = {
 
 def is_vllm(engine: object) -> bool:
     return engine in VLLM_ENGINES
+
+
+def start_fork_server_early(engine: object, args: argparse.Namespace) -> None:
+    """vLLM's processes fork from a server that imports vLLM (:mod:`raydp.fork_server`). Started before the
+    command checks vLLM's flags (vLLM's parser, seconds of imports), its import runs beside that one instead
+    of after it. Only where the command forks them (the mp backend's ranks, API servers on its machine), and
+    only for a model directory that exists, so that a command refused at once starts nothing."""
+    forks_here = args.backend == "mp" or args.lb_mode == "internal"
+    model = getattr(args, "model", None)
+    if is_vllm(engine) and forks_here and model and os.path.isdir(model):
+        from raydp.fork_server import start_early
+        from raydp.models.vllm.config import FORK_SERVER_PRELOAD
+
+        start_early(FORK_SERVER_PRELOAD)
 
 
 def engine_kwargs(model: str | None, flags: Sequence[str]) -> dict[str, Any]:
