@@ -112,8 +112,8 @@ class APIServerProcessManager:
         self._sock = socket.create_server((host, port), reuse_port=False, backlog=1024)
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         self._settings = settings or ServerSettings()
-        self._args = (endpoints, count, node_id, list(ranks) if ranks is not None else None, self._settings)
-        self._node_id = node_id  # where they serve: a death names it
+        self._args = (endpoints, count, list(ranks) if ranks is not None else None, self._settings)
+        self._node_id = node_id  # where they serve: their clients route by it, and a death names it
         self.procs: list[Proc] = []
         self._listeners: list[DeathListener] = []
         self._stop = threading.Event()
@@ -149,7 +149,7 @@ class APIServerProcessManager:
         watch_processes(self.procs, self._stop, self._report, "raydp-api-watcher")
 
     def _spawn(self, index: int) -> tuple[Proc, Connection]:
-        endpoints, count, node_id, ranks, settings = self._args
+        endpoints, count, ranks, settings = self._args
         reader, writer = self._mp.Pipe(duplex=False)
         proc = spawn(
             self._mp,
@@ -159,7 +159,7 @@ class APIServerProcessManager:
             endpoints,
             index,
             count,
-            node_id,
+            self._node_id,
             ranks,
             settings,
             self._metrics_dir.path if self._metrics_dir is not None else None,
@@ -259,7 +259,7 @@ def _release(
     # is gone, so a new connection is refused at once instead of waiting in the backlog for a reset.
     sock.close()
     shutdown(procs, grace_s)
-    for said in serving:
-        said.close()
+    for reader in serving:
+        reader.close()
     if metrics_dir is not None:
         metrics_dir.remove()

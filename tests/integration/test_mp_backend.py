@@ -235,6 +235,7 @@ FORK_SERVER_KILLED = textwrap.dedent(
     import psutil
 
     import raydp
+    from tests.unit.test_child_context import fork_servers
 
 
     def main() -> None:
@@ -243,7 +244,7 @@ FORK_SERVER_KILLED = textwrap.dedent(
         client = cluster.client()
         assert client.generate([1], max_tokens=1) == [1]
         procs = list(cluster._manager.procs)
-        server = next(p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline()))
+        [server] = fork_servers()
         server.kill()
         deadline = time.monotonic() + 60
         while len(cluster.deaths) < 2 and time.monotonic() < deadline:  # the old ranks may answer until then

@@ -15,6 +15,7 @@ import textwrap
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import psutil
 import pytest
 
 from raydp.fork_server import child_context, gpu_driver_present
@@ -99,14 +100,14 @@ SIGNALLED = textwrap.dedent(
 
     from raydp.fork_server import child_context
     from raydp.processes import shutdown, spawn
-    from tests.unit.test_child_context import echo_mask, pending, status_mask
+    from tests.unit.test_child_context import echo_mask, fork_servers, pending, status_mask
 
 
     context = child_context(("email.mime.text",))
     ours, theirs = context.Pipe()
     proc = spawn(context, "waiter", echo_mask, theirs)
     mask = ours.recv()
-    server = next(p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline()))
+    [server] = fork_servers()
     blocked = status_mask(server.pid, "SigBlk")
     for signum in (signal.SIGHUP, signal.SIGTERM):  # as `kill -- -PGID` or a closed terminal would send them
         os.kill(server.pid, signum)
@@ -122,6 +123,11 @@ SIGNALLED = textwrap.dedent(
     shutdown([proc])
     """
 )
+
+
+def fork_servers() -> list[psutil.Process]:
+    """This process's fork servers (multiprocessing's forkserver processes among its children)."""
+    return [p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
 
 
 def echo_mask(pipe: Connection, death_pipe: Connection) -> None:
@@ -164,11 +170,9 @@ SERVER_KILLED = textwrap.dedent(
     """
     import json, queue, threading
 
-    import psutil
-
     from raydp.fork_server import child_context
     from raydp.processes import shutdown, spawn, watch_processes
-    from tests.unit.test_child_context import echo_mask
+    from tests.unit.test_child_context import echo_mask, fork_servers
 
 
     context = child_context(("email.mime.text",))
@@ -178,7 +182,7 @@ SERVER_KILLED = textwrap.dedent(
     exits = queue.Queue()
     stop = threading.Event()
     watch_processes([proc], stop, lambda p: exits.put((p.exitcode, p.exit_text())), "probe-watcher")
-    server = next(p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline()))
+    [server] = fork_servers()
     server.kill()  # alone, as the OOM killer would: its child runs on
     code, text = exits.get(timeout=30)
     try:  # read here, not through raydp: a zombie has ended, and a new start is another process
@@ -214,13 +218,12 @@ EARLY = textwrap.dedent(
     """
     import json
 
-    import psutil
-
     from raydp.fork_server import start_early
+    from tests.unit.test_child_context import fork_servers
 
     nothing = start_early(())  # no preload: children are spawned, there is no server to start
     started = start_early(("email.mime.text",))
-    servers = [p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+    servers = fork_servers()
     print(json.dumps({"nothing": nothing, "started": started, "servers": len(servers)}))
     """
 )
