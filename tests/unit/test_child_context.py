@@ -217,13 +217,18 @@ def test_a_child_whose_fork_server_was_killed_is_killed_and_reported_so() -> Non
 EARLY = textwrap.dedent(
     """
     import json
+    import time
 
     from raydp.fork_server import start_early
     from tests.unit.test_child_context import fork_servers
 
     nothing = start_early(())  # no preload: children are spawned, there is no server to start
     started = start_early(("email.mime.text",))
-    servers = fork_servers()
+    # The server's pid is known at once but its command line only once its exec is done: the kernel may
+    # let this process run on before that (vfork), so a loaded machine can read an empty one. Wait for it.
+    deadline = time.monotonic() + 30
+    while not (servers := fork_servers()) and time.monotonic() < deadline:
+        time.sleep(0.05)
     print(json.dumps({"nothing": nothing, "started": started, "servers": len(servers)}))
     """
 )
