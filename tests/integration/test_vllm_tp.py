@@ -2,8 +2,9 @@
 
 TP=2 over gloo on CPU bundles gives TP=1's tokens (vLLM's offline ``LLM`` at
 TP=1 is the reference), on Ray and on the mp backend; a killed vLLM worker
-fails its rank typed, naming the worker. Neither leaves vLLM's shared memory
-behind. (That a dense restart brings a rank back with new workers is
+fails its rank typed, naming the worker, and so does a killed fork server
+(the mp backend's workers fork from one in the rank). Neither leaves vLLM's
+shared memory behind. (That a dense restart brings a rank back with new workers is
 ``test_workers.py``'s, on the reference engines: a vLLM rank's restart, with
 ``test_vllm_engine.py``'s, would only add two more vLLM starts here.)
 """
@@ -14,6 +15,7 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 
 import raydp
@@ -82,7 +84,9 @@ def test_tp2_on_ray_gives_tp1s_tokens_and_a_killed_worker_fails_its_rank_typed(
     assert _shared_memory() - shm_before == set(), "the killed group's segments went with its processes"
 
 
-def test_tp2_on_the_mp_backend_gives_tp1s_tokens(model: str, reference: list[list[int]]) -> None:
+def test_tp2_on_the_mp_backend_gives_tp1s_tokens_and_its_killed_fork_server_fails_the_rank_typed(
+    model: str, reference: list[list[int]]
+) -> None:
     shm_before = _shared_memory()
     with raydp.launch(
         name="vllmtpmp",
@@ -90,13 +94,35 @@ def test_tp2_on_the_mp_backend_gives_tp1s_tokens(model: str, reference: list[lis
         tensor_parallel_size=2,
         accelerator="CPU",
         backend="mp",
+        max_restarts=0,
         engine="raydp.models.vllm:VllmTPEngine",
         engine_kwargs={"model": model, **ENGINE_KWARGS},
         progress=False,
     ) as cluster:
         assert _answers(cluster) == reference
+        client = cluster.client()
+        workers = [psutil.Process(w["pid"]) for w in client.call_utility(0, "raydp_workers")]
+        # The rank forks its workers from a fork server of its own, which imported vLLM once for both.
+        [server] = {w.parent() for w in workers}
+        assert "multiprocessing.forkserver" in " ".join(server.cmdline())
+        pending = client.submit(PROMPTS[1], 400, sampling=Sampling(ignore_eos=True))
+        assert wait_until(lambda: len(pending.tokens) > 0, timeout=60)
+        # Killed alone, the server makes both workers look exited (code 255) while they run on: the rank
+        # kills them, and its death says why.
+        server.kill()
+        with pytest.raises((EngineDeadError, raydp.RequestError)) as info:
+            pending.result(60)
+        assert "rank 0" in str(info.value) and "fork server died" in str(info.value), str(info.value)
+        assert wait_until(lambda: not any(_runs(w) for w in workers), timeout=30), "no worker serves on"
     assert socket_dirs("vllmtpmp") == []
     assert _shared_memory() - shm_before == set()
+
+
+def _runs(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _shared_memory() -> set[str]:

@@ -239,3 +239,49 @@ def test_a_fork_server_started_early_runs_before_any_child() -> None:
     run = subprocess.run([sys.executable, "-c", EARLY], capture_output=True, text=True, timeout=90, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == {"nothing": False, "started": True, "servers": 1}
+
+
+GUARDED = textwrap.dedent(
+    """
+    import argparse, json, tempfile, time
+
+    import psutil
+
+    import raydp.models.vllm.config
+    from raydp.cli.vllm_flags import VLLM_ENGINES, start_fork_server_early
+    from tests.unit.test_child_context import fork_servers
+
+    raydp.models.vllm.config.FORK_SERVER_PRELOAD = ("email.mime.text",)  # vLLM's import is not what is checked
+    vllm, model = VLLM_ENGINES[0], tempfile.mkdtemp()
+    refused = {
+        "no model": (vllm, "mp", "internal", None),
+        "no such directory": (vllm, "mp", "internal", model + "/missing"),
+        "ranks and API servers on other machines": (vllm, "ray", "hybrid", model),
+        "not vLLM": ("raydp.models.echo:EchoEngine", "mp", "internal", model),
+    }
+    started = {}
+    for why, (engine, backend, lb_mode, path) in refused.items():
+        start_fork_server_early(engine, argparse.Namespace(backend=backend, lb_mode=lb_mode, model=path))
+        # Nothing at all: not even multiprocessing's resource tracker (a child the moment it is forked).
+        started[why] = len(psutil.Process().children())
+    start_fork_server_early(vllm, argparse.Namespace(backend="ray", lb_mode="internal", model=model))
+    deadline = time.monotonic() + 30  # its command line is readable once its exec is done
+    while not (servers := fork_servers()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started["API servers forked here from a model directory"] = len(servers)
+    print(json.dumps(started))
+    """
+)
+
+
+@pytest.mark.skipif(gpu_driver_present(), reason="a GPU driver is present: children are spawned, no fork server")
+def test_serve_starts_its_fork_server_early_only_where_it_forks_vllm_from_a_model_directory() -> None:
+    run = subprocess.run([sys.executable, "-c", GUARDED], capture_output=True, text=True, timeout=90, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {
+        "no model": 0,
+        "no such directory": 0,
+        "ranks and API servers on other machines": 0,
+        "not vLLM": 0,
+        "API servers forked here from a model directory": 1,
+    }
