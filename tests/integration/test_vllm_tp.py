@@ -4,9 +4,10 @@ TP=2 over gloo on CPU bundles gives TP=1's tokens (vLLM's offline ``LLM`` at
 TP=1 is the reference), on Ray and on the mp backend; a killed vLLM worker
 fails its rank typed, naming the worker, and so does a killed fork server
 (the mp backend's workers fork from one in the rank). Neither leaves vLLM's
-shared memory behind. (That a dense restart brings a rank back with new workers is
-``test_workers.py``'s, on the reference engines: a vLLM rank's restart, with
-``test_vllm_engine.py``'s, would only add two more vLLM starts here.)
+shared memory behind. (That a dense restart brings a rank back with new
+workers is ``test_workers.py``'s, on the reference engines: a vLLM rank's
+restart, with ``test_vllm_engine.py``'s, would only add two more vLLM starts
+here.)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import raydp
 from raydp import Sampling
 from raydp.errors import EngineDeadError
 from tests.integration.conftest import ClusterPool
-from tests.integration.helpers import assert_nothing_left, socket_dirs, wait_until
+from tests.integration.helpers import assert_nothing_left, running, socket_dirs, wait_until
 from tests.integration.vllm_helpers import ENGINE_KWARGS, tiny_model, vllm_reference, want_reference
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -113,16 +114,9 @@ def test_tp2_on_the_mp_backend_gives_tp1s_tokens_and_its_killed_fork_server_fail
         with pytest.raises((EngineDeadError, raydp.RequestError)) as info:
             pending.result(60)
         assert "rank 0" in str(info.value) and "fork server died" in str(info.value), str(info.value)
-        assert wait_until(lambda: not any(_runs(w) for w in workers), timeout=30), "no worker serves on"
+        assert wait_until(lambda: not any(running(w.pid) for w in workers), timeout=30), "no worker serves on"
     assert socket_dirs("vllmtpmp") == []
     assert _shared_memory() - shm_before == set()
-
-
-def _runs(process: psutil.Process) -> bool:
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _shared_memory() -> set[str]:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -130,6 +131,16 @@ def fork_servers() -> list[psutil.Process]:
     return [p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
 
 
+def started_fork_servers(timeout_s: float = 30.0) -> list[psutil.Process]:
+    """:func:`fork_servers` once there is one (or ``timeout_s`` has passed). A server just started has a pid
+    at once but its command line only once its exec is done, and the kernel may run this process on before
+    that: a loaded machine reads an empty one."""
+    deadline = time.monotonic() + timeout_s
+    while not (servers := fork_servers()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return servers
+
+
 def echo_mask(pipe: Connection, death_pipe: Connection) -> None:
     """In the child: its blocked signals, then an answer to each message until the parent goes."""
     pipe.send(status_mask(os.getpid(), "SigBlk"))
@@ -217,18 +228,13 @@ def test_a_child_whose_fork_server_was_killed_is_killed_and_reported_so() -> Non
 EARLY = textwrap.dedent(
     """
     import json
-    import time
 
     from raydp.fork_server import start_early
-    from tests.unit.test_child_context import fork_servers
+    from tests.unit.test_child_context import started_fork_servers
 
     nothing = start_early(())  # no preload: children are spawned, there is no server to start
     started = start_early(("email.mime.text",))
-    # The server's pid is known at once but its command line only once its exec is done: the kernel may
-    # let this process run on before that (vfork), so a loaded machine can read an empty one. Wait for it.
-    deadline = time.monotonic() + 30
-    while not (servers := fork_servers()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    servers = started_fork_servers()
     print(json.dumps({"nothing": nothing, "started": started, "servers": len(servers)}))
     """
 )
@@ -243,13 +249,13 @@ def test_a_fork_server_started_early_runs_before_any_child() -> None:
 
 GUARDED = textwrap.dedent(
     """
-    import argparse, json, tempfile, time
+    import argparse, json, tempfile
 
     import psutil
 
     import raydp.models.vllm.config
     from raydp.cli.vllm_flags import VLLM_ENGINES, start_fork_server_early
-    from tests.unit.test_child_context import fork_servers
+    from tests.unit.test_child_context import started_fork_servers
 
     raydp.models.vllm.config.FORK_SERVER_PRELOAD = ("email.mime.text",)  # vLLM's import is not what is checked
     vllm, model = VLLM_ENGINES[0], tempfile.mkdtemp()
@@ -265,10 +271,7 @@ GUARDED = textwrap.dedent(
         # Nothing at all: not even multiprocessing's resource tracker (a child the moment it is forked).
         started[why] = len(psutil.Process().children())
     start_fork_server_early(vllm, argparse.Namespace(backend="ray", lb_mode="internal", model=model))
-    deadline = time.monotonic() + 30  # its command line is readable once its exec is done
-    while not (servers := fork_servers()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    started["API servers forked here from a model directory"] = len(servers)
+    started["API servers forked here from a model directory"] = len(started_fork_servers())
     print(json.dumps(started))
     """
 )
